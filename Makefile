@@ -1,0 +1,65 @@
+# cpkv: every target sets up what it needs (.venv, Python deps, the maturin build).
+.DEFAULT_GOAL := help
+SHELL := /bin/bash
+
+VENV    := .venv
+PY      := $(VENV)/bin/python
+DEPS    := $(VENV)/.deps-installed
+BUILT   := $(VENV)/.cpkv-built
+RUST_SRC := $(shell find crates -name '*.rs' -o -name Cargo.toml) Cargo.toml pyproject.toml
+
+.PHONY: help
+help: ## Show this help
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | \
+		awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
+
+$(DEPS): requirements-dev.txt
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements-dev.txt
+	touch $@
+
+$(BUILT): $(DEPS) $(RUST_SRC)
+	VIRTUAL_ENV=$(abspath $(VENV)) PATH=$(abspath $(VENV))/bin:$$PATH \
+		maturin develop --release --quiet
+	touch $@
+
+.PHONY: venv
+venv: $(DEPS) ## Create .venv with the Python dependencies
+
+.PHONY: develop
+develop: $(BUILT) ## Build the extension (release) into .venv
+
+.PHONY: run
+run: $(BUILT) ## The main job on built-in defaults
+	$(PY) -m cpkv bench allocator
+
+.PHONY: test
+test: test-rust test-python ## Every test: cargo (all crates), then pytest
+
+.PHONY: test-rust
+test-rust: ## cargo tests of every crate
+	cargo test --workspace --release
+
+.PHONY: test-python
+test-python: $(BUILT) ## pytest
+	$(PY) -m pytest -q
+
+.PHONY: bench
+bench: $(BUILT) ## Every Python benchmark (cpkv against its baseline)
+	$(PY) -m cpkv bench allocator
+	$(PY) -m cpkv bench evict
+	$(PY) -m cpkv bench compose
+
+.PHONY: bench-rust
+bench-rust: ## criterion benches of every crate
+	cargo bench --workspace
+
+.PHONY: lint
+lint: ## cargo clippy and fmt check
+	cargo fmt --all --check
+	cargo clippy --workspace --all-targets -- -D warnings
+
+.PHONY: clean
+clean: ## Remove build outputs and the virtualenv
+	rm -rf target $(VENV)

@@ -1,0 +1,7 @@
+//! Python wrapper of `cpkv_allocator::PageAllocator`.
+
+use pyo3::prelude::*;
+
+pub(crate) fn register(_m: &Bound<'_, PyModule>) -> PyResult<()> {
+    Ok(())
+}

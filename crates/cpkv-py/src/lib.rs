@@ -1,0 +1,18 @@
+//! `cpkv._cpkv`: the thin Python binding over the pure-Rust cores.
+//!
+//! Each module wraps one core type; `errors` maps every core error to the
+//! Python exception hierarchy defined in `cpkv.errors`, in one place.
+
+mod allocator;
+mod errors;
+mod prefix_tree;
+
+use pyo3::prelude::*;
+
+#[pymodule]
+fn _cpkv(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    allocator::register(m)?;
+    prefix_tree::register(m)?;
+    Ok(())
+}

@@ -1,0 +1,1 @@
+//! Replicated prefix tree with a logical clock and O(log n) deterministic eviction.

@@ -1,0 +1,4 @@
+"""Device kernels (Triton), each with a torch reference implementation.
+
+Imported as ``cpkv.kernels`` (``python/cpkv/kernels`` links here).
+"""

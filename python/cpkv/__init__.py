@@ -1,0 +1,16 @@
+"""cpkv: context-parallel ranks sharing one KV cache without talking on the hot path.
+
+Identical inputs give identical decisions on every rank, so no broadcast,
+gather or vote is needed to agree on where KV goes.
+"""
+
+from cpkv._cpkv import __version__
+from cpkv.errors import *  # noqa: F403  (the exception hierarchy is public API)
+from cpkv.errors import __all__ as _error_names
+
+# Shared host (L2) page allocator -- crates/allocator
+# Replicated prefix tree and eviction -- crates/evict
+# CP compose path -- cpkv.compose
+# Batch admission -- cpkv.scheduling
+
+__all__ = ["__version__", *_error_names]

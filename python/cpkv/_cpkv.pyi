@@ -1,0 +1,3 @@
+"""Type stubs for the Rust extension ``cpkv._cpkv``."""
+
+__version__: str

@@ -1,0 +1,1 @@
+"""Benchmark commands: each runs cpkv and its baseline side by side in one process."""

@@ -1,0 +1,96 @@
+"""The cpkv exception hierarchy.
+
+Every error cpkv raises is a :class:`CpkvError`. Lookup failures are also
+``KeyError`` and bad arguments also ``ValueError``, so callers can catch
+either the cpkv class or the builtin they already expect. The Rust extension
+raises these very classes (``crates/cpkv-py/src/errors.rs``).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CpkvError",
+    "CpkvKeyError",
+    "UnknownKeyError",
+    "DuplicateKeyError",
+    "UnknownNodeError",
+    "CpkvValueError",
+    "InvalidArgumentError",
+    "UnknownPayloadError",
+    "NotCommittedError",
+    "SnapshotError",
+    "UnknownPolicyError",
+    "LockError",
+    "SpanError",
+    "CollectiveTimeoutError",
+    "DivergenceError",
+    "FallbackError",
+]
+
+
+class CpkvError(Exception):
+    """Base class of every cpkv error."""
+
+
+class CpkvKeyError(CpkvError, KeyError):
+    """A key, node or name that should exist does not (or should not, and does)."""
+
+    # KeyError.__str__ shows repr(message); show the message as written.
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class UnknownKeyError(CpkvKeyError):
+    """An allocator key that is not live."""
+
+
+class DuplicateKeyError(CpkvKeyError):
+    """An allocator key that is already live."""
+
+
+class UnknownNodeError(CpkvKeyError):
+    """A prefix-tree node id that does not exist (or was evicted)."""
+
+
+class CpkvValueError(CpkvError, ValueError):
+    """An argument cpkv cannot accept; nothing was changed."""
+
+
+class InvalidArgumentError(CpkvValueError):
+    """A count, position or shape out of range."""
+
+
+class UnknownPayloadError(CpkvValueError):
+    """A payload name the allocator was not built with (or an empty/repeated one)."""
+
+
+class NotCommittedError(CpkvValueError):
+    """An operation that needs a committed object got an uncommitted one."""
+
+
+class SnapshotError(CpkvValueError):
+    """Snapshot bytes that are truncated, corrupted or of an unknown version."""
+
+
+class UnknownPolicyError(CpkvValueError):
+    """An eviction policy name that does not exist."""
+
+
+class LockError(CpkvValueError):
+    """Unlocking below zero, or an operation a lock forbids."""
+
+
+class SpanError(CpkvValueError):
+    """Slot spans that overlap, leave the buffer or contradict each other."""
+
+
+class CollectiveTimeoutError(CpkvError, TimeoutError):
+    """A barrier or collective did not complete in time (a rank died or stalled)."""
+
+
+class DivergenceError(CpkvError):
+    """Ranks that must agree computed different state (digests differ)."""
+
+
+class FallbackError(CpkvError, RuntimeError):
+    """An unexpected fallback to a slow path where none is allowed (CUDA)."""
