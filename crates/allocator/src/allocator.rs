@@ -1,0 +1,467 @@
+//! `PageAllocator`: deterministic first-fit over one pool per payload.
+//!
+//! Every decision reads only the allocator's own state and the call's
+//! arguments (no clock, no randomness, no hash-map iteration), so every rank
+//! replaying the same operations computes the same placements; `digest()`
+//! makes that checkable. Every call validates fully before it changes
+//! anything, so a call that returns an error leaves state and digest as they
+//! were.
+
+use std::collections::BTreeMap;
+
+use crate::digest::{committed_element, config_element, free_element, StateDigest};
+use crate::error::{AllocError, Result};
+use crate::extent::Extent;
+use crate::free_list::FreeList;
+use crate::payload::{PayloadId, PayloadSet, Payloads};
+use crate::placement::{PayloadExtents, Placement};
+use crate::stats::{Counters, PayloadStats, Stats};
+
+/// A live object: its placement and whether its contents are committed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Object {
+    pub(crate) placement: Placement,
+    pub(crate) committed: bool,
+}
+
+#[derive(Clone, Debug)]
+pub struct PageAllocator {
+    pub(crate) payloads: Payloads,
+    /// One per payload, indexed by `PayloadId`.
+    pub(crate) free: Vec<FreeList>,
+    pub(crate) objects: BTreeMap<u64, Object>,
+    /// Configuration, object extents and committed keys; the free extents'
+    /// part lives in each `FreeList` and is added on read.
+    pub(crate) digest: StateDigest,
+    pub(crate) counters: Counters,
+}
+
+impl PageAllocator {
+    /// One pool per `(payload name, capacity in pages)`, in this order.
+    pub fn new<S: AsRef<str>>(pools: &[(S, u64)]) -> Result<Self> {
+        let payloads = Payloads::new(pools)?;
+        let free = (0..payloads.len())
+            .map(|id| FreeList::new(id, payloads.capacity(id)))
+            .collect();
+        Ok(Self::from_parts(
+            payloads,
+            free,
+            BTreeMap::new(),
+            Counters::default(),
+        ))
+    }
+
+    /// Assembles an allocator from validated parts (restore) and computes the
+    /// digest from scratch.
+    pub(crate) fn from_parts(
+        payloads: Payloads,
+        free: Vec<FreeList>,
+        objects: BTreeMap<u64, Object>,
+        counters: Counters,
+    ) -> Self {
+        let digest = base_digest(&payloads, &objects);
+        PageAllocator {
+            payloads,
+            free,
+            objects,
+            digest,
+            counters,
+        }
+    }
+
+    pub fn payloads(&self) -> &Payloads {
+        &self.payloads
+    }
+
+    /// The payload set named by `names` (`None`: all payloads).
+    pub fn select<S: AsRef<str>>(&self, names: Option<&[S]>) -> Result<PayloadSet> {
+        self.payloads.select(names)
+    }
+
+    /// Reserves `num_pages` pages for `key` in every payload of `payloads`.
+    ///
+    /// First-fit per payload: the lowest-addressed free extent that holds all
+    /// pages, else the lowest-addressed extents in address order until the
+    /// request is met; pages always come from the start of an extent. All or
+    /// nothing: `Ok(None)` (a counted miss, state unchanged) if any payload
+    /// has fewer than `num_pages` free pages.
+    pub fn reserve(
+        &mut self,
+        key: u64,
+        num_pages: u64,
+        payloads: PayloadSet,
+    ) -> Result<Option<&Placement>> {
+        self.check_payloads(payloads)?;
+        self.check_new(key, num_pages)?;
+        Ok(if self.reserve_checked(key, num_pages, payloads) {
+            Some(&self.objects[&key].placement)
+        } else {
+            None
+        })
+    }
+
+    /// Reserves each `(key, num_pages)` in order, all or nothing per item;
+    /// returns whether each item was placed. The whole batch is validated
+    /// first (page counts, keys not live and not repeated in the batch): if
+    /// any item is invalid the call fails and nothing is reserved.
+    pub fn reserve_many(
+        &mut self,
+        requests: &[(u64, u64)],
+        payloads: PayloadSet,
+    ) -> Result<Vec<bool>> {
+        self.check_payloads(payloads)?;
+        for &(key, num_pages) in requests {
+            self.check_new(key, num_pages)?;
+        }
+        check_distinct(requests.iter().map(|&(key, _)| key))?;
+        Ok(requests
+            .iter()
+            .map(|&(key, num_pages)| self.reserve_checked(key, num_pages, payloads))
+            .collect())
+    }
+
+    /// Frees every page of `key`, coalescing with free neighbours.
+    pub fn release(&mut self, key: u64) -> Result<()> {
+        let object = self
+            .objects
+            .remove(&key)
+            .ok_or(AllocError::UnknownKey { key })?;
+        self.forget(key, object);
+        Ok(())
+    }
+
+    /// Releases every key; validated first (all live, none repeated), so a
+    /// rejected batch releases nothing.
+    pub fn release_many(&mut self, keys: &[u64]) -> Result<()> {
+        for &key in keys {
+            self.object(key)?;
+        }
+        check_distinct(keys.iter().copied())?;
+        for &key in keys {
+            self.release(key).expect("validated above");
+        }
+        Ok(())
+    }
+
+    /// Marks `key` committed (its pages hold valid data); idempotent.
+    pub fn mark_committed(&mut self, key: u64) -> Result<()> {
+        let object = self
+            .objects
+            .get_mut(&key)
+            .ok_or(AllocError::UnknownKey { key })?;
+        if !object.committed {
+            object.committed = true;
+            self.digest.add(committed_element(key));
+            self.counters.commits += 1;
+        }
+        Ok(())
+    }
+
+    /// Splits committed object `key` at position `at` into `left_key`
+    /// (positions `[0, at)`) and `right_key` (`[at, num_pages)`, renumbered
+    /// from 0) over the same physical pages; both stay committed and `key`
+    /// is gone. `left_key` and `right_key` must be distinct and not live.
+    pub fn split(&mut self, key: u64, at: u64, left_key: u64, right_key: u64) -> Result<()> {
+        let object = self.object(key)?;
+        if !object.committed {
+            return Err(AllocError::NotCommitted { key });
+        }
+        let num_pages = object.placement.num_pages();
+        if at == 0 || at >= num_pages {
+            return Err(AllocError::InvalidSplit { key, at, num_pages });
+        }
+        if left_key == right_key {
+            return Err(AllocError::SameSplitKeys {
+                key,
+                target: left_key,
+            });
+        }
+        for target in [left_key, right_key] {
+            if self.objects.contains_key(&target) {
+                return Err(AllocError::DuplicateKey { key: target });
+            }
+        }
+        let object = self.objects.remove(&key).expect("checked above");
+        object
+            .placement
+            .elements(key)
+            .for_each(|e| self.digest.remove(e));
+        self.digest.remove(committed_element(key));
+        let (left, right) = object.placement.split_at(at);
+        for (half_key, placement) in [(left_key, left), (right_key, right)] {
+            placement
+                .elements(half_key)
+                .for_each(|e| self.digest.add(e));
+            self.digest.add(committed_element(half_key));
+            self.objects.insert(
+                half_key,
+                Object {
+                    placement,
+                    committed: true,
+                },
+            );
+        }
+        self.counters.splits += 1;
+        Ok(())
+    }
+
+    pub fn placement(&self, key: u64) -> Result<&Placement> {
+        Ok(&self.object(key)?.placement)
+    }
+
+    pub fn is_committed(&self, key: u64) -> Result<bool> {
+        Ok(self.object(key)?.committed)
+    }
+
+    pub fn contains(&self, key: u64) -> bool {
+        self.objects.contains_key(&key)
+    }
+
+    /// Number of live objects.
+    pub fn len(&self) -> usize {
+        self.objects.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.objects.is_empty()
+    }
+
+    /// Live keys in ascending order.
+    pub fn keys(&self) -> impl Iterator<Item = u64> + '_ {
+        self.objects.keys().copied()
+    }
+
+    pub fn free_pages(&self, payload: PayloadId) -> u64 {
+        self.free[payload].free_pages()
+    }
+
+    pub fn largest_free_extent(&self, payload: PayloadId) -> u64 {
+        self.free[payload].largest()
+    }
+
+    /// The free extents of `payload` in address order.
+    pub fn free_extents(&self, payload: PayloadId) -> Vec<Extent> {
+        self.free[payload].extents()
+    }
+
+    pub fn stats(&self) -> Stats {
+        Stats {
+            counters: self.counters,
+            objects: self.objects.len(),
+            payloads: self
+                .free
+                .iter()
+                .enumerate()
+                .map(|(id, free)| PayloadStats {
+                    capacity: self.payloads.capacity(id),
+                    used: self.payloads.capacity(id) - free.free_pages(),
+                    free: free.free_pages(),
+                    free_extents: free.extent_count(),
+                    largest_free_extent: free.largest(),
+                })
+                .collect(),
+        }
+    }
+
+    /// The order-independent digest of the whole state, in O(payloads).
+    pub fn digest(&self) -> u64 {
+        let mut digest = self.digest;
+        for free in &self.free {
+            digest.add(free.digest().value());
+        }
+        digest.value()
+    }
+
+    /// Recomputes every invariant and the digest from scratch: free lists
+    /// well formed and fully coalesced, free and object extents partitioning
+    /// each pool exactly, placements consistent. Returns what is wrong.
+    pub fn verify(&self) -> Result<(), String> {
+        let mut used: Vec<Vec<Extent>> = vec![Vec::new(); self.payloads.len()];
+        for (&key, object) in &self.objects {
+            let placement = &object.placement;
+            let mut previous = None;
+            if placement.parts().is_empty() {
+                return Err(format!("key {key} has no payloads"));
+            }
+            for part in placement.parts() {
+                if previous.is_some_and(|p| p >= part.payload)
+                    || part.payload >= self.payloads.len()
+                {
+                    return Err(format!("key {key}: payloads out of order"));
+                }
+                previous = Some(part.payload);
+                let pages: u64 = part.extents.iter().map(|e| e.len).sum();
+                if pages != placement.num_pages() || part.extents.iter().any(|e| e.len == 0) {
+                    return Err(format!("key {key}: extents do not add up to num_pages"));
+                }
+                used[part.payload].extend_from_slice(&part.extents);
+            }
+        }
+        for (id, free) in self.free.iter().enumerate() {
+            let name = self.payloads.name(id);
+            free.check_structure()
+                .map_err(|e| format!("payload {name:?}: {e}"))?;
+            let extents = free.extents();
+            if extents.windows(2).any(|w| w[0].end() >= w[1].start) {
+                return Err(format!(
+                    "payload {name:?}: free extents not fully coalesced"
+                ));
+            }
+            check_partition(&extents, &mut used[id], self.payloads.capacity(id))
+                .map_err(|e| format!("payload {name:?}: {e}"))?;
+        }
+        let mut expect = base_digest(&self.payloads, &self.objects);
+        for (id, free) in self.free.iter().enumerate() {
+            for extent in free.extents() {
+                expect.add(free_element(id, extent));
+            }
+        }
+        if expect.value() != self.digest() {
+            return Err("incremental digest differs from a recomputation".into());
+        }
+        Ok(())
+    }
+
+    fn object(&self, key: u64) -> Result<&Object> {
+        self.objects.get(&key).ok_or(AllocError::UnknownKey { key })
+    }
+
+    fn check_payloads(&self, payloads: PayloadSet) -> Result<()> {
+        if payloads == PayloadSet::EMPTY {
+            return Err(AllocError::NoPayloads);
+        }
+        if let Some(id) = payloads.iter().find(|&id| id >= self.payloads.len()) {
+            return Err(AllocError::UnknownPayload {
+                name: format!("#{id}"),
+            });
+        }
+        Ok(())
+    }
+
+    fn check_new(&self, key: u64, num_pages: u64) -> Result<()> {
+        if num_pages == 0 {
+            return Err(AllocError::InvalidPages { key, num_pages });
+        }
+        if self.objects.contains_key(&key) {
+            return Err(AllocError::DuplicateKey { key });
+        }
+        Ok(())
+    }
+
+    /// Reserves a validated request; false (a miss) if any payload lacks room.
+    fn reserve_checked(&mut self, key: u64, num_pages: u64, payloads: PayloadSet) -> bool {
+        if payloads
+            .iter()
+            .any(|id| self.free[id].free_pages() < num_pages)
+        {
+            self.counters.misses += 1;
+            return false;
+        }
+        let parts = payloads
+            .iter()
+            .map(|payload| PayloadExtents {
+                payload,
+                extents: take_first_fit(&mut self.free[payload], num_pages),
+            })
+            .collect();
+        let placement = Placement::new(num_pages, parts);
+        placement.elements(key).for_each(|e| self.digest.add(e));
+        self.objects.insert(
+            key,
+            Object {
+                placement,
+                committed: false,
+            },
+        );
+        self.counters.reserves += 1;
+        true
+    }
+
+    fn forget(&mut self, key: u64, object: Object) {
+        object
+            .placement
+            .elements(key)
+            .for_each(|e| self.digest.remove(e));
+        if object.committed {
+            self.digest.remove(committed_element(key));
+        }
+        for part in object.placement.parts() {
+            for &extent in &part.extents {
+                self.free[part.payload].give_back(extent);
+            }
+        }
+        self.counters.releases += 1;
+    }
+}
+
+/// Takes `num_pages` (no more than are free) from `free`: the lowest-addressed
+/// extent that holds them all, else whole extents in address order.
+fn take_first_fit(free: &mut FreeList, num_pages: u64) -> Vec<Extent> {
+    if let Some(fit) = free.first_fit(num_pages) {
+        free.take_front(fit.start, num_pages);
+        return vec![Extent::new(fit.start, num_pages)];
+    }
+    let mut taken = Vec::new();
+    let mut missing = num_pages;
+    while missing > 0 {
+        let first = free.first().expect("free pages were counted");
+        let take = first.len.min(missing);
+        free.take_front(first.start, take);
+        taken.push(Extent::new(first.start, take));
+        missing -= take;
+    }
+    taken
+}
+
+/// The digest of configuration, object extents and committed keys (the
+/// free extents' part is kept by each `FreeList`).
+fn base_digest(payloads: &Payloads, objects: &BTreeMap<u64, Object>) -> StateDigest {
+    let mut digest = StateDigest::default();
+    digest.add(config_element(payloads));
+    for (&key, object) in objects {
+        object.placement.elements(key).for_each(|e| digest.add(e));
+        if object.committed {
+            digest.add(committed_element(key));
+        }
+    }
+    digest
+}
+
+fn check_distinct(keys: impl Iterator<Item = u64>) -> Result<()> {
+    let mut sorted: Vec<u64> = keys.collect();
+    sorted.sort_unstable();
+    match sorted.windows(2).find(|w| w[0] == w[1]) {
+        Some(w) => Err(AllocError::RepeatedKeyInBatch { key: w[0] }),
+        None => Ok(()),
+    }
+}
+
+/// Free extents plus used extents must tile `[0, capacity)` exactly.
+pub(crate) fn check_partition(
+    free: &[Extent],
+    used: &mut Vec<Extent>,
+    capacity: u64,
+) -> Result<(), String> {
+    used.extend_from_slice(free);
+    used.sort_unstable();
+    let mut next = 0u64;
+    for extent in used.iter() {
+        if extent.start != next {
+            return Err(if extent.start < next {
+                format!("page {} is in two extents", extent.start)
+            } else {
+                format!("pages {next}..{} are neither free nor used", extent.start)
+            });
+        }
+        next = extent
+            .start
+            .checked_add(extent.len)
+            .ok_or_else(|| format!("extent at {} overflows", extent.start))?;
+    }
+    if next != capacity {
+        return Err(format!(
+            "extents cover {next} pages, capacity is {capacity}"
+        ));
+    }
+    Ok(())
+}

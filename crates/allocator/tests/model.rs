@@ -1,0 +1,408 @@
+//! Model-based property test: random operation sequences replayed against
+//! `PageAllocator` and a page-owner-map model that is obviously right, with
+//! every invariant checked after every step.
+
+use std::collections::BTreeMap;
+
+use cpkv_allocator::{AllocError, Extent, PageAllocator, PayloadSet};
+use proptest::prelude::*;
+
+const CAPACITIES: [(&str, u64); 2] = [("kv", 48), ("index", 40)];
+const KEYS: u64 = 12;
+
+#[derive(Clone, Debug)]
+enum Op {
+    Reserve {
+        key: u64,
+        pages: u64,
+        payloads: u8,
+    },
+    ReserveMany {
+        items: Vec<(u64, u64)>,
+        payloads: u8,
+    },
+    Release {
+        key: u64,
+    },
+    ReleaseMany {
+        keys: Vec<u64>,
+    },
+    Commit {
+        key: u64,
+    },
+    Split {
+        key: u64,
+        at: u64,
+        left: u64,
+        right: u64,
+    },
+    SnapshotRestore,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let key = 0..KEYS;
+    prop_oneof![
+        4 => (key.clone(), 0..20u64, 0..4u8).prop_map(|(key, pages, payloads)| Op::Reserve { key, pages, payloads }),
+        1 => (prop::collection::vec((0..KEYS, 0..12u64), 0..5), 0..4u8)
+            .prop_map(|(items, payloads)| Op::ReserveMany { items, payloads }),
+        3 => key.clone().prop_map(|key| Op::Release { key }),
+        1 => prop::collection::vec(0..KEYS, 0..4).prop_map(|keys| Op::ReleaseMany { keys }),
+        2 => key.clone().prop_map(|key| Op::Commit { key }),
+        2 => (key.clone(), 0..20u64, 0..KEYS, 0..KEYS)
+            .prop_map(|(key, at, left, right)| Op::Split { key, at, left, right }),
+        1 => Just(Op::SnapshotRestore),
+    ]
+}
+
+/// Payload choice: 0 = all (`None`), 1 = "kv", 2 = "index", 3 = both named in reverse.
+fn names(choice: u8) -> Option<Vec<&'static str>> {
+    match choice {
+        0 => None,
+        1 => Some(vec!["kv"]),
+        2 => Some(vec!["index"]),
+        _ => Some(vec!["index", "kv"]),
+    }
+}
+
+#[derive(Clone, Debug)]
+struct ModelObject {
+    /// Per payload id, the physical page of each object position.
+    pages: BTreeMap<usize, Vec<u64>>,
+    committed: bool,
+}
+
+/// Owner of every page, per payload; objects with their page lists.
+#[derive(Clone, Debug)]
+struct Model {
+    owners: Vec<Vec<Option<u64>>>,
+    objects: BTreeMap<u64, ModelObject>,
+}
+
+impl Model {
+    fn new() -> Self {
+        Model {
+            owners: CAPACITIES
+                .iter()
+                .map(|&(_, c)| vec![None; c as usize])
+                .collect(),
+            objects: BTreeMap::new(),
+        }
+    }
+
+    /// Maximal runs of free pages, in address order.
+    fn free_runs(&self, payload: usize) -> Vec<Extent> {
+        let mut runs: Vec<Extent> = Vec::new();
+        for (page, owner) in self.owners[payload].iter().enumerate() {
+            if owner.is_some() {
+                continue;
+            }
+            match runs.last_mut() {
+                Some(run) if run.end() == page as u64 => run.len += 1,
+                _ => runs.push(Extent::new(page as u64, 1)),
+            }
+        }
+        runs
+    }
+
+    fn payload_ids(choice: u8) -> Vec<usize> {
+        match choice {
+            1 => vec![0],
+            2 => vec![1],
+            _ => vec![0, 1],
+        }
+    }
+
+    fn check_new(&self, key: u64, pages: u64) -> Result<(), AllocError> {
+        if pages == 0 {
+            return Err(AllocError::InvalidPages {
+                key,
+                num_pages: pages,
+            });
+        }
+        if self.objects.contains_key(&key) {
+            return Err(AllocError::DuplicateKey { key });
+        }
+        Ok(())
+    }
+
+    fn reserve(&mut self, key: u64, pages: u64, choice: u8) -> bool {
+        let ids = Self::payload_ids(choice);
+        let fits = ids
+            .iter()
+            .all(|&id| self.free_runs(id).iter().map(|r| r.len).sum::<u64>() >= pages);
+        if !fits {
+            return false;
+        }
+        let mut placed = BTreeMap::new();
+        for id in ids {
+            let runs = self.free_runs(id);
+            let chosen: Vec<u64> = match runs.iter().find(|r| r.len >= pages) {
+                Some(run) => (run.start..run.start + pages).collect(),
+                None => runs
+                    .iter()
+                    .flat_map(|r| r.start..r.end())
+                    .take(pages as usize)
+                    .collect(),
+            };
+            for &page in &chosen {
+                self.owners[id][page as usize] = Some(key);
+            }
+            placed.insert(id, chosen);
+        }
+        self.objects.insert(
+            key,
+            ModelObject {
+                pages: placed,
+                committed: false,
+            },
+        );
+        true
+    }
+
+    fn release(&mut self, key: u64) {
+        let object = self.objects.remove(&key).expect("live");
+        for (id, pages) in object.pages {
+            for page in pages {
+                self.owners[id][page as usize] = None;
+            }
+        }
+    }
+
+    fn split(&mut self, key: u64, at: u64, left: u64, right: u64) -> Result<(), AllocError> {
+        let object = self
+            .objects
+            .get(&key)
+            .ok_or(AllocError::UnknownKey { key })?;
+        if !object.committed {
+            return Err(AllocError::NotCommitted { key });
+        }
+        let num_pages = object.pages.values().next().unwrap().len() as u64;
+        if at == 0 || at >= num_pages {
+            return Err(AllocError::InvalidSplit { key, at, num_pages });
+        }
+        if left == right {
+            return Err(AllocError::SameSplitKeys { key, target: left });
+        }
+        for target in [left, right] {
+            if self.objects.contains_key(&target) {
+                return Err(AllocError::DuplicateKey { key: target });
+            }
+        }
+        let object = self.objects.remove(&key).unwrap();
+        let mut halves = [BTreeMap::new(), BTreeMap::new()];
+        for (id, pages) in object.pages {
+            for &page in &pages[..at as usize] {
+                self.owners[id][page as usize] = Some(left);
+            }
+            for &page in &pages[at as usize..] {
+                self.owners[id][page as usize] = Some(right);
+            }
+            halves[0].insert(id, pages[..at as usize].to_vec());
+            halves[1].insert(id, pages[at as usize..].to_vec());
+        }
+        let [l, r] = halves;
+        self.objects.insert(
+            left,
+            ModelObject {
+                pages: l,
+                committed: true,
+            },
+        );
+        self.objects.insert(
+            right,
+            ModelObject {
+                pages: r,
+                committed: true,
+            },
+        );
+        Ok(())
+    }
+}
+
+fn first_repeat(keys: impl Iterator<Item = u64>) -> Option<u64> {
+    let mut sorted: Vec<u64> = keys.collect();
+    sorted.sort_unstable();
+    sorted.windows(2).find(|w| w[0] == w[1]).map(|w| w[0])
+}
+
+fn select(alloc: &PageAllocator, choice: u8) -> PayloadSet {
+    alloc.select(names(choice).as_deref()).unwrap()
+}
+
+/// Applies `op` to both; returns the model's expected error if it is rejected.
+fn apply(alloc: &mut PageAllocator, model: &mut Model, op: &Op) -> Result<(), AllocError> {
+    match op {
+        &Op::Reserve {
+            key,
+            pages,
+            payloads,
+        } => {
+            let expect = model.check_new(key, pages);
+            let set = select(alloc, payloads);
+            let got = alloc.reserve(key, pages, set).map(|p| p.is_some());
+            match expect {
+                Err(e) => {
+                    assert_eq!(got, Err(e.clone()));
+                    return Err(e);
+                }
+                Ok(()) => assert_eq!(got, Ok(model.reserve(key, pages, payloads))),
+            }
+        }
+        Op::ReserveMany { items, payloads } => {
+            let expect = items
+                .iter()
+                .try_for_each(|&(k, p)| model.check_new(k, p))
+                .and_then(|()| match first_repeat(items.iter().map(|i| i.0)) {
+                    Some(key) => Err(AllocError::RepeatedKeyInBatch { key }),
+                    None => Ok(()),
+                });
+            let set = select(alloc, *payloads);
+            let got = alloc.reserve_many(items, set);
+            match expect {
+                Err(e) => {
+                    assert_eq!(got, Err(e.clone()));
+                    return Err(e);
+                }
+                Ok(()) => {
+                    let placed: Vec<bool> = items
+                        .iter()
+                        .map(|&(k, p)| model.reserve(k, p, *payloads))
+                        .collect();
+                    assert_eq!(got, Ok(placed));
+                }
+            }
+        }
+        &Op::Release { key } => {
+            let got = alloc.release(key);
+            if !model.objects.contains_key(&key) {
+                let e = AllocError::UnknownKey { key };
+                assert_eq!(got, Err(e.clone()));
+                return Err(e);
+            }
+            assert_eq!(got, Ok(()));
+            model.release(key);
+        }
+        Op::ReleaseMany { keys } => {
+            let expect = match keys.iter().find(|k| !model.objects.contains_key(k)) {
+                Some(&key) => Err(AllocError::UnknownKey { key }),
+                None => match first_repeat(keys.iter().copied()) {
+                    Some(key) => Err(AllocError::RepeatedKeyInBatch { key }),
+                    None => Ok(()),
+                },
+            };
+            let got = alloc.release_many(keys);
+            assert_eq!(got, expect);
+            expect.clone()?;
+            keys.iter().for_each(|&k| model.release(k));
+        }
+        &Op::Commit { key } => {
+            let got = alloc.mark_committed(key);
+            match model.objects.get_mut(&key) {
+                None => {
+                    let e = AllocError::UnknownKey { key };
+                    assert_eq!(got, Err(e.clone()));
+                    return Err(e);
+                }
+                Some(object) => {
+                    assert_eq!(got, Ok(()));
+                    object.committed = true;
+                }
+            }
+        }
+        &Op::Split {
+            key,
+            at,
+            left,
+            right,
+        } => {
+            let expect = model.split(key, at, left, right);
+            assert_eq!(alloc.split(key, at, left, right), expect);
+            expect?;
+        }
+        Op::SnapshotRestore => {
+            let restored = PageAllocator::restore(&alloc.snapshot()).unwrap();
+            assert_eq!(restored.digest(), alloc.digest());
+            assert_eq!(restored.stats(), alloc.stats());
+            *alloc = restored;
+        }
+    }
+    Ok(())
+}
+
+/// Everything the model determines must match; the allocator's own audit
+/// (coalescing, exact tiling, digest recomputed from scratch) must pass.
+fn check_against_model(alloc: &PageAllocator, model: &Model) {
+    alloc.verify().unwrap();
+    assert_eq!(alloc.len(), model.objects.len());
+    for (id, &(_, capacity)) in CAPACITIES.iter().enumerate() {
+        let runs = model.free_runs(id);
+        assert_eq!(alloc.free_extents(id), runs);
+        let free: u64 = runs.iter().map(|r| r.len).sum();
+        assert_eq!(alloc.free_pages(id), free);
+        assert_eq!(
+            alloc.largest_free_extent(id),
+            runs.iter().map(|r| r.len).max().unwrap_or(0)
+        );
+        let used: u64 = alloc
+            .keys()
+            .filter_map(|k| {
+                alloc
+                    .placement(k)
+                    .unwrap()
+                    .extents(id)
+                    .map(|_| alloc.placement(k).unwrap().num_pages())
+            })
+            .sum();
+        assert_eq!(free + used, capacity);
+    }
+    for (&key, object) in &model.objects {
+        let placement = alloc.placement(key).unwrap();
+        assert_eq!(alloc.is_committed(key), Ok(object.committed));
+        let ids: Vec<usize> = placement.payloads().collect();
+        assert_eq!(ids, object.pages.keys().copied().collect::<Vec<_>>());
+        for (&id, pages) in &object.pages {
+            assert_eq!(
+                placement.pages(id).as_ref(),
+                Some(pages),
+                "key {key} payload {id}"
+            );
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn allocator_matches_model(ops in prop::collection::vec(op(), 1..120)) {
+        let mut alloc = PageAllocator::new(&CAPACITIES).unwrap();
+        let mut model = Model::new();
+        for op in &ops {
+            let (digest, canonical, stats) = (alloc.digest(), alloc.canonical_digest(), alloc.stats());
+            if apply(&mut alloc, &mut model, op).is_err() {
+                prop_assert_eq!(alloc.digest(), digest);
+                prop_assert_eq!(alloc.canonical_digest(), canonical);
+                prop_assert_eq!(alloc.stats(), stats);
+            }
+            check_against_model(&alloc, &model);
+        }
+    }
+
+    /// Reserve then release restores state and both digests exactly,
+    /// whatever state it starts from.
+    #[test]
+    fn reserve_release_restores(ops in prop::collection::vec(op(), 0..40), pages in 1..30u64, choice in 0..4u8) {
+        let mut alloc = PageAllocator::new(&CAPACITIES).unwrap();
+        let mut model = Model::new();
+        for op in &ops {
+            let _ = apply(&mut alloc, &mut model, op);
+        }
+        let before = (alloc.digest(), alloc.canonical_digest(), alloc.free_extents(0), alloc.free_extents(1));
+        let set = select(&alloc, choice);
+        if alloc.reserve(1_000, pages, set).unwrap().is_some() {
+            prop_assert_ne!(alloc.digest(), before.0);
+            alloc.release(1_000).unwrap();
+        }
+        prop_assert_eq!((alloc.digest(), alloc.canonical_digest(), alloc.free_extents(0), alloc.free_extents(1)), before);
+    }
+}
