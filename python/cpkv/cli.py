@@ -15,6 +15,7 @@ from typing import Sequence
 # (command words, module, one-line help)
 COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("bench", "allocator"), "cpkv.bench.allocator", "PageAllocator against the pure-Python reference"),
+    (("schedsim",), "cpkv.scheduling.sim", "Replay a trace through the prefill batch-admission policies"),
 ]
 
 
