@@ -1,0 +1,151 @@
+"""The compose gather: fill every dense slot from a table of 2 * cp source buffers.
+
+All buffers are moved as ``uint8`` rows (``[rows, row_bytes]``), so fp8, bf16
+and any other dtype move the same way (``index_copy`` has no float8 kernel and
+gloo cannot carry float8).
+
+Two implementations of the same contract:
+
+- :func:`gather_runs_torch` (the CPU production path): the plan compiles its
+  per-slot descriptors into strided *copy runs*. A span's pages owned by one
+  rank are every ``cp``-th dense slot and read consecutive rows of one source,
+  so each (span, owner) is one strided ``copy_``: a batch is a few hundred
+  memcpy-speed copies, with no index tensors and no intermediate buffer.
+- :func:`gather_triton` (the device path): one program per (slot, block of
+  bytes) loads the slot's ``(source, row)`` descriptor and reads through a
+  table of int64 base addresses, so the sources need not be contiguous or even
+  in this process's allocations (CUDA IPC mappings, symmetric memory).
+
+A run is one row of an int64 ``[R, RUN_COLUMNS]`` array:
+``(dst_slot, dst_stride, count, source, src_row, src_stride)`` meaning
+``out[dst_slot + k * dst_stride] = sources[source][src_row + k * src_stride]``
+for ``k < count`` (``src_stride`` 0 repeats one row: the zero dummy).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+RUN_COLUMNS = 6
+
+
+def as_byte_rows(tensor: Any) -> Any:
+    """``[rows, *page_shape]`` of any dtype as a ``uint8`` ``[rows, row_bytes]`` view (no copy)."""
+    if not tensor.is_contiguous():
+        raise ValueError(f"buffer of shape {tuple(tensor.shape)} must be contiguous to move as bytes")
+    import torch
+
+    rows = tensor.shape[0]
+    return tensor.reshape(rows, math.prod(tensor.shape[1:])).view(torch.uint8)
+
+
+def gather_runs_torch(out: Any, sources: Sequence[Any], runs: np.ndarray | list) -> Any:
+    """Executes copy runs into ``out`` (uint8 ``[slots, row_bytes]``); returns ``out``."""
+    for dst, dst_stride, count, source, src_row, src_stride in _as_run_list(runs):
+        target = out[dst : dst + (count - 1) * dst_stride + 1 : dst_stride]
+        src = sources[source]
+        if src_stride == 1:
+            target.copy_(src[src_row : src_row + count])
+        else:  # the dummy row, repeated without materialising it
+            target.copy_(src[src_row : src_row + 1].expand(count, -1))
+    return out
+
+
+def _as_run_list(runs: np.ndarray | list) -> list:
+    return runs.tolist() if isinstance(runs, np.ndarray) else runs
+
+
+def gather_descriptors_torch(out: Any, sources: Sequence[Any], source: np.ndarray, row: np.ndarray) -> Any:
+    """The same gather straight from per-slot descriptors (one indexed copy per source).
+
+    Slower than runs (gather then scatter), but independent of the run
+    compilation; the Triton kernel and the runs are both checked against it.
+    """
+    import torch
+
+    source_t = torch.from_numpy(np.ascontiguousarray(source))
+    row_t = torch.from_numpy(np.ascontiguousarray(row))
+    for s in torch.unique(source_t).tolist():
+        slots = torch.nonzero(source_t == s).flatten()
+        out[slots] = sources[s][row_t[slots]]
+    return out
+
+
+# -- Triton ------------------------------------------------------------------------------
+
+_triton_kernel = None
+
+
+def _kernel():
+    """Compiles lazily: importing this module never needs triton (or a GPU)."""
+    global _triton_kernel
+    if _triton_kernel is None:
+        import triton
+        import triton.language as tl
+
+        @triton.jit
+        def gather_kernel(
+            out_ptr,  # *WORD, [num_slots, row_words]
+            table_ptr,  # *int64, base address of each source buffer
+            source_ptr,  # *int32, [num_slots]
+            row_ptr,  # *int64, [num_slots]
+            row_words,
+            WORD: tl.constexpr,
+            BLOCK: tl.constexpr,
+        ):
+            slot = tl.program_id(0).to(tl.int64)
+            block = tl.program_id(1)
+            src = tl.load(source_ptr + slot)
+            row = tl.load(row_ptr + slot)
+            base = tl.load(table_ptr + src).to(tl.pointer_type(WORD), bitcast=True)
+            offs = block * BLOCK + tl.arange(0, BLOCK)
+            mask = offs < row_words
+            values = tl.load(base + row * row_words + offs, mask=mask)
+            tl.store(out_ptr + slot * row_words + offs, values, mask=mask)
+
+        _triton_kernel = gather_kernel
+    return _triton_kernel
+
+
+def word_bytes(row_bytes: int, addresses: Sequence[int]) -> int:
+    """The widest word (8, 4, 2 or 1 bytes) dividing the row size and every base address."""
+    for size in (8, 4, 2):
+        if row_bytes % size == 0 and all(a % size == 0 for a in addresses):
+            return size
+    return 1
+
+
+def gather_triton(
+    out: Any, table: Any, source: Any, row: Any, *, addresses: Sequence[int] | None = None, block_bytes: int = 8192
+) -> Any:
+    """Fills ``out`` (uint8 ``[slots, row_bytes]``) reading through ``table`` (int64 base addresses).
+
+    ``table``, ``source`` (int32) and ``row`` (int64) live on ``out``'s device;
+    every address in ``table`` points at rows of the same ``row_bytes``.
+    ``addresses`` (the table's values, on the host) pick the widest aligned
+    word; without them a CPU table is read directly and a device table is
+    assumed allocator-aligned (256 bytes), so the hot path never syncs.
+    """
+    import torch
+    import triton.language as tl
+
+    slots, row_bytes = out.shape
+    if slots == 0:
+        return out
+    if addresses is None:
+        addresses = table.tolist() if table.device.type == "cpu" else [256]
+    size = word_bytes(row_bytes, [*addresses, out.data_ptr()])
+    torch_word, triton_word = {
+        8: (torch.int64, tl.int64),
+        4: (torch.int32, tl.int32),
+        2: (torch.int16, tl.int16),
+        1: (torch.uint8, tl.uint8),
+    }[size]
+    row_words = row_bytes // size
+    block = min(max(block_bytes // size, 16), 1 << (max(row_words, 16) - 1).bit_length())
+    grid = (slots, -(-row_words // block))
+    _kernel()[grid](out.view(torch_word), table, source, row, row_words, WORD=triton_word, BLOCK=block)
+    return out

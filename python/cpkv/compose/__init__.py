@@ -1,0 +1,33 @@
+"""The CP compose path: each rank's dense, slot-ordered KV buffer from pages spread over the ranks.
+
+- :mod:`~cpkv.compose.layout`: :class:`CpLayout`, who owns a logical page and where;
+- :mod:`~cpkv.compose.spans`: :class:`SlotSpans`, the one description of a batch's dense buffer;
+- :mod:`~cpkv.compose.plan`: :class:`ComposePlan` (built once per batch) and :class:`PlanCache`;
+- :mod:`~cpkv.compose.groups`: :class:`LocalGroup`, :class:`ShmGroup`, :class:`CudaIpcGroup`;
+- :mod:`~cpkv.compose.config` / :mod:`~cpkv.compose.debug`: ``CPKV_DEBUG_COMPOSE`` and its checks;
+- :mod:`~cpkv.compose.launch`: cp real processes in a gloo group (tests, benchmarks);
+- the gather itself lives in :mod:`cpkv.kernels.gather` (torch and Triton).
+"""
+
+from cpkv.compose.config import ComposeConfig, compose_config, invalidate_config, override_config
+from cpkv.compose.groups import ComposeGroup, CudaIpcGroup, GroupStats, LocalGroup, ShmGroup
+from cpkv.compose.layout import CpLayout
+from cpkv.compose.plan import ComposePlan, PlanCache, PlanKey
+from cpkv.compose.spans import SlotSpans
+
+__all__ = [
+    "ComposeConfig",
+    "ComposeGroup",
+    "ComposePlan",
+    "CpLayout",
+    "CudaIpcGroup",
+    "GroupStats",
+    "LocalGroup",
+    "PlanCache",
+    "PlanKey",
+    "ShmGroup",
+    "SlotSpans",
+    "compose_config",
+    "invalidate_config",
+    "override_config",
+]

@@ -1,0 +1,74 @@
+"""What every compose group shares: argument checks, byte views and honest counters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from cpkv.compose.config import compose_config
+from cpkv.compose.debug import check_current, check_plan
+from cpkv.compose.plan import ComposePlan
+from cpkv.errors import InvalidArgumentError
+from cpkv.kernels.gather import as_byte_rows
+
+
+@dataclass
+class GroupStats:
+    """What a group actually issued (the benchmark divides these by layers)."""
+
+    composes: int = 0
+    barriers: int = 0
+    collectives: int = 0
+    fallbacks: int = 0
+
+
+class ComposeGroup:
+    """One interface, three transports (:class:`LocalGroup`, :class:`ShmGroup`, :class:`CudaIpcGroup`).
+
+    ``compose`` is the staged single-gather path; ``compose_allreduce`` the
+    dense all-reduce baseline. Both give byte-identical dense buffers.
+    """
+
+    cp_size: int
+
+    def __init__(self, cp_size: int) -> None:
+        if isinstance(cp_size, bool) or not isinstance(cp_size, int) or cp_size < 1:
+            raise InvalidArgumentError(f"cp_size must be an integer >= 1, got {cp_size!r}")
+        self.cp_size = cp_size
+        self.stats = GroupStats()
+
+    def _check_plan(self, plan: ComposePlan) -> None:
+        if not isinstance(plan, ComposePlan):
+            raise InvalidArgumentError(f"expected a ComposePlan, got {type(plan).__name__}")
+        if plan.cp_size != self.cp_size:
+            raise InvalidArgumentError(f"plan is for cp_size {plan.cp_size}, group has {self.cp_size}")
+
+
+def check_pool(plan: ComposePlan, rank: int, pool: Any, device: str | None = None) -> Any:
+    """``rank``'s pool as byte rows, after checking it is the pool ``plan`` was made for."""
+    if pool.dim() < 1:
+        raise InvalidArgumentError(f"rank {rank}: pool must be [rows, *page_shape], got shape {tuple(pool.shape)}")
+    key = plan.key
+    if key.pool_rows is not None and pool.shape[0] != key.pool_rows:
+        raise InvalidArgumentError(
+            f"rank {rank}: plan was built for pools of {key.pool_rows} rows, this pool has {pool.shape[0]}"
+        )
+    if key.device is not None and str(pool.device) != key.device:
+        raise InvalidArgumentError(f"rank {rank}: plan was built for device {key.device}, pool is on {pool.device}")
+    plan.check_pool_rows(pool.shape[0])
+    return as_byte_rows(pool)
+
+
+def check_current_rows(plan: ComposePlan, rank: int, current: Any, row_bytes: int, staging_rows: int) -> Any:
+    """``rank``'s current rows as byte rows, after checking count and row size."""
+    rows = as_byte_rows(current)
+    if rows.shape[0] != plan.num_current(rank):
+        raise InvalidArgumentError(
+            f"rank {rank}: {rows.shape[0]} current rows given, plan.current_pages({rank}) has {plan.num_current(rank)}"
+        )
+    if rows.shape[1] != row_bytes:
+        raise InvalidArgumentError(f"rank {rank}: current rows are {rows.shape[1]} bytes, pool rows {row_bytes}")
+    if compose_config().debug:
+        check_current(plan, rank, rows.shape[0], staging_rows)
+        check_plan(plan, rank)
+    return rows

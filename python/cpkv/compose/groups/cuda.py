@@ -1,0 +1,206 @@
+"""CudaIpcGroup: one process per rank; pools and stagings shared through CUDA IPC.
+
+Each rank allocates one device buffer per payload (pool plus two stagings),
+exchanges its IPC handle at registration (every rank, before any return) and
+opens every peer's, so the Triton gather reads peers' rows through a table of
+2 * cp device addresses. Same staging protocol as :class:`ShmGroup`
+(double-buffered by call parity, one barrier per call).
+
+The barrier depends on the process group's backend:
+
+- NCCL (one GPU per rank): a one-element all-reduce, stream-ordered, so the
+  host never waits; a stalled peer surfaces through the NCCL watchdog after the
+  process group's timeout (set ``TORCH_NCCL_BLOCKING_WAIT=1`` to get it as an
+  exception in the caller).
+- gloo (several ranks sharing one GPU, where NCCL refuses to run): synchronise
+  this rank's stream, then a monitored barrier with the group's timeout.
+
+A batch the stagings cannot hold raises :class:`~cpkv.errors.FallbackError`:
+on CUDA there is no silent fallback to the dense all-reduce, which stays an
+explicit call (:meth:`compose_allreduce`).
+
+Importing this module needs neither CUDA nor triton; constructing the group does.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from cpkv.compose.groups.base import ComposeGroup, check_current_rows, check_pool
+from cpkv.compose.plan import ComposePlan, PlanKey
+from cpkv.compose.timeouts import DEFAULT_TIMEOUT_S, as_timedelta, guarded
+from cpkv.errors import FallbackError, InvalidArgumentError
+from cpkv.kernels.gather import gather_runs_torch, gather_triton
+
+_ALIGN = 256
+_DESCRIPTOR_CACHE = 64
+
+
+@dataclass
+class _DevicePayload:
+    rows: int
+    page_shape: tuple[int, ...]
+    dtype: Any
+    row_bytes: int
+    staging_capacity: int
+    own: Any  # this rank's allocation (keeps it, and so the peers' mappings, alive)
+    pools: list[Any]
+    stagings: list[list[Any]]
+    tables: list[Any]  # per parity: int64 [2 * cp] device addresses
+    addresses: list[list[int]]  # the same, on the host
+    calls: int = 0
+    descriptors: "OrderedDict[tuple[PlanKey, int], tuple[Any, Any]]" = field(default_factory=OrderedDict)
+
+
+class CudaIpcGroup(ComposeGroup):
+    """A rank whose peers' device pools are mapped into this process by CUDA IPC."""
+
+    def __init__(self, *, process_group: Any = None, timeout_s: float = DEFAULT_TIMEOUT_S, device: Any = None) -> None:
+        import torch
+        import torch.distributed as dist
+
+        if not torch.cuda.is_available():
+            raise InvalidArgumentError("CudaIpcGroup needs CUDA")
+        if not dist.is_initialized():
+            raise InvalidArgumentError("CudaIpcGroup needs torch.distributed initialised in every rank")
+        self._torch, self._dist, self._pg = torch, dist, process_group
+        self.rank = dist.get_rank(process_group)
+        super().__init__(dist.get_world_size(process_group))
+        self.device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
+        self.backend = str(dist.get_backend(process_group)).lower()
+        self.timeout_s = float(timeout_s)
+        self._timeout = as_timedelta(self.timeout_s)
+        self._flag = torch.zeros(1, dtype=torch.int32, device=self.device)
+        self._payloads: dict[str, _DevicePayload] = {}
+        # Handles are Python objects: exchange them over gloo whatever the data backend is
+        # (created here, on every rank, in the same order).
+        self._objects = process_group if self.backend == "gloo" else dist.new_group(backend="gloo")
+
+    def register_pool(
+        self, payload: str, rows: int, page_shape: Sequence[int], dtype: Any, max_current_pages: int
+    ) -> Any:
+        """Collective: allocates this rank's pool and stagings, maps every peer's; returns the pool."""
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        torch = self._torch
+        spec = (payload, int(rows), tuple(int(d) for d in page_shape), str(dtype), int(max_current_pages))
+        row_bytes = math.prod(spec[2]) * torch.empty((), dtype=dtype).element_size()
+        capacity = max_current_pages + 1
+        pool_bytes = _round_up(rows * row_bytes)
+        staging_bytes = _round_up(capacity * row_bytes)
+        own = torch.zeros(pool_bytes + 2 * staging_bytes, dtype=torch.uint8, device=self.device)
+        handle = reduce_tensor(own)
+        gathered: list[Any] = [None] * self.cp_size
+        guarded("pool registration", self.rank, -1, self.timeout_s,
+                lambda: self._dist.all_gather_object(gathered, (spec, handle), group=self._objects))
+        specs = [s for s, _ in gathered]
+        if any(s != spec for s in specs) or payload in self._payloads:
+            raise InvalidArgumentError(f"payload {payload!r}: ranks registered different (or repeated) pools: {specs}")
+        buffers = [own if r == self.rank else fn(*args) for r, (_, (fn, args)) in enumerate(gathered)]
+        pools = [b[: rows * row_bytes].view(rows, row_bytes) for b in buffers]
+        stagings = [
+            [b[s : s + capacity * row_bytes].view(capacity, row_bytes) for s in (pool_bytes, pool_bytes + staging_bytes)]
+            for b in buffers
+        ]
+        addresses = [[t.data_ptr() for t in pools] + [s[parity].data_ptr() for s in stagings] for parity in (0, 1)]
+        tables = [torch.tensor(a, dtype=torch.int64, device=self.device) for a in addresses]
+        self._payloads[payload] = _DevicePayload(
+            rows, spec[2], dtype, row_bytes, capacity, own, pools, stagings, tables, addresses
+        )
+        torch.cuda.synchronize(self.device)
+        self.barrier("pool registration", layer=-1)
+        return self.pool(payload)
+
+    def pool(self, payload: str) -> Any:
+        p = self._payload(payload)
+        return p.pools[self.rank].view(p.dtype).view(p.rows, *p.page_shape)
+
+    def compose(self, plan: ComposePlan, payload: str, current: Any, *, layer: int = 0, out: Any = None) -> Any:
+        """This rank's dense buffer: stage, one barrier, one Triton gather through the address table."""
+        p = self._payload(payload)
+        self._check_plan(plan)
+        check_pool(plan, self.rank, self.pool(payload))
+        if plan.max_staging_rows > p.staging_capacity:
+            raise FallbackError(
+                f"payload {payload!r} layer {layer}: the batch stages {plan.max_staging_rows - 1} current pages on "
+                f"one rank, the staging holds {p.staging_capacity - 1}; refusing to fall back to a dense all-reduce"
+            )
+        rows = check_current_rows(plan, self.rank, current, p.row_bytes, p.staging_capacity)
+        source, row = self._descriptors(plan, p)
+        parity = p.calls % 2
+        p.calls += 1
+        p.stagings[self.rank][parity][1 : rows.shape[0] + 1].copy_(rows)
+        self.barrier("compose barrier", layer=layer)
+        dense = self._out(plan, p, out)
+        gather_triton(dense, p.tables[parity], source, row, addresses=p.addresses[parity])
+        self.stats.composes += 1
+        return dense.view(p.dtype).view(plan.num_slots, *p.page_shape)
+
+    def compose_allreduce(
+        self, plan: ComposePlan, payload: str, current: Any, *, layer: int = 0, out: Any = None
+    ) -> Any:
+        """The explicit dense baseline: zero, fill owned slots, all-reduce (uint8 SUM) the buffer."""
+        p = self._payload(payload)
+        self._check_plan(plan)
+        pool = check_pool(plan, self.rank, self.pool(payload))
+        rows = check_current_rows(plan, self.rank, current, p.row_bytes, plan.staging_rows(self.rank))
+        dense = self._out(plan, p, out).zero_()
+        gather_runs_torch(dense, [pool, rows], plan.owned_runs(self.rank))
+        guarded("all-reduce", self.rank, layer, self.timeout_s,
+                lambda: self._dist.all_reduce(dense, op=self._dist.ReduceOp.SUM, group=self._pg))
+        self.stats.collectives += 1
+        self.stats.composes += 1
+        return dense.view(p.dtype).view(plan.num_slots, *p.page_shape)
+
+    def barrier(self, what: str = "barrier", *, layer: int = -1) -> None:
+        if self.backend == "nccl":
+            guarded(what, self.rank, layer, self.timeout_s,
+                    lambda: self._dist.all_reduce(self._flag, group=self._pg))
+        else:
+            self._torch.cuda.current_stream(self.device).synchronize()
+            guarded(what, self.rank, layer, self.timeout_s,
+                    lambda: self._dist.monitored_barrier(group=self._pg, timeout=self._timeout))
+        self.stats.barriers += 1
+
+    def close(self) -> None:
+        """Collective: waits until no peer reads, then drops every mapping."""
+        self._torch.cuda.synchronize(self.device)
+        self.barrier("close", layer=-1)
+        self._payloads.clear()
+
+    def _descriptors(self, plan: ComposePlan, p: _DevicePayload) -> tuple[Any, Any]:
+        """The plan's per-slot descriptors on the device, uploaded once per (plan key, rank)."""
+        key = (plan.key, self.rank)
+        cached = p.descriptors.get(key)
+        if cached is None:
+            source, row = plan.descriptors(self.rank)
+            torch = self._torch
+            cached = (
+                torch.from_numpy(source.astype("int32")).to(self.device, non_blocking=True),
+                torch.from_numpy(row.copy()).to(self.device, non_blocking=True),
+            )
+            if len(p.descriptors) >= _DESCRIPTOR_CACHE:
+                p.descriptors.popitem(last=False)
+            p.descriptors[key] = cached
+        return cached
+
+    def _out(self, plan: ComposePlan, p: _DevicePayload, out: Any) -> Any:
+        torch = self._torch
+        if out is None:
+            return torch.empty(plan.num_slots, p.row_bytes, dtype=torch.uint8, device=self.device)
+        if out.dtype != torch.uint8 or tuple(out.shape) != (plan.num_slots, p.row_bytes) or not out.is_contiguous():
+            raise InvalidArgumentError(f"out must be contiguous uint8 [{plan.num_slots}, {p.row_bytes}]")
+        return out
+
+    def _payload(self, payload: str) -> _DevicePayload:
+        try:
+            return self._payloads[payload]
+        except KeyError:
+            raise InvalidArgumentError(f"payload {payload!r} is not registered") from None
+
+
+def _round_up(n: int) -> int:
+    return -(-n // _ALIGN) * _ALIGN

@@ -1,0 +1,261 @@
+"""ShmGroup: one real process per rank; pools and stagings in POSIX shared memory.
+
+The CPU counterpart of CUDA IPC. At registration every rank creates one segment
+(its pool plus two staging buffers) and maps every peer's, so the gather reads
+peers' rows directly. ``torch.distributed`` (gloo) carries the setup exchange,
+the barrier and the all-reduce baseline.
+
+Per compose call: write this rank's current rows into its staging (rows
+1..n), one barrier, one gather through the 2 * cp source table. Stagings are
+double-buffered by call parity, so one barrier per call is enough: a rank can
+only overwrite a staging buffer two calls later, after passing the barrier of
+the call in between, which every peer reaches only after finishing its gather
+of the buffer's previous contents.
+
+Pools are written by their owners outside compose; separate such writes from
+peers' composes with :meth:`ShmGroup.barrier`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import secrets
+import warnings
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from cpkv.compose.groups.base import ComposeGroup, check_current_rows, check_pool
+from cpkv.compose.plan import ComposePlan
+from cpkv.compose.segment import SharedSegment
+from cpkv.compose.timeouts import DEFAULT_TIMEOUT_S, as_timedelta, guarded
+from cpkv.errors import FallbackError, InvalidArgumentError
+from cpkv.kernels.gather import gather_runs_torch
+
+_ALIGN = 4096
+_payload_ids = itertools.count()
+
+
+@dataclass
+class _Payload:
+    index: int
+    rows: int
+    page_shape: tuple[int, ...]
+    dtype: Any
+    row_bytes: int
+    staging_capacity: int  # rows per staging buffer, dummy row included
+    segments: list[SharedSegment]
+    pools: list[Any]  # uint8 [rows, row_bytes] per rank
+    stagings: list[list[Any]]  # [rank][parity] uint8 [staging_capacity, row_bytes]
+    calls: int = 0
+
+
+def _layout(rows: int, row_bytes: int, staging_capacity: int) -> tuple[int, int, int]:
+    """Byte offsets of the pool, staging 0 and staging 1 in a segment, and its size."""
+    pool_bytes = _round_up(rows * row_bytes)
+    staging_bytes = _round_up(staging_capacity * row_bytes)
+    return pool_bytes, staging_bytes, pool_bytes + 2 * staging_bytes
+
+
+def _round_up(n: int) -> int:
+    return -(-n // _ALIGN) * _ALIGN
+
+
+class ShmGroup(ComposeGroup):
+    """A rank of a gloo process group whose pools every rank maps through /dev/shm."""
+
+    def __init__(
+        self,
+        *,
+        process_group: Any = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        allow_allreduce_fallback: bool = False,
+    ) -> None:
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            raise InvalidArgumentError("ShmGroup needs torch.distributed initialised (gloo) in every rank")
+        self._dist = dist
+        self._pg = process_group
+        self.rank = dist.get_rank(process_group)
+        super().__init__(dist.get_world_size(process_group))
+        self.timeout_s = float(timeout_s)
+        self._timeout = as_timedelta(self.timeout_s)
+        self.allow_allreduce_fallback = allow_allreduce_fallback
+        self._payloads: dict[str, _Payload] = {}
+        self._closed = False
+        # Segment names must be unique per group and agreed by all ranks: rank 0 picks, everyone hears.
+        run_id = [f"{os.getpid()}-{secrets.token_hex(4)}" if self.rank == 0 else None]
+        guarded("setup broadcast", self.rank, -1, self.timeout_s,
+                lambda: dist.broadcast_object_list(run_id, src=0, group=process_group))
+        self.run_id: str = run_id[0]
+
+    # -- setup (collective; every rank calls it with the same arguments) -----------------
+
+    def register_pool(
+        self, payload: str, rows: int, page_shape: Sequence[int], dtype: Any, max_current_pages: int
+    ) -> Any:
+        """Creates this rank's pool (and stagings for ``max_current_pages``) in shared memory.
+
+        Collective: every rank registers the same payloads in the same order with
+        the same arguments, and maps every peer's segment before returning.
+        Returns this rank's pool, ``[rows, *page_shape]`` of ``dtype``, zeroed.
+        """
+        import torch
+
+        spec = (payload, int(rows), tuple(int(d) for d in page_shape), str(dtype), int(max_current_pages))
+        specs: list[Any] = [None] * self.cp_size
+        guarded("pool registration", self.rank, -1, self.timeout_s,
+                lambda: self._dist.all_gather_object(specs, spec, group=self._pg))
+        # Every rank sees the same gathered specs, so every rank raises (or not) alike.
+        if any(s != specs[0] for s in specs):
+            raise InvalidArgumentError(f"payload {payload!r}: ranks registered different pools: {specs}")
+        if payload in self._payloads:
+            raise InvalidArgumentError(f"payload {payload!r} is already registered")
+        if rows < 1 or max_current_pages < 0 or any(d < 1 for d in spec[2]):
+            raise InvalidArgumentError(f"payload {payload!r}: bad pool spec {spec}")
+        row_bytes = math.prod(spec[2]) * torch.empty((), dtype=dtype).element_size()
+        capacity = max_current_pages + 1
+        pool_bytes, staging_bytes, total = _layout(rows, row_bytes, capacity)
+        index = next(_payload_ids)
+        names = [f"cpkv-{self.run_id}-p{index}-r{r}" for r in range(self.cp_size)]
+
+        own, error = None, None
+        try:
+            own = SharedSegment(names[self.rank], total, create=True)
+        except OSError as err:
+            error = f"rank {self.rank}: cannot create /dev/shm/{names[self.rank]} ({total} bytes): {err}"
+        errors: list[Any] = [None] * self.cp_size
+        guarded("pool registration", self.rank, -1, self.timeout_s,
+                lambda: self._dist.all_gather_object(errors, error, group=self._pg))
+        if any(errors):
+            if own is not None:
+                own.unlink()
+                own.close()
+            raise InvalidArgumentError(f"payload {payload!r}: {'; '.join(e for e in errors if e)}")
+        self.barrier("pool registration", layer=-1)  # every segment exists before anyone opens one
+        segments = [own if r == self.rank else SharedSegment(names[r], total, create=False)
+                    for r in range(self.cp_size)]
+        pools, stagings = [], []
+        for segment in segments:
+            flat = segment.tensor
+            pools.append(flat[: rows * row_bytes].view(rows, row_bytes))
+            stagings.append([
+                flat[start : start + capacity * row_bytes].view(capacity, row_bytes)
+                for start in (pool_bytes, pool_bytes + staging_bytes)
+            ])
+        self._payloads[payload] = _Payload(index, rows, spec[2], dtype, row_bytes, capacity, segments, pools, stagings)
+        self.barrier("pool registration", layer=-1)  # every rank has mapped every segment
+        return self.pool(payload)
+
+    def pool(self, payload: str) -> Any:
+        """This rank's pool for ``payload``, ``[rows, *page_shape]`` of its dtype (writes go to shared memory)."""
+        p = self._payload(payload)
+        return p.pools[self.rank].view(p.dtype).view(p.rows, *p.page_shape)
+
+    # -- the hot path ---------------------------------------------------------------------
+
+    def compose(self, plan: ComposePlan, payload: str, current: Any, *, layer: int = 0, out: Any = None) -> Any:
+        """This rank's dense buffer ``[num_slots, *page_shape]``: stage, one barrier, one gather."""
+        p = self._payload(payload)
+        self._check_plan(plan)
+        check_pool(plan, self.rank, self.pool(payload))
+        if plan.max_staging_rows > p.staging_capacity:
+            # Decided from the plan alone, so every rank takes the same branch.
+            return self._fallback(plan, payload, current, layer, out, p)
+        rows = check_current_rows(plan, self.rank, current, p.row_bytes, p.staging_capacity)
+        parity = p.calls % 2
+        p.calls += 1
+        p.stagings[self.rank][parity][1 : rows.shape[0] + 1].copy_(rows)
+        self.barrier("compose barrier", layer=layer)
+        dense = self._out(plan, p, out)
+        sources = [*p.pools, *(s[parity] for s in p.stagings)]
+        gather_runs_torch(dense, sources, plan.copy_runs(self.rank))
+        self.stats.composes += 1
+        return dense.view(p.dtype).view(plan.num_slots, *p.page_shape)
+
+    def compose_allreduce(
+        self, plan: ComposePlan, payload: str, current: Any, *, layer: int = 0, out: Any = None
+    ) -> Any:
+        """The dense baseline: zero, fill the slots this rank owns, all-reduce (uint8 SUM) the whole buffer."""
+        p = self._payload(payload)
+        self._check_plan(plan)
+        pool = check_pool(plan, self.rank, self.pool(payload))
+        rows = check_current_rows(plan, self.rank, current, p.row_bytes, plan.staging_rows(self.rank))
+        dense = self._out(plan, p, out).zero_()
+        gather_runs_torch(dense, [pool, rows], plan.owned_runs(self.rank))
+        # Exactly one rank contributes each slot and the rest add zeros: the byte sum is exact.
+        guarded("all-reduce", self.rank, layer, self.timeout_s,
+                lambda: self._dist.all_reduce(dense, op=self._dist.ReduceOp.SUM, group=self._pg))
+        self.stats.collectives += 1
+        self.stats.composes += 1
+        return dense.view(p.dtype).view(plan.num_slots, *p.page_shape)
+
+    def barrier(self, what: str = "barrier", *, layer: int = -1) -> None:
+        """A gloo barrier with this group's timeout; failure names this rank and the layer."""
+        guarded(what, self.rank, layer, self.timeout_s,
+                lambda: self._dist.monitored_barrier(group=self._pg, timeout=self._timeout))
+        self.stats.barriers += 1
+
+    def _fallback(self, plan: ComposePlan, payload: str, current: Any, layer: int, out: Any, p: _Payload) -> Any:
+        message = (f"payload {payload!r}: the batch stages up to {plan.max_staging_rows - 1} current pages on one "
+                   f"rank, the staging holds {p.staging_capacity - 1}")
+        if not self.allow_allreduce_fallback:
+            raise FallbackError(message + " (allow_allreduce_fallback is off)")
+        self.stats.fallbacks += 1
+        if self.stats.fallbacks == 1 or self.stats.fallbacks % 1000 == 0:  # rate-limited
+            warnings.warn(f"{message}: composing by all-reduce (fallback #{self.stats.fallbacks})", stacklevel=3)
+        return self.compose_allreduce(plan, payload, current, layer=layer, out=out)
+
+    def _out(self, plan: ComposePlan, p: _Payload, out: Any) -> Any:
+        import torch
+
+        if out is None:
+            return torch.empty(plan.num_slots, p.row_bytes, dtype=torch.uint8)
+        if out.dtype != torch.uint8 or tuple(out.shape) != (plan.num_slots, p.row_bytes) or not out.is_contiguous():
+            raise InvalidArgumentError(f"out must be contiguous uint8 [{plan.num_slots}, {p.row_bytes}]")
+        return out
+
+    def _payload(self, payload: str) -> _Payload:
+        if self._closed:
+            raise InvalidArgumentError("the group is closed")
+        try:
+            return self._payloads[payload]
+        except KeyError:
+            raise InvalidArgumentError(f"payload {payload!r} is not registered") from None
+
+    # -- teardown -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Collective: waits until no peer reads, then unlinks this rank's segments."""
+        if self._closed:
+            return
+        try:
+            self.barrier("close", layer=-1)
+        finally:
+            self._release(all_peers=False)
+
+    def abort(self) -> None:
+        """Local, for error paths: unlinks every segment of the group (peers may be gone)."""
+        self._release(all_peers=True)
+
+    def _release(self, *, all_peers: bool) -> None:
+        self._closed = True
+        for p in self._payloads.values():
+            p.pools.clear()
+            p.stagings.clear()
+            for segment in p.segments:
+                if segment.owner or all_peers:
+                    segment.unlink()
+                segment.close()
+        self._payloads.clear()
+
+    def __enter__(self) -> "ShmGroup":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()

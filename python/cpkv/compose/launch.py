@@ -1,0 +1,119 @@
+"""Starting cp real processes joined in a gloo group (tests and benchmarks).
+
+Children come from a forkserver that imported torch once, so a launch costs
+process creation, not cp torch imports. Every launch has a hard deadline:
+processes still alive after it are killed and the launch fails.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import socket
+import traceback
+from typing import Any, Callable
+
+from cpkv.compose.timeouts import as_timedelta
+
+_context: Any = None
+
+
+def _ctx() -> Any:
+    global _context
+    if _context is None:
+        _context = mp.get_context("forkserver")
+        _context.set_forkserver_preload(["torch", "torch.distributed", "cpkv.compose"])
+    return _context
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LaunchError(RuntimeError):
+    """A rank raised, or the launch ran past its deadline."""
+
+
+def run_ranks(
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    timeout_s: float = 300.0,
+    collective_timeout_s: float = 30.0,
+    env: dict[str, str] | None = None,
+    expect_failures: bool = False,
+) -> list[Any]:
+    """Runs ``fn(rank, world_size, *args)`` in ``world_size`` processes; returns their results by rank.
+
+    With ``expect_failures`` a rank that raises or dies yields its exception
+    text (or ``None`` when it vanished) instead of failing the launch.
+    """
+    ctx = _ctx()
+    port = free_port()
+    queue = ctx.Queue()
+    procs = [
+        ctx.Process(
+            target=_rank_main,
+            args=(fn, rank, world_size, port, collective_timeout_s, env or {}, queue, args),
+            daemon=True,
+        )
+        for rank in range(world_size)
+    ]
+    for p in procs:
+        p.start()
+    results: dict[int, tuple[bool, Any]] = {}
+    import queue as queue_module
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(results) < world_size:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                rank, ok, value = queue.get(timeout=min(remaining, 1.0))
+                results[rank] = (ok, value)
+            except queue_module.Empty:
+                if all(not p.is_alive() for p in procs) and queue.empty():
+                    break
+    finally:
+        for p in procs:
+            p.join(timeout=max(0.0, min(5.0, deadline - time.monotonic())))
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+        queue.close()
+    if expect_failures:
+        return [results[r][1] if r in results else None for r in range(world_size)]
+    missing = [r for r in range(world_size) if r not in results]
+    failed = {r: v for r, (ok, v) in results.items() if not ok}
+    if missing or failed:
+        detail = "; ".join(f"rank {r}: {v}" for r, v in sorted(failed.items()))
+        raise LaunchError(f"ranks {missing} gave no result within {timeout_s:g} s; {detail}".strip("; "))
+    return [results[r][1] for r in range(world_size)]
+
+
+def _rank_main(fn: Callable[..., Any], rank: int, world: int, port: int, timeout_s: float,
+               env: dict[str, str], queue: Any, args: tuple) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from cpkv.compose.config import invalidate_config
+
+    os.environ.update(env)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    invalidate_config()
+    torch.set_num_threads(1)  # cp ranks share the cores; one thread each avoids oversubscription
+    try:
+        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=as_timedelta(timeout_s))
+        try:
+            result = fn(rank, world, *args)
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        queue.put((rank, True, result))
+    except BaseException as err:  # noqa: BLE001 -- reported to the parent, which decides
+        queue.put((rank, False, f"{type(err).__name__}: {err}\n{traceback.format_exc(limit=4)}"))

@@ -1,0 +1,59 @@
+"""A POSIX shared-memory segment (a file in /dev/shm) mapped as a torch uint8 tensor.
+
+Plain files instead of ``multiprocessing.shared_memory``: its resource tracker
+unlinks segments a peer merely attached to when that peer exits, and warns
+about "leaks" it does not own. Here exactly one rank creates and unlinks each
+segment; peers only map it.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from typing import Any
+
+SHM_DIR = "/dev/shm"
+
+
+class SharedSegment:
+    def __init__(self, name: str, nbytes: int, *, create: bool) -> None:
+        if "/" in name or not name:
+            raise ValueError(f"bad segment name {name!r}")
+        self.name = name
+        self.path = os.path.join(SHM_DIR, name)
+        self.nbytes = nbytes
+        self.owner = create
+        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+        fd = os.open(self.path, flags, 0o600)
+        try:
+            if create:
+                os.ftruncate(fd, nbytes)  # zero-filled: staging dummy rows start (and stay) zero
+            elif os.fstat(fd).st_size != nbytes:
+                raise ValueError(f"segment {name} has {os.fstat(fd).st_size} bytes, expected {nbytes}")
+            self._map = mmap.mmap(fd, max(nbytes, 1))
+        finally:
+            os.close(fd)
+        self._tensor: Any = None
+
+    @property
+    def tensor(self) -> Any:
+        """The whole segment as a uint8 tensor (one view, created on first use)."""
+        if self._tensor is None:
+            import torch
+
+            self._tensor = torch.frombuffer(self._map, dtype=torch.uint8, count=self.nbytes)
+        return self._tensor
+
+    def unlink(self) -> None:
+        """Removes the name (idempotent); existing mappings stay valid until closed."""
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+    def close(self) -> None:
+        self._tensor = None
+        try:
+            self._map.close()
+        except BufferError:
+            pass  # a caller still holds a view; the mapping goes with the last reference
