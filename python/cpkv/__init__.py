@@ -12,5 +12,6 @@ from cpkv.errors import __all__ as _error_names
 # Replicated prefix tree and eviction -- crates/evict
 # CP compose path -- cpkv.compose
 # Batch admission -- cpkv.scheduling
+from cpkv import scheduling  # noqa: E402,F401  (form_batch, AffinityPolicy, BudgetConfig, backup_range)
 
 __all__ = ["__version__", *_error_names]
