@@ -1,1 +1,24 @@
 //! Replicated prefix tree with a logical clock and O(log n) deterministic eviction.
+//!
+//! Every decision reads only replicated state (the event stream, a logical
+//! clock, counter-assigned node ids), and every eviction key ends in the node
+//! id, so all context-parallel ranks that replay the same calls evict the same
+//! victims without exchanging a word. `digest` makes that checkable.
+
+mod clock;
+mod digest;
+mod error;
+mod events;
+mod evictable;
+mod namespace;
+mod node;
+mod policy;
+mod tree;
+
+pub use clock::Stamp;
+pub use error::EvictError;
+pub use events::Event;
+pub use namespace::Namespace;
+pub use node::{HostKey, Node, NodeId, PageId, Tier, Token};
+pub use policy::{Policy, PolicyKey};
+pub use tree::{DeviceVictim, HostVictim, InsertResult, MatchResult, PrefixTree};

@@ -1,0 +1,57 @@
+//! The ordered evictable index: one ordered set per tier, kept up to date
+//! node by node, so taking a victim is O(log n) and nothing is ever rebuilt
+//! over all leaves.
+
+use std::collections::BTreeSet;
+
+use crate::node::{NodeId, Tier};
+use crate::policy::PolicyKey;
+
+#[derive(Debug, Clone, Default)]
+pub struct EvictableIndex {
+    device: BTreeSet<(PolicyKey, NodeId)>,
+    host: BTreeSet<(PolicyKey, NodeId)>,
+}
+
+impl EvictableIndex {
+    fn set(&mut self, tier: Tier) -> &mut BTreeSet<(PolicyKey, NodeId)> {
+        match tier {
+            Tier::Device => &mut self.device,
+            Tier::Host => &mut self.host,
+        }
+    }
+
+    pub fn insert(&mut self, tier: Tier, key: PolicyKey, id: NodeId) {
+        let fresh = self.set(tier).insert((key, id));
+        debug_assert!(fresh, "node {id} indexed twice");
+    }
+
+    pub fn remove(&mut self, tier: Tier, key: PolicyKey, id: NodeId) {
+        let found = self.set(tier).remove(&(key, id));
+        debug_assert!(found, "node {id} missing from the {tier:?} index");
+    }
+
+    /// The next victim of `tier`, without removing it.
+    pub fn first(&self, tier: Tier) -> Option<NodeId> {
+        let set = match tier {
+            Tier::Device => &self.device,
+            Tier::Host => &self.host,
+        };
+        set.first().map(|(_, id)| *id)
+    }
+
+    pub fn len(&self, tier: Tier) -> usize {
+        match tier {
+            Tier::Device => self.device.len(),
+            Tier::Host => self.host.len(),
+        }
+    }
+
+    /// Entries of `tier` in eviction order (for checks and tests).
+    pub fn iter(&self, tier: Tier) -> impl Iterator<Item = &(PolicyKey, NodeId)> + '_ {
+        match tier {
+            Tier::Device => self.device.iter(),
+            Tier::Host => self.host.iter(),
+        }
+    }
+}

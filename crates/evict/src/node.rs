@@ -1,0 +1,113 @@
+//! One node of the radix tree: a run of whole pages and its residency.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use crate::clock::Stamp;
+
+/// A token id.
+pub type Token = u64;
+/// An engine's device (L1) page id.
+pub type PageId = u64;
+/// The host allocator's key of a node's backup object (L2).
+pub type HostKey = u64;
+
+/// Node ids come from a counter and are never reused, so every rank names
+/// the same node with the same id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct NodeId(pub u64);
+
+impl fmt::Display for NodeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// The residency tiers a node can be evicted from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Tier {
+    Device,
+    Host,
+}
+
+#[derive(Debug, Clone)]
+pub struct Node {
+    pub(crate) id: NodeId,
+    /// `None` only for namespace roots.
+    pub(crate) parent: Option<NodeId>,
+    /// Whole pages of tokens (empty for roots).
+    pub(crate) tokens: Vec<Token>,
+    /// Children keyed by the tokens of their first page (ordered: no hash order).
+    pub(crate) children: BTreeMap<Box<[Token]>, NodeId>,
+    /// Device page ids, one per page, when the node is on device.
+    pub(crate) device: Option<Vec<PageId>>,
+    /// Host object key, when the node has a host copy.
+    pub(crate) host: Option<HostKey>,
+    /// Children that are on device; a device node is a device leaf when 0.
+    pub(crate) device_children: usize,
+    /// Pages from the namespace root to this node's first page.
+    pub(crate) depth: usize,
+    pub(crate) created: Stamp,
+    pub(crate) last_access: Stamp,
+    pub(crate) hits: u64,
+    pub(crate) locks: u64,
+    /// Priority for `Policy::Horizon`, fixed at the last access.
+    pub(crate) priority: u64,
+    // Bookkeeping (not replicated state of its own): the cached hash of
+    // `tokens`, this node's current digest term and its index entry.
+    pub(crate) tokens_hash: u64,
+    pub(crate) digest_term: u64,
+    pub(crate) indexed: Option<(Tier, crate::policy::PolicyKey)>,
+}
+
+impl Node {
+    pub(crate) fn pages(&self, page_size: usize) -> usize {
+        self.tokens.len() / page_size
+    }
+
+    pub fn id(&self) -> NodeId {
+        self.id
+    }
+    pub fn parent(&self) -> Option<NodeId> {
+        self.parent
+    }
+    pub fn tokens(&self) -> &[Token] {
+        &self.tokens
+    }
+    pub fn children(&self) -> impl Iterator<Item = NodeId> + '_ {
+        self.children.values().copied()
+    }
+    pub fn device_pages(&self) -> Option<&[PageId]> {
+        self.device.as_deref()
+    }
+    pub fn host_key(&self) -> Option<HostKey> {
+        self.host
+    }
+    pub fn depth(&self) -> usize {
+        self.depth
+    }
+    pub fn created(&self) -> Stamp {
+        self.created
+    }
+    pub fn last_access(&self) -> Stamp {
+        self.last_access
+    }
+    pub fn hits(&self) -> u64 {
+        self.hits
+    }
+    pub fn locks(&self) -> u64 {
+        self.locks
+    }
+    pub fn priority(&self) -> u64 {
+        self.priority
+    }
+    pub fn is_root(&self) -> bool {
+        self.parent.is_none()
+    }
+    pub fn on_device(&self) -> bool {
+        self.device.is_some()
+    }
+    pub fn on_host(&self) -> bool {
+        self.host.is_some()
+    }
+}

@@ -1,0 +1,870 @@
+//! The replicated prefix tree: page-granular radix tree, two residency tiers,
+//! a logical clock and an incrementally maintained evictable index.
+//!
+//! Invariants (checked by `check_invariants`, exercised by the model tests):
+//! - every non-root node is on device, on host, or both;
+//! - the device set and the host set are each closed towards the root (a
+//!   node's parent is a root or holds the same tier), so evicting a device
+//!   leaf never strands a descendant and a node without a host copy that
+//!   leaves the device has no children and leaves the tree;
+//! - the index holds exactly the unlocked device leaves (no child on device)
+//!   and the unlocked host-only nodes without children, keyed by the policy.
+//!
+//! Every public mutating call validates first and changes nothing when it
+//! fails; when it succeeds it advances the clock by exactly one.
+
+use std::collections::{BTreeMap, HashSet};
+
+use crate::clock::{LogicalClock, Stamp};
+use crate::digest::{namespace_hash, node_hash, tokens_hash, Hasher64};
+use crate::error::EvictError;
+use crate::events::Event;
+use crate::evictable::EvictableIndex;
+use crate::namespace::Namespace;
+use crate::node::{HostKey, Node, NodeId, PageId, Tier, Token};
+use crate::policy::Policy;
+
+/// What `match_prefix` found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MatchResult {
+    /// Tokens matched by nodes on device (a multiple of the page size).
+    pub length: usize,
+    /// The device pages along the device-matched path, in order.
+    pub device_pages: Vec<PageId>,
+    /// Tokens matched counting host-only nodes too (what a load-back brings).
+    pub host_length: usize,
+    /// Deepest node of the device match (the namespace root if none).
+    pub node: NodeId,
+    /// Deepest node of the whole match, host-only nodes included.
+    pub host_node: NodeId,
+}
+
+/// What `insert` did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InsertResult {
+    /// The node that ends at the last inserted page (the root if no page).
+    pub node: NodeId,
+    /// Leading pages that were already on device: the caller frees its copies.
+    pub cached: usize,
+}
+
+/// A node whose device pages were freed, in eviction order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceVictim {
+    pub node: NodeId,
+    pub pages: Vec<PageId>,
+}
+
+/// A host-only node dropped from the tree, in eviction order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostVictim {
+    pub node: NodeId,
+    pub object_key: HostKey,
+    pub num_pages: usize,
+    /// True when no other node still refers to the object (a split node's
+    /// halves share their object): the allocator may release it.
+    pub released: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct PrefixTree {
+    page_size: usize,
+    policy: Policy,
+    clock: LogicalClock,
+    /// Arena indexed by node id; ids are never reused.
+    nodes: Vec<Option<Node>>,
+    roots: BTreeMap<Namespace, NodeId>,
+    index: EvictableIndex,
+    /// Wrapping sum of the live nodes' digest terms.
+    digest_sum: u64,
+    /// Device pages held by the tree: a membership set only, never iterated,
+    /// so its hash order cannot leak into any decision.
+    live_pages: HashSet<PageId>,
+    /// Nodes referring to each host object.
+    host_refs: BTreeMap<HostKey, usize>,
+    host_pages: usize,
+    live_nodes: usize,
+    /// The latest last-access stamp among device victims: how far back the
+    /// cache currently reaches, which scales `Policy::Horizon`'s protection.
+    floor: Stamp,
+    events: Vec<Event>,
+}
+
+/// One step of a read-only walk: a node and how many of its pages matched
+/// (fewer than all only for the last step).
+#[derive(Debug, Clone, Copy)]
+struct Step {
+    id: NodeId,
+    matched: usize,
+    pages: usize,
+}
+
+impl PrefixTree {
+    pub fn new(page_size: usize, policy: Policy) -> Result<Self, EvictError> {
+        if page_size == 0 {
+            return Err(EvictError::InvalidTokens(
+                "page_size must be at least 1".into(),
+            ));
+        }
+        Ok(Self {
+            page_size,
+            policy,
+            clock: LogicalClock::default(),
+            nodes: Vec::new(),
+            roots: BTreeMap::new(),
+            index: EvictableIndex::default(),
+            digest_sum: 0,
+            live_pages: HashSet::new(),
+            host_refs: BTreeMap::new(),
+            host_pages: 0,
+            live_nodes: 0,
+            floor: 0,
+            events: Vec::new(),
+        })
+    }
+
+    // ---- queries -------------------------------------------------------
+
+    pub fn page_size(&self) -> usize {
+        self.page_size
+    }
+    pub fn policy(&self) -> Policy {
+        self.policy
+    }
+    pub fn clock(&self) -> Stamp {
+        self.clock.now()
+    }
+    /// Live nodes, namespace roots included.
+    pub fn len(&self) -> usize {
+        self.live_nodes
+    }
+    pub fn is_empty(&self) -> bool {
+        self.live_nodes == 0
+    }
+    pub fn device_pages(&self) -> usize {
+        self.live_pages.len()
+    }
+    pub fn host_pages(&self) -> usize {
+        self.host_pages
+    }
+    pub fn evictable(&self, tier: Tier) -> usize {
+        self.index.len(tier)
+    }
+    pub fn node(&self, id: NodeId) -> Option<&Node> {
+        self.nodes.get(usize::try_from(id.0).ok()?)?.as_ref()
+    }
+    pub fn root(&self, namespace: &Namespace) -> Option<NodeId> {
+        self.roots.get(namespace).copied()
+    }
+    /// Live nodes in id order.
+    pub fn nodes(&self) -> impl Iterator<Item = &Node> + '_ {
+        self.nodes.iter().flatten()
+    }
+    /// The index of `tier` in eviction order.
+    pub fn eviction_order(&self, tier: Tier) -> Vec<NodeId> {
+        self.index.iter(tier).map(|(_, id)| *id).collect()
+    }
+
+    /// The digest of the replicated state; O(1).
+    pub fn digest(&self) -> u64 {
+        self.seal(self.digest_sum)
+    }
+
+    /// The digest recomputed from every node (for checks): equals `digest`.
+    pub fn digest_from_scratch(&self) -> u64 {
+        let sum = self
+            .nodes()
+            .map(|n| node_hash(n, n.tokens_hash))
+            .fold(0u64, u64::wrapping_add);
+        self.seal(sum)
+    }
+
+    fn seal(&self, sum: u64) -> u64 {
+        Hasher64::default()
+            .word(sum)
+            .word(self.clock.now())
+            .word(self.page_size as u64)
+            .word(
+                Policy::ALL
+                    .iter()
+                    .position(|p| *p == self.policy)
+                    .unwrap_or(0) as u64,
+            )
+            .word(self.nodes.len() as u64)
+            .word(self.floor)
+            .finish()
+    }
+
+    /// Drains the residency events since the last call.
+    pub fn take_events(&mut self) -> Vec<Event> {
+        std::mem::take(&mut self.events)
+    }
+
+    // ---- the engine's calls --------------------------------------------
+
+    /// Longest cached prefix of the whole pages of `tokens`; stamps and
+    /// counts a hit on every matched node. A match ending inside a node
+    /// splits it there, so `node` ends exactly at the match.
+    pub fn match_prefix(&mut self, tokens: &[Token], namespace: &Namespace) -> MatchResult {
+        let now = self.clock.tick();
+        let root = self.ensure_root(namespace, now);
+        let mut steps = self.walk(root, tokens);
+        self.split_last(&mut steps);
+        let mut result = MatchResult {
+            length: 0,
+            device_pages: Vec::new(),
+            host_length: 0,
+            node: root,
+            host_node: root,
+        };
+        let mut on_device = true;
+        for step in &steps {
+            let (policy, floor) = (self.policy, self.floor);
+            self.update(step.id, |n| {
+                n.hits += 1;
+                access(n, policy, now, floor);
+            });
+            let node = self.node_ref(step.id);
+            match (&node.device, on_device) {
+                (Some(pages), true) => {
+                    result.device_pages.extend_from_slice(pages);
+                    result.length += step.matched * self.page_size;
+                    result.node = step.id;
+                }
+                _ => on_device = false,
+            }
+            result.host_length += step.matched * self.page_size;
+            result.host_node = step.id;
+        }
+        result
+    }
+
+    /// Caches the whole pages of `tokens` with one page id per page. Pages of
+    /// host-only nodes on the path are attached (a recompute is as good as a
+    /// load-back); pages already on device are reported in `cached`.
+    pub fn insert(
+        &mut self,
+        tokens: &[Token],
+        pages: &[PageId],
+        namespace: &Namespace,
+    ) -> Result<InsertResult, EvictError> {
+        let whole_pages = tokens.len() / self.page_size;
+        if pages.len() != whole_pages {
+            return Err(EvictError::PageCountMismatch {
+                pages: pages.len(),
+                whole_pages,
+                page_size: self.page_size,
+            });
+        }
+        let tokens = &tokens[..whole_pages * self.page_size];
+        let mut steps = match self.roots.get(namespace) {
+            Some(&root) => self.walk(root, tokens),
+            None => Vec::new(),
+        };
+        // Validate the pages the tree would adopt before touching anything.
+        let mut adopted = Vec::new();
+        let mut offset = 0;
+        for step in &steps {
+            if !self.node_ref(step.id).on_device() {
+                adopted.extend_from_slice(&pages[offset..offset + step.matched]);
+            }
+            offset += step.matched;
+        }
+        adopted.extend_from_slice(&pages[offset..]);
+        self.check_new_pages(&adopted)?;
+
+        let now = self.clock.tick();
+        let root = self.ensure_root(namespace, now);
+        self.split_last(&mut steps);
+        let mut cached = 0;
+        let mut offset = 0;
+        let mut at = root;
+        for step in &steps {
+            let span = offset..offset + step.matched;
+            if self.node_ref(step.id).on_device() {
+                cached += step.matched;
+                let (policy, floor) = (self.policy, self.floor);
+                self.update(step.id, |n| access(n, policy, now, floor));
+            } else {
+                self.attach(step.id, pages[span.clone()].to_vec(), now);
+            }
+            offset = span.end;
+            at = step.id;
+        }
+        if offset < whole_pages {
+            at = self.create_leaf(
+                at,
+                &tokens[offset * self.page_size..],
+                &pages[offset..],
+                now,
+            );
+        }
+        Ok(InsertResult { node: at, cached })
+    }
+
+    /// Locks `node` and its ancestors against eviction (roots are skipped).
+    pub fn lock(&mut self, node: NodeId) -> Result<(), EvictError> {
+        let path = self.path_to_root(node)?;
+        self.clock.tick();
+        for id in path {
+            self.update(id, |n| n.locks += 1);
+        }
+        Ok(())
+    }
+
+    /// Undoes one `lock`; fails (changing nothing) if any lock count on the
+    /// path is already zero.
+    pub fn unlock(&mut self, node: NodeId) -> Result<(), EvictError> {
+        let path = self.path_to_root(node)?;
+        if let Some(&id) = path.iter().find(|id| self.node_ref(**id).locks == 0) {
+            return Err(EvictError::LockUnderflow(id));
+        }
+        self.clock.tick();
+        for id in path {
+            self.update(id, |n| n.locks -= 1);
+        }
+        Ok(())
+    }
+
+    /// Frees device pages from device leaves in policy order until at least
+    /// `num_pages` are freed or nothing is evictable. A victim with a host
+    /// copy stays as host-only; one without leaves the tree.
+    pub fn evict(&mut self, num_pages: usize) -> Vec<DeviceVictim> {
+        self.clock.tick();
+        let mut victims = Vec::new();
+        let mut freed = 0;
+        while freed < num_pages {
+            let Some(id) = self.index.first(Tier::Device) else {
+                break;
+            };
+            let pages = self.evict_device(id);
+            freed += pages.len();
+            victims.push(DeviceVictim { node: id, pages });
+        }
+        victims
+    }
+
+    /// Drops host-only leaves in policy order until at least `num_pages` host
+    /// pages are dropped or nothing is evictable.
+    pub fn evict_host(&mut self, num_pages: usize) -> Vec<HostVictim> {
+        self.clock.tick();
+        let mut victims = Vec::new();
+        let mut dropped = 0;
+        while dropped < num_pages {
+            let Some(id) = self.index.first(Tier::Host) else {
+                break;
+            };
+            let victim = self.drop_host_leaf(id);
+            dropped += victim.num_pages;
+            victims.push(victim);
+        }
+        victims
+    }
+
+    /// Records that `node` now has a host copy stored under `key`. Its parent
+    /// must be a root or have a host copy (backups go top-down).
+    pub fn set_host(&mut self, node: NodeId, key: HostKey) -> Result<(), EvictError> {
+        let n = self.live_non_root(node)?;
+        if n.host.is_some() {
+            return Err(EvictError::InvalidTier {
+                node,
+                reason: "already has a host copy",
+            });
+        }
+        let parent = self.node_ref(n.parent.expect("non-root"));
+        if !parent.is_root() && parent.host.is_none() {
+            return Err(EvictError::InvalidTier {
+                node,
+                reason: "its parent has no host copy (back up top-down)",
+            });
+        }
+        if self.host_refs.contains_key(&key) {
+            return Err(EvictError::HostKeyInUse(key));
+        }
+        let (start, num_pages) = (n.depth, n.pages(self.page_size));
+        self.clock.tick();
+        self.update(node, |n| n.host = Some(key));
+        self.host_refs.insert(key, 1);
+        self.host_pages += num_pages;
+        self.events.push(Event::HostStored {
+            node,
+            start,
+            num_pages,
+            key,
+        });
+        Ok(())
+    }
+
+    /// Re-attaches device pages to a host-only node after a load-back. Its
+    /// parent must be a root or on device (load-backs go top-down).
+    pub fn attach_device(&mut self, node: NodeId, pages: &[PageId]) -> Result<(), EvictError> {
+        let n = self.live_non_root(node)?;
+        if n.device.is_some() {
+            return Err(EvictError::InvalidTier {
+                node,
+                reason: "already on device",
+            });
+        }
+        let parent = self.node_ref(n.parent.expect("non-root"));
+        if !parent.is_root() && parent.device.is_none() {
+            return Err(EvictError::InvalidTier {
+                node,
+                reason: "its parent is not on device (load back top-down)",
+            });
+        }
+        let whole_pages = n.pages(self.page_size);
+        if pages.len() != whole_pages {
+            return Err(EvictError::PageCountMismatch {
+                pages: pages.len(),
+                whole_pages,
+                page_size: self.page_size,
+            });
+        }
+        self.check_new_pages(pages)?;
+        let now = self.clock.tick();
+        self.attach(node, pages.to_vec(), now);
+        Ok(())
+    }
+
+    // ---- internals -----------------------------------------------------
+
+    fn node_ref(&self, id: NodeId) -> &Node {
+        self.node(id).expect("internal ids are live")
+    }
+
+    fn live_non_root(&self, id: NodeId) -> Result<&Node, EvictError> {
+        let node = self.node(id).ok_or(EvictError::UnknownNode(id))?;
+        if node.is_root() {
+            return Err(EvictError::RootNode(id));
+        }
+        Ok(node)
+    }
+
+    /// Non-root nodes from `id` up to (excluding) its root.
+    fn path_to_root(&self, id: NodeId) -> Result<Vec<NodeId>, EvictError> {
+        let mut node = self.node(id).ok_or(EvictError::UnknownNode(id))?;
+        let mut path = Vec::new();
+        while let Some(parent) = node.parent {
+            path.push(node.id);
+            node = self.node_ref(parent);
+        }
+        Ok(path)
+    }
+
+    fn check_new_pages(&self, pages: &[PageId]) -> Result<(), EvictError> {
+        let mut seen = HashSet::with_capacity(pages.len());
+        match pages
+            .iter()
+            .find(|p| self.live_pages.contains(p) || !seen.insert(**p))
+        {
+            Some(&page) => Err(EvictError::PageInUse(page)),
+            None => Ok(()),
+        }
+    }
+
+    /// Read-only: the nodes the whole pages of `tokens` run through.
+    fn walk(&self, root: NodeId, tokens: &[Token]) -> Vec<Step> {
+        let ps = self.page_size;
+        let total = tokens.len() / ps;
+        let mut steps = Vec::new();
+        let (mut at, mut done) = (root, 0);
+        while done < total {
+            let key = &tokens[done * ps..(done + 1) * ps];
+            let Some(&child) = self.node_ref(at).children.get(key) else {
+                break;
+            };
+            let node = self.node_ref(child);
+            let pages = node.pages(ps);
+            let matched = (1..pages.min(total - done))
+                .find(|&i| {
+                    node.tokens[i * ps..(i + 1) * ps]
+                        != tokens[(done + i) * ps..(done + i + 1) * ps]
+                })
+                .unwrap_or(pages.min(total - done));
+            steps.push(Step {
+                id: child,
+                matched,
+                pages,
+            });
+            done += matched;
+            at = child;
+            if matched < pages {
+                break;
+            }
+        }
+        steps
+    }
+
+    /// Splits the last step's node where the walk left it, so the path ends
+    /// exactly at a node boundary.
+    fn split_last(&mut self, steps: &mut [Step]) {
+        if let Some(last) = steps.last_mut() {
+            if last.matched < last.pages {
+                last.id = self.split(last.id, last.matched);
+                last.pages = last.matched;
+            }
+        }
+    }
+
+    fn ensure_root(&mut self, namespace: &Namespace, now: Stamp) -> NodeId {
+        if let Some(&root) = self.roots.get(namespace) {
+            return root;
+        }
+        let id = self.alloc(Node {
+            id: NodeId(0),
+            parent: None,
+            tokens: Vec::new(),
+            children: BTreeMap::new(),
+            device: None,
+            host: None,
+            device_children: 0,
+            depth: 0,
+            created: now,
+            last_access: now,
+            hits: 0,
+            locks: 0,
+            priority: 0,
+            tokens_hash: namespace_hash(namespace),
+            digest_term: 0,
+            indexed: None,
+        });
+        self.roots.insert(namespace.clone(), id);
+        id
+    }
+
+    /// Puts a fully built node into the arena under the next id.
+    fn alloc(&mut self, mut node: Node) -> NodeId {
+        let id = NodeId(self.nodes.len() as u64);
+        node.id = id;
+        self.nodes.push(Some(node));
+        self.live_nodes += 1;
+        self.reattach(id);
+        id
+    }
+
+    fn create_leaf(
+        &mut self,
+        parent: NodeId,
+        tokens: &[Token],
+        pages: &[PageId],
+        now: Stamp,
+    ) -> NodeId {
+        let p = self.node_ref(parent);
+        let depth = p.depth + p.pages(self.page_size);
+        let key: Box<[Token]> = tokens[..self.page_size].into();
+        let id = self.alloc(Node {
+            id: NodeId(0),
+            parent: Some(parent),
+            tokens: tokens.to_vec(),
+            children: BTreeMap::new(),
+            device: Some(pages.to_vec()),
+            host: None,
+            device_children: 0,
+            depth,
+            created: now,
+            last_access: now,
+            hits: 1,
+            locks: 0,
+            priority: 0,
+            tokens_hash: tokens_hash(tokens),
+            digest_term: 0,
+            indexed: None,
+        });
+        let (policy, floor) = (self.policy, self.floor);
+        self.update(id, |n| access(n, policy, now, floor));
+        self.live_pages.extend(pages.iter().copied());
+        self.update(parent, |p| {
+            p.children.insert(key, id);
+            p.device_children += 1;
+        });
+        self.events.push(Event::DeviceStored {
+            node: id,
+            start: depth,
+            pages: pages.to_vec(),
+        });
+        id
+    }
+
+    /// Splits `id` after `at` pages. The new node takes the first `at` pages
+    /// and becomes the parent; `id` keeps the rest and its children, so ids
+    /// held by callers (locks, match results) keep naming the same suffix.
+    fn split(&mut self, id: NodeId, at: usize) -> NodeId {
+        let ps = self.page_size;
+        let node = self.node_ref(id);
+        let parent = node.parent.expect("roots are never split");
+        let cut = at * ps;
+        let upper_tokens = node.tokens[..cut].to_vec();
+        let upper = Node {
+            id: NodeId(0),
+            parent: Some(parent),
+            tokens_hash: tokens_hash(&upper_tokens),
+            tokens: upper_tokens,
+            children: BTreeMap::from([(node.tokens[cut..cut + ps].into(), id)]),
+            device: node.device.as_ref().map(|d| d[..at].to_vec()),
+            host: node.host,
+            device_children: usize::from(node.device.is_some()),
+            depth: node.depth,
+            created: node.created,
+            last_access: node.last_access,
+            hits: node.hits,
+            locks: node.locks,
+            priority: node.priority,
+            digest_term: 0,
+            indexed: None,
+        };
+        let key: Box<[Token]> = node.tokens[..ps].into();
+        if let Some(host) = node.host {
+            *self.host_refs.get_mut(&host).expect("recorded") += 1;
+        }
+        let upper = self.alloc(upper);
+        self.update(id, |n| {
+            n.tokens.drain(..cut);
+            n.tokens_hash = tokens_hash(&n.tokens);
+            if let Some(d) = n.device.as_mut() {
+                d.drain(..at);
+            }
+            n.parent = Some(upper);
+            n.depth += at;
+        });
+        self.update(parent, |p| {
+            p.children.insert(key, upper);
+        });
+        upper
+    }
+
+    fn attach(&mut self, id: NodeId, pages: Vec<PageId>, now: Stamp) {
+        let node = self.node_ref(id);
+        let (parent, start) = (node.parent.expect("non-root"), node.depth);
+        self.live_pages.extend(pages.iter().copied());
+        self.events.push(Event::DeviceStored {
+            node: id,
+            start,
+            pages: pages.clone(),
+        });
+        let (policy, floor) = (self.policy, self.floor);
+        self.update(id, |n| {
+            n.device = Some(pages);
+            access(n, policy, now, floor);
+        });
+        self.update(parent, |p| p.device_children += 1);
+    }
+
+    fn evict_device(&mut self, id: NodeId) -> Vec<PageId> {
+        let node = self.node_ref(id);
+        let (parent, start, has_host) =
+            (node.parent.expect("non-root"), node.depth, node.on_host());
+        let pages = node.device.clone().expect("indexed on device");
+        self.floor = self.floor.max(node.last_access);
+        for page in &pages {
+            self.live_pages.remove(page);
+        }
+        self.events.push(Event::DeviceRemoved {
+            node: id,
+            start,
+            pages: pages.clone(),
+        });
+        if has_host {
+            self.update(id, |n| n.device = None);
+            self.update(parent, |p| p.device_children -= 1);
+        } else {
+            debug_assert!(
+                self.node_ref(id).children.is_empty(),
+                "host set is closed to the root"
+            );
+            self.remove(id);
+        }
+        pages
+    }
+
+    fn drop_host_leaf(&mut self, id: NodeId) -> HostVictim {
+        let node = self.node_ref(id);
+        let key = node.host.expect("indexed on host");
+        let (start, num_pages) = (node.depth, node.pages(self.page_size));
+        let refs = self.host_refs.get_mut(&key).expect("recorded");
+        *refs -= 1;
+        let released = *refs == 0;
+        if released {
+            self.host_refs.remove(&key);
+        }
+        self.host_pages -= num_pages;
+        self.events.push(Event::HostRemoved {
+            node: id,
+            start,
+            num_pages,
+            key,
+        });
+        self.remove(id);
+        HostVictim {
+            node: id,
+            object_key: key,
+            num_pages,
+            released,
+        }
+    }
+
+    /// Takes a childless, device-less node out of the tree.
+    fn remove(&mut self, id: NodeId) {
+        self.detach(id);
+        let node = self.nodes[id.0 as usize].take().expect("live");
+        self.live_nodes -= 1;
+        let parent = node.parent.expect("roots are never removed");
+        let on_device = node.device.is_some();
+        let key = &node.tokens[..self.page_size];
+        self.update(parent, |p| {
+            p.children.remove(key);
+            if on_device {
+                p.device_children -= 1;
+            }
+        });
+    }
+
+    /// The one way nodes change: take the node out of the digest and the
+    /// index, apply `change`, and put it back with its new hash and key.
+    fn update(&mut self, id: NodeId, change: impl FnOnce(&mut Node)) {
+        self.detach(id);
+        change(self.nodes[id.0 as usize].as_mut().expect("live"));
+        self.reattach(id);
+    }
+
+    fn detach(&mut self, id: NodeId) {
+        let node = self.nodes[id.0 as usize].as_mut().expect("live");
+        self.digest_sum = self.digest_sum.wrapping_sub(node.digest_term);
+        if let Some((tier, key)) = node.indexed.take() {
+            self.index.remove(tier, key, id);
+        }
+    }
+
+    fn reattach(&mut self, id: NodeId) {
+        let policy = self.policy;
+        let node = self.nodes[id.0 as usize].as_mut().expect("live");
+        node.digest_term = node_hash(node, node.tokens_hash);
+        self.digest_sum = self.digest_sum.wrapping_add(node.digest_term);
+        if let Some(tier) = evictable_tier(node) {
+            let key = policy.key(node);
+            node.indexed = Some((tier, key));
+            self.index.insert(tier, key, id);
+        }
+    }
+
+    /// Checks every structural invariant and that the incremental index and
+    /// digest equal their from-scratch recomputation. For tests; O(n).
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let ps = self.page_size;
+        let mut expected: BTreeMap<Tier, Vec<(crate::PolicyKey, NodeId)>> = BTreeMap::new();
+        let mut pages_seen = HashSet::new();
+        let mut host_refs: BTreeMap<HostKey, usize> = BTreeMap::new();
+        let mut host_pages = 0;
+        for node in self.nodes() {
+            let id = node.id;
+            if let Some(tier) = evictable_tier(node) {
+                expected
+                    .entry(tier)
+                    .or_default()
+                    .push((self.policy.key(node), id));
+            }
+            if node.tokens_hash != tokens_hash(&node.tokens) && !node.is_root() {
+                return Err(format!("node {id}: stale tokens hash"));
+            }
+            let device_children = node
+                .children()
+                .filter(|c| self.node_ref(*c).on_device())
+                .count();
+            if device_children != node.device_children {
+                return Err(format!(
+                    "node {id}: device_children {} != {device_children}",
+                    node.device_children
+                ));
+            }
+            for (key, child) in &node.children {
+                let c = self
+                    .node(*child)
+                    .ok_or(format!("node {id}: dead child {child}"))?;
+                if c.parent != Some(id) || c.tokens[..ps] != key[..] {
+                    return Err(format!("node {id}: child {child} miskeyed"));
+                }
+                if c.depth != node.depth + node.pages(ps) {
+                    return Err(format!("node {child}: wrong depth"));
+                }
+            }
+            if let Some(h) = node.host {
+                *host_refs.entry(h).or_default() += 1;
+                host_pages += node.pages(ps);
+            }
+            if node.is_root() {
+                continue;
+            }
+            if node.tokens.is_empty() || node.tokens.len() % ps != 0 {
+                return Err(format!("node {id}: {} tokens", node.tokens.len()));
+            }
+            if !node.on_device() && !node.on_host() {
+                return Err(format!("node {id}: in no tier"));
+            }
+            let parent = self.node_ref(node.parent.expect("non-root"));
+            if node.on_device() && !parent.is_root() && !parent.on_device() {
+                return Err(format!("node {id}: on device below a parent that is not"));
+            }
+            if node.on_host() && !parent.is_root() && !parent.on_host() {
+                return Err(format!("node {id}: on host below a parent that is not"));
+            }
+            let locks_below: u64 = node.children().map(|c| self.node_ref(c).locks).sum();
+            if node.locks < locks_below {
+                return Err(format!(
+                    "node {id}: {} locks < {locks_below} below it",
+                    node.locks
+                ));
+            }
+            if let Some(pages) = &node.device {
+                if pages.len() != node.pages(ps) {
+                    return Err(format!(
+                        "node {id}: {} pages for {} tokens",
+                        pages.len(),
+                        node.tokens.len()
+                    ));
+                }
+                for p in pages {
+                    if !pages_seen.insert(*p) {
+                        return Err(format!("page {p} held twice"));
+                    }
+                }
+            }
+        }
+        if pages_seen != self.live_pages {
+            return Err("live page set out of sync".into());
+        }
+        if host_refs != self.host_refs || host_pages != self.host_pages {
+            return Err("host bookkeeping out of sync".into());
+        }
+        for tier in [Tier::Device, Tier::Host] {
+            let mut want = expected.remove(&tier).unwrap_or_default();
+            want.sort();
+            let have: Vec<_> = self.index.iter(tier).copied().collect();
+            if want != have {
+                return Err(format!("{tier:?} index differs from recomputation"));
+            }
+        }
+        if self.digest() != self.digest_from_scratch() {
+            return Err("incremental digest differs from recomputation".into());
+        }
+        if self.nodes().count() != self.live_nodes {
+            return Err("live node count out of sync".into());
+        }
+        Ok(())
+    }
+}
+
+/// Stamps an access: the last-access time and the policy's priority.
+fn access(node: &mut Node, policy: Policy, now: Stamp, floor: Stamp) {
+    node.last_access = now;
+    node.priority = policy.priority(node, now, floor);
+}
+
+/// The tier a node is evictable from, if any.
+fn evictable_tier(node: &Node) -> Option<Tier> {
+    if node.is_root() || node.locks > 0 {
+        None
+    } else if node.device.is_some() {
+        (node.device_children == 0).then_some(Tier::Device)
+    } else {
+        (node.host.is_some() && node.children.is_empty()).then_some(Tier::Host)
+    }
+}
