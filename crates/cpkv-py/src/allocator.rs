@@ -1,7 +1,500 @@
 //! Python wrapper of `cpkv_allocator::PageAllocator`.
+//!
+//! One `Mutex` guards the core allocator, so the object is safe to share
+//! between Python threads. Arguments are converted (and rejected with a cpkv
+//! error naming the value) before the lock is taken, and Python objects are
+//! built after it is released, so no Python code ever runs under the lock.
 
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use cpkv_allocator::{PageAllocator, PayloadId, PayloadSet, Payloads, Placement};
+use numpy::PyArray1;
 use pyo3::prelude::*;
+use pyo3::types::{PyByteArray, PyBytes, PyDict, PyString};
 
-pub(crate) fn register(_m: &Bound<'_, PyModule>) -> PyResult<()> {
+use crate::errors::{alloc_error, cpkv_error};
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyPageAllocator>()?;
+    m.add_class::<PyPlacement>()?;
     Ok(())
 }
+
+fn invalid(message: String) -> PyErr {
+    cpkv_error("InvalidArgumentError", message)
+}
+
+fn repr(value: &Bound<'_, PyAny>) -> String {
+    value
+        .repr()
+        .map(|r| r.to_string())
+        .unwrap_or_else(|_| "<unprintable>".into())
+}
+
+/// An object key: any Python int in `[0, 2**64)`.
+fn key_arg(key: &Bound<'_, PyAny>) -> PyResult<u64> {
+    key.extract::<u64>()
+        .map_err(|_| invalid(format!("key {} must be an int in [0, 2**64)", repr(key))))
+}
+
+/// A page count for `key`: an int of at least 1.
+fn pages_arg(key: u64, num_pages: &Bound<'_, PyAny>) -> PyResult<u64> {
+    match num_pages.extract::<i128>() {
+        Ok(n) if n >= 1 && n <= u64::MAX as i128 => Ok(n as u64),
+        _ => Err(invalid(format!(
+            "key {key}: num_pages must be an int of at least 1, got {}",
+            repr(num_pages)
+        ))),
+    }
+}
+
+fn payload_name(name: &Bound<'_, PyAny>) -> PyResult<String> {
+    name.extract::<String>().map_err(|_| {
+        cpkv_error(
+            "UnknownPayloadError",
+            format!("payload names are str, got {}", repr(name)),
+        )
+    })
+}
+
+fn payload_id(payloads: &Payloads, name: &Bound<'_, PyAny>) -> PyResult<PayloadId> {
+    payloads.id(&payload_name(name)?).map_err(alloc_error)
+}
+
+/// A list of payload names, or `None` for all of them.
+fn payload_set(payloads: &Payloads, names: Option<&Bound<'_, PyAny>>) -> PyResult<PayloadSet> {
+    let Some(names) = names.filter(|n| !n.is_none()) else {
+        return Ok(payloads.all());
+    };
+    if names.is_instance_of::<PyString>() {
+        return Err(invalid(format!(
+            "payloads must be a list of payload names, got the str {}",
+            repr(names)
+        )));
+    }
+    let list: Vec<String> = names
+        .try_iter()
+        .map_err(|_| {
+            invalid(format!(
+                "payloads must be a list of payload names, got {}",
+                repr(names)
+            ))
+        })?
+        .map(|item| payload_name(&item?))
+        .collect::<PyResult<_>>()?;
+    payloads.select(Some(&list)).map_err(alloc_error)
+}
+
+/// Where one object's pages live: per payload, its extents in position order.
+#[pyclass(name = "Placement", module = "cpkv._cpkv", frozen)]
+pub(crate) struct PyPlacement {
+    key: u64,
+    placement: Placement,
+    payloads: Arc<Payloads>,
+}
+
+impl PyPlacement {
+    fn extents_of(&self, payload: &Bound<'_, PyAny>) -> PyResult<&[cpkv_allocator::Extent]> {
+        let id = payload_id(&self.payloads, payload)?;
+        self.placement.extents(id).ok_or_else(|| {
+            cpkv_error(
+                "UnknownPayloadError",
+                format!(
+                    "key {} has no pages in payload {:?}",
+                    self.key,
+                    self.payloads.name(id)
+                ),
+            )
+        })
+    }
+}
+
+#[pymethods]
+impl PyPlacement {
+    #[getter]
+    fn key(&self) -> u64 {
+        self.key
+    }
+
+    #[getter]
+    fn num_pages(&self) -> u64 {
+        self.placement.num_pages()
+    }
+
+    /// The payloads this object has pages in, in construction order.
+    #[getter]
+    fn payloads(&self) -> Vec<String> {
+        self.placement
+            .payloads()
+            .map(|id| self.payloads.name(id).to_owned())
+            .collect()
+    }
+
+    /// `[(start, length), ...]` in object-position order.
+    fn extents(&self, payload: &Bound<'_, PyAny>) -> PyResult<Vec<(u64, u64)>> {
+        Ok(self
+            .extents_of(payload)?
+            .iter()
+            .map(|e| (e.start, e.len))
+            .collect())
+    }
+
+    /// int64 array: object position -> physical page.
+    fn pages<'py>(
+        &self,
+        py: Python<'py>,
+        payload: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyArray1<i64>>> {
+        let extents = self.extents_of(payload)?;
+        // Pages are below MAX_CAPACITY = i64::MAX, so the casts are exact.
+        let pages: Vec<i64> = extents
+            .iter()
+            .flat_map(|e| e.start as i64..e.end() as i64)
+            .collect();
+        Ok(PyArray1::from_vec(py, pages))
+    }
+
+    fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
+        other.cast::<PyPlacement>().is_ok_and(|o| {
+            let o = o.get();
+            o.key == self.key
+                && o.placement == self.placement
+                && o.payloads.names() == self.payloads.names()
+        })
+    }
+
+    fn __repr__(&self) -> String {
+        let parts: Vec<String> = self
+            .placement
+            .parts()
+            .iter()
+            .map(|part| {
+                let extents: Vec<String> = part
+                    .extents
+                    .iter()
+                    .map(|e| format!("({}, {})", e.start, e.len))
+                    .collect();
+                format!(
+                    "{}=[{}]",
+                    self.payloads.name(part.payload),
+                    extents.join(", ")
+                )
+            })
+            .collect();
+        format!(
+            "Placement(key={}, num_pages={}, {})",
+            self.key,
+            self.placement.num_pages(),
+            parts.join(", ")
+        )
+    }
+}
+
+/// Deterministic first-fit page allocator over one pool per payload.
+#[pyclass(name = "PageAllocator", module = "cpkv._cpkv", frozen)]
+pub(crate) struct PyPageAllocator {
+    inner: Mutex<PageAllocator>,
+    /// Immutable after construction; read without the lock.
+    payloads: Arc<Payloads>,
+}
+
+impl PyPageAllocator {
+    fn wrap(alloc: PageAllocator) -> Self {
+        let payloads = Arc::new(alloc.payloads().clone());
+        PyPageAllocator {
+            inner: Mutex::new(alloc),
+            payloads,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, PageAllocator> {
+        // Core calls validate before mutating and never panic on bad input,
+        // so a poisoned lock means a bug; surfacing it beats hiding it.
+        self.inner.lock().expect("allocator lock poisoned by a panic")
+    }
+
+    fn placement_of(&self, key: u64, placement: Placement) -> PyPlacement {
+        PyPlacement {
+            key,
+            placement,
+            payloads: Arc::clone(&self.payloads),
+        }
+    }
+}
+
+#[pymethods]
+impl PyPageAllocator {
+    /// `PageAllocator({"kv": 65536, "index": 65536})`: payload name ->
+    /// capacity in pages, in the mapping's order.
+    #[new]
+    fn new(pools: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let items = pools
+            .call_method0("items")
+            .map_err(|_| {
+                invalid(format!(
+                    "pools must be a mapping of payload name -> capacity, got {}",
+                    repr(pools)
+                ))
+            })?;
+        let mut parsed = Vec::new();
+        for item in items.try_iter()? {
+            let (name, capacity): (Bound<'_, PyAny>, Bound<'_, PyAny>) = item?.extract()?;
+            let name = payload_name(&name)?;
+            let capacity = capacity.extract::<u64>().map_err(|_| {
+                invalid(format!(
+                    "payload {name:?}: capacity must be an int in 1..={}, got {}",
+                    cpkv_allocator::MAX_CAPACITY,
+                    repr(&capacity)
+                ))
+            })?;
+            parsed.push((name, capacity));
+        }
+        PageAllocator::new(&parsed)
+            .map(Self::wrap)
+            .map_err(alloc_error)
+    }
+
+    /// Reserves `num_pages` pages for `key` in each payload (default: all);
+    /// `None` on a capacity miss (nothing changes).
+    #[pyo3(signature = (key, num_pages, payloads = None))]
+    fn reserve(
+        &self,
+        key: &Bound<'_, PyAny>,
+        num_pages: &Bound<'_, PyAny>,
+        payloads: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Option<PyPlacement>> {
+        let key = key_arg(key)?;
+        let num_pages = pages_arg(key, num_pages)?;
+        let set = payload_set(&self.payloads, payloads)?;
+        let placed = self
+            .lock()
+            .reserve(key, num_pages, set)
+            .map_err(alloc_error)?
+            .cloned();
+        Ok(placed.map(|p| self.placement_of(key, p)))
+    }
+
+    /// Reserves each `(key, num_pages)` in order, all or nothing per item.
+    /// The whole batch is validated first; an invalid item (bad count, live
+    /// or repeated key) rejects the batch and nothing is reserved.
+    #[pyo3(signature = (requests, payloads = None))]
+    fn reserve_many(
+        &self,
+        requests: &Bound<'_, PyAny>,
+        payloads: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Vec<Option<PyPlacement>>> {
+        let mut parsed = Vec::new();
+        for item in requests.try_iter().map_err(|_| {
+            invalid(format!(
+                "requests must be an iterable of (key, num_pages), got {}",
+                repr(requests)
+            ))
+        })? {
+            let item = item?;
+            let (key, num_pages): (Bound<'_, PyAny>, Bound<'_, PyAny>) =
+                item.extract().map_err(|_| {
+                    invalid(format!(
+                        "request {} must be a (key, num_pages) pair",
+                        repr(&item)
+                    ))
+                })?;
+            let key = key_arg(&key)?;
+            parsed.push((key, pages_arg(key, &num_pages)?));
+        }
+        let set = payload_set(&self.payloads, payloads)?;
+        let placements: Vec<Option<Placement>> = {
+            let mut alloc = self.lock();
+            let placed = alloc.reserve_many(&parsed, set).map_err(alloc_error)?;
+            parsed
+                .iter()
+                .zip(placed)
+                .map(|(&(key, _), ok)| {
+                    ok.then(|| alloc.placement(key).expect("just reserved").clone())
+                })
+                .collect()
+        };
+        Ok(parsed
+            .iter()
+            .zip(placements)
+            .map(|(&(key, _), p)| p.map(|p| self.placement_of(key, p)))
+            .collect())
+    }
+
+    /// Frees every page of `key`, coalescing with free neighbours.
+    fn release(&self, key: &Bound<'_, PyAny>) -> PyResult<()> {
+        let key = key_arg(key)?;
+        self.lock().release(key).map_err(alloc_error)
+    }
+
+    /// Releases every key; a batch with an unknown or repeated key releases nothing.
+    fn release_many(&self, keys: &Bound<'_, PyAny>) -> PyResult<()> {
+        let keys: Vec<u64> = keys
+            .try_iter()
+            .map_err(|_| invalid(format!("keys must be an iterable of ints, got {}", repr(keys))))?
+            .map(|k| key_arg(&k?))
+            .collect::<PyResult<_>>()?;
+        self.lock().release_many(&keys).map_err(alloc_error)
+    }
+
+    /// Marks `key` committed; idempotent.
+    fn mark_committed(&self, key: &Bound<'_, PyAny>) -> PyResult<()> {
+        let key = key_arg(key)?;
+        self.lock().mark_committed(key).map_err(alloc_error)
+    }
+
+    /// Splits committed `key` at position `at` into `left_key` `[0, at)` and
+    /// `right_key` `[at, num_pages)` over the same pages; both stay committed.
+    fn split(
+        &self,
+        key: &Bound<'_, PyAny>,
+        at: &Bound<'_, PyAny>,
+        left_key: &Bound<'_, PyAny>,
+        right_key: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let key = key_arg(key)?;
+        let at = at.extract::<u64>().map_err(|_| {
+            invalid(format!(
+                "key {key}: split position {} must be an int with 0 < at < num_pages",
+                repr(at)
+            ))
+        })?;
+        let (left, right) = (key_arg(left_key)?, key_arg(right_key)?);
+        self.lock().split(key, at, left, right).map_err(alloc_error)
+    }
+
+    fn placement(&self, key: &Bound<'_, PyAny>) -> PyResult<PyPlacement> {
+        let key = key_arg(key)?;
+        let placement = self.lock().placement(key).map_err(alloc_error)?.clone();
+        Ok(self.placement_of(key, placement))
+    }
+
+    fn is_committed(&self, key: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let key = key_arg(key)?;
+        self.lock().is_committed(key).map_err(alloc_error)
+    }
+
+    fn __contains__(&self, key: &Bound<'_, PyAny>) -> bool {
+        key.extract::<u64>().is_ok_and(|k| self.lock().contains(k))
+    }
+
+    fn __len__(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Live keys, ascending.
+    fn keys(&self) -> Vec<u64> {
+        self.lock().keys().collect()
+    }
+
+    /// Payload names in construction order.
+    #[getter]
+    fn payloads(&self) -> Vec<String> {
+        self.payloads.names().to_vec()
+    }
+
+    fn capacity(&self, payload: &Bound<'_, PyAny>) -> PyResult<u64> {
+        Ok(self.payloads.capacity(payload_id(&self.payloads, payload)?))
+    }
+
+    fn free_pages(&self, payload: &Bound<'_, PyAny>) -> PyResult<u64> {
+        let id = payload_id(&self.payloads, payload)?;
+        Ok(self.lock().free_pages(id))
+    }
+
+    fn largest_free_extent(&self, payload: &Bound<'_, PyAny>) -> PyResult<u64> {
+        let id = payload_id(&self.payloads, payload)?;
+        Ok(self.lock().largest_free_extent(id))
+    }
+
+    /// Free extents `[(start, length), ...]` in address order.
+    fn free_extents(&self, payload: &Bound<'_, PyAny>) -> PyResult<Vec<(u64, u64)>> {
+        let id = payload_id(&self.payloads, payload)?;
+        let extents = self.lock().free_extents(id);
+        Ok(extents.into_iter().map(|e| (e.start, e.len)).collect())
+    }
+
+    /// Counters (reserves, misses, releases, splits, commits), live objects,
+    /// and per payload: capacity, used, free, free_extents, largest_free_extent.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let stats = self.lock().stats();
+        let out = PyDict::new(py);
+        let c = stats.counters;
+        for (name, value) in [
+            ("reserves", c.reserves),
+            ("misses", c.misses),
+            ("releases", c.releases),
+            ("splits", c.splits),
+            ("commits", c.commits),
+        ] {
+            out.set_item(name, value)?;
+        }
+        out.set_item("objects", stats.objects)?;
+        let per_payload = PyDict::new(py);
+        for (id, p) in stats.payloads.iter().enumerate() {
+            let d = PyDict::new(py);
+            d.set_item("capacity", p.capacity)?;
+            d.set_item("used", p.used)?;
+            d.set_item("free", p.free)?;
+            d.set_item("free_extents", p.free_extents)?;
+            d.set_item("largest_free_extent", p.largest_free_extent)?;
+            per_payload.set_item(self.payloads.name(id), d)?;
+        }
+        out.set_item("payloads", per_payload)?;
+        Ok(out)
+    }
+
+    /// Order-independent 64-bit digest of the whole state; O(1) to read.
+    fn digest(&self) -> u64 {
+        self.lock().digest()
+    }
+
+    /// SHA-256 (32 bytes) of the canonical serialisation of the state.
+    fn canonical_digest<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        let digest = py.detach(|| self.lock().canonical_digest());
+        PyBytes::new(py, &digest)
+    }
+
+    /// Versioned binary snapshot of the state and counters.
+    fn snapshot<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        let data = py.detach(|| self.lock().snapshot());
+        PyBytes::new(py, &data)
+    }
+
+    /// Rebuilds an allocator from `snapshot()` bytes; bad bytes raise
+    /// `SnapshotError`.
+    #[staticmethod]
+    fn restore(py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let bytes: Vec<u8> = if let Ok(b) = data.cast::<PyBytes>() {
+            b.as_bytes().to_vec()
+        } else if data.is_instance_of::<PyByteArray>() {
+            data.extract()?
+        } else {
+            return Err(cpkv_error(
+                "SnapshotError",
+                format!("snapshot data must be bytes, got {}", data.get_type().name()?),
+            ));
+        };
+        py.detach(|| PageAllocator::restore(&bytes))
+            .map(Self::wrap)
+            .map_err(alloc_error)
+    }
+
+    /// Recomputes every invariant and the digest from scratch (an audit;
+    /// O(state)); raises `CpkvError` naming what is wrong.
+    fn verify(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| self.lock().verify())
+            .map_err(|e| cpkv_error("CpkvError", e))
+    }
+
+    fn __repr__(&self) -> String {
+        let pools: Vec<String> = (0..self.payloads.len())
+            .map(|id| format!("{:?}: {}", self.payloads.name(id), self.payloads.capacity(id)))
+            .collect();
+        format!(
+            "PageAllocator({{{}}}, objects={})",
+            pools.join(", "),
+            self.lock().len()
+        )
+    }
+}
+

@@ -25,3 +25,41 @@ pub(crate) fn cpkv_error(class_name: &str, message: String) -> PyErr {
         }
     })
 }
+
+/// `cpkv_allocator::AllocError` as its `cpkv.errors` class.
+pub(crate) fn alloc_error(err: cpkv_allocator::AllocError) -> PyErr {
+    use cpkv_allocator::AllocError as E;
+    let class = match &err {
+        E::UnknownKey { .. } => "UnknownKeyError",
+        E::DuplicateKey { .. } | E::RepeatedKeyInBatch { .. } => "DuplicateKeyError",
+        E::UnknownPayload { .. } | E::EmptyPayloadName | E::RepeatedPayload { .. } => {
+            "UnknownPayloadError"
+        }
+        E::NoPayloads
+        | E::TooManyPayloads { .. }
+        | E::InvalidCapacity { .. }
+        | E::InvalidPages { .. }
+        | E::InvalidSplit { .. }
+        | E::SameSplitKeys { .. } => "InvalidArgumentError",
+        E::NotCommitted { .. } => "NotCommittedError",
+        E::CorruptSnapshot { .. } => "SnapshotError",
+    };
+    cpkv_error(class, err.to_string())
+}
+
+/// `cpkv_evict::EvictError` as its `cpkv.errors` class.
+pub(crate) fn evict_error(err: cpkv_evict::EvictError) -> PyErr {
+    use cpkv_evict::EvictError as E;
+    let class = match &err {
+        E::UnknownNode(_) => "UnknownNodeError",
+        E::UnknownPolicy(_) => "UnknownPolicyError",
+        E::LockUnderflow(_) => "LockError",
+        E::HostKeyInUse(_) => "DuplicateKeyError",
+        E::InvalidTokens(_)
+        | E::PageCountMismatch { .. }
+        | E::InvalidTier { .. }
+        | E::PageInUse(_)
+        | E::RootNode(_) => "InvalidArgumentError",
+    };
+    cpkv_error(class, err.to_string())
+}
