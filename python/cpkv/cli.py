@@ -15,6 +15,8 @@ from typing import Sequence
 # (command words, module, one-line help)
 COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("bench", "allocator"), "cpkv.bench.allocator", "PageAllocator against the pure-Python reference"),
+    (("hitrate",), "cpkv.hitrate", "Replay a trace through PrefixTree: prefix hit rate per policy vs Belady"),
+    (("bench", "evict"), "cpkv.bench.evict", "PrefixTree eviction against a heap rebuilt over all leaves per call"),
     (("schedsim",), "cpkv.scheduling.sim", "Replay a trace through the prefill batch-admission policies"),
 ]
 
