@@ -66,8 +66,8 @@ def gather_descriptors_torch(out: Any, sources: Sequence[Any], source: np.ndarra
     """
     import torch
 
-    source_t = torch.from_numpy(np.ascontiguousarray(source))
-    row_t = torch.from_numpy(np.ascontiguousarray(row))
+    source_t = torch.from_numpy(np.array(source, dtype=np.int64))
+    row_t = torch.from_numpy(np.array(row, dtype=np.int64))
     for s in torch.unique(source_t).tolist():
         slots = torch.nonzero(source_t == s).flatten()
         out[slots] = sources[s][row_t[slots]]

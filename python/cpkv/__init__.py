@@ -13,6 +13,7 @@ from cpkv._cpkv import PageAllocator, Placement  # noqa: E402,F401
 # Replicated prefix tree and eviction -- crates/evict
 from cpkv._cpkv import PrefixTree, MatchResult, InsertResult, DeviceVictim, HostVictim, TreeEvent  # noqa: E402,F401,E501
 # CP compose path -- cpkv.compose
+from cpkv.compose import CpLayout, SlotSpans, ComposePlan, PlanCache, LocalGroup, ShmGroup, CudaIpcGroup  # noqa: E402,F401,E501
 # Batch admission -- cpkv.scheduling
 from cpkv import scheduling  # noqa: E402,F401  (form_batch, AffinityPolicy, BudgetConfig, backup_range)
 

@@ -1,0 +1,134 @@
+"""The compose path across real processes: cp ranks in a gloo group sharing pools through /dev/shm."""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from cpkv.compose import ComposePlan, ShmGroup
+from cpkv.compose.launch import run_ranks
+from cpkv.compose.workload import random_batch, uniform_batch
+from cpkv.errors import CollectiveTimeoutError, FallbackError
+from compose_reference import DTYPES, as_bytes, last_pages, random_rows, reference_dense, tail_not_aligned
+
+PAGE_SIZE = 16
+PAGE_SHAPE = (PAGE_SIZE, 4)
+BATCHES, LAYERS = 4, 3
+
+pytestmark = pytest.mark.slow
+
+
+def _inputs(seed: int, cp: int, batch_index: int, layer: int, plan: ComposePlan, pool_rows: int, dtype: str):
+    """Every rank's pool and current rows, regenerated identically in every process."""
+    gen = torch.Generator().manual_seed(seed * 1000 + batch_index)
+    pools = [random_rows(gen, pool_rows, PAGE_SHAPE, DTYPES[dtype]) for _ in range(cp)]
+    gen.manual_seed(seed * 1000 + batch_index * 10 + layer + 1)
+    current = [random_rows(gen, plan.num_current(r), PAGE_SHAPE, DTYPES[dtype]) for r in range(cp)]
+    tails = last_pages(plan, PAGE_SIZE, np.random.default_rng(batch_index))
+    for r in range(cp):
+        tail_not_aligned(current[r], plan, r, tails)
+    return pools, current
+
+
+def _byte_exact_worker(rank: int, cp: int, seed: int) -> dict:
+    rng = np.random.default_rng(seed)  # same seed on every rank: the same batches everywhere
+    batches = [random_batch(rng, cp, max_requests=16, max_prefix_pages=60) for _ in range(BATCHES)]
+    pool_rows = max(b.pool_rows for b in batches)
+    max_current = max(b.max_current_pages for b in batches)
+    digests, checks = [], 0
+    with ShmGroup(timeout_s=60) as group, ShmGroup(timeout_s=60, allow_allreduce_fallback=True) as lenient:
+        names = {dtype: group.register_pool(dtype, pool_rows, PAGE_SHAPE, DTYPES[dtype], max_current)
+                 for dtype in DTYPES}
+        group.register_pool("tiny", pool_rows, PAGE_SHAPE, torch.bfloat16, 0)  # stagings hold no current page
+        small = lenient.register_pool("small", pool_rows, PAGE_SHAPE, torch.bfloat16, 0)
+        for batch_index, batch in enumerate(batches):
+            plan = ComposePlan(cp, PAGE_SIZE, batch.requests, batch.num_slots, pool_rows=pool_rows)
+            for dtype, pool in names.items():
+                pools, _ = _inputs(seed, cp, batch_index, 0, plan, pool_rows, dtype)
+                group.barrier("pool fill")  # nobody still reads the previous batch's pools
+                pool.copy_(pools[rank])
+                group.barrier("pool fill")
+                for layer in range(LAYERS):
+                    _, current = _inputs(seed, cp, batch_index, layer, plan, pool_rows, dtype)
+                    want = reference_dense(plan, pools, current)
+                    staged = group.compose(plan, dtype, current[rank], layer=layer)
+                    dense = group.compose_allreduce(plan, dtype, current[rank], layer=layer)
+                    assert staged.dtype == DTYPES[dtype] and staged.shape == (batch.num_slots, *PAGE_SHAPE)
+                    assert torch.equal(as_bytes(staged), want), (batch_index, dtype, layer)
+                    assert torch.equal(as_bytes(dense), want), (batch_index, dtype, layer)
+                    digests.append(hashlib.sha256(as_bytes(staged).numpy().tobytes()).hexdigest())
+                    checks += 1
+            # A batch the staging cannot hold: an error by default, the explicit all-reduce when allowed.
+            pools, current = _inputs(seed, cp, batch_index, 0, plan, pool_rows, "bf16")
+            with pytest.raises(FallbackError):
+                group.compose(plan, "tiny", current[rank])
+            lenient.barrier("pool fill")
+            small.copy_(pools[rank])
+            lenient.barrier("pool fill")
+            if batch_index == 0:  # the first fallback warns (then rate-limited)
+                with pytest.warns(UserWarning, match="composing by all-reduce"):
+                    dense = lenient.compose(plan, "small", current[rank])
+            else:
+                dense = lenient.compose(plan, "small", current[rank])
+            assert torch.equal(as_bytes(dense), reference_dense(plan, pools, current))
+        stats = (group.stats.barriers, group.stats.collectives, lenient.stats.fallbacks)
+        run_ids = (group.run_id, lenient.run_id)
+    return {"digests": digests, "checks": checks, "stats": stats, "run_ids": run_ids}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("cp", [8, 3])
+def test_shm_group_byte_exact_across_real_ranks(cp):
+    results = run_ranks(_byte_exact_worker, cp, 7 + cp, timeout_s=240, env={"CPKV_DEBUG_COMPOSE": "1"})
+    assert all(r["checks"] == BATCHES * LAYERS * len(DTYPES) for r in results)
+    # Every rank composed the same bytes (the dense buffer is replicated by construction).
+    assert len({tuple(r["digests"]) for r in results}) == 1
+    barriers, collectives, fallbacks = results[0]["stats"]
+    composes = BATCHES * LAYERS * len(DTYPES)
+    # one barrier per staged compose, two per pool fill and two per registration (read before close)
+    assert barriers == composes + 2 * BATCHES * len(DTYPES) + 2 * (len(DTYPES) + 1)
+    assert collectives == composes and fallbacks == BATCHES
+    for run_id in results[0]["run_ids"]:
+        assert glob.glob(f"/dev/shm/cpkv-{run_id}-*") == []  # every segment unlinked
+
+
+def _failing_worker(rank: int, cp: int, victim: int, how: str) -> str:
+    batch = uniform_batch(cp, requests=2, prefix_pages=5, current_pages=3)
+    plan = ComposePlan(cp, PAGE_SIZE, batch.requests, batch.num_slots)
+    group = ShmGroup(timeout_s=2)
+    try:
+        group.register_pool("kv", batch.pool_rows, (64,), torch.uint8, batch.max_current_pages)
+        current = torch.zeros(plan.num_current(rank), 64, dtype=torch.uint8)
+        group.compose(plan, "kv", current, layer=0)
+        if rank == victim:
+            if how == "kill":
+                os._exit(3)
+            time.sleep(6)  # stalls past the others' timeout
+            group.abort()
+            return "stalled"
+        group.compose(plan, "kv", current, layer=1)
+        return "no error"
+    except CollectiveTimeoutError as err:
+        group.abort()  # error path: unlink every segment of the group
+        return f"timeout: {err} | run {group.run_id}"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("victim, how", [(2, "kill"), (0, "stall")])
+def test_dead_or_stalled_rank_is_a_timeout_error_not_a_hang(victim, how):
+    start = time.monotonic()
+    results = run_ranks(_failing_worker, 3, victim, how, timeout_s=60, collective_timeout_s=2, expect_failures=True)
+    assert time.monotonic() - start < 60
+    for rank, result in enumerate(results):
+        if rank == victim:
+            assert result == ("stalled" if how == "stall" else None)
+            continue
+        assert result.startswith(f"timeout: rank {rank}: compose barrier of layer 1"), result
+        run_id = result.rsplit("run ", 1)[1]
+        assert glob.glob(f"/dev/shm/cpkv-{run_id}-*") == []
