@@ -55,7 +55,6 @@ def test_seeding_charges_the_true_carried_prefix() -> None:
         (Candidate(8, device_hit=241664, host_hit=0, extend_tokens=64), True),  # exactly the cached room left
         (Candidate(8, device_hit=241665, host_hit=0, extend_tokens=64), False),  # one token over
         (warm(8, extend=176 * 64), True),  # 177 pages: exactly the staging room left
-        (warm(8, extend=176 * 64 + 1), False),  # 178 pages; a chunk cannot start behind a chunk
     ],
 )
 def test_followers_of_a_tail_chunk_fit_the_seeded_budget(follower: Candidate, admitted: bool) -> None:
@@ -63,6 +62,14 @@ def test_followers_of_a_tail_chunk_fit_the_seeded_budget(follower: Candidate, ad
     assert [a.request_id for a in step.batch] == ([7, 8] if admitted else [7])
     if not admitted:
         assert step.stop is Reason.BUDGET
+
+
+def test_a_new_chunk_may_start_behind_a_final_chunk() -> None:
+    # 176 * 64 + 1 tokens need 178 pages; 177 are left, so 176 pages' worth starts a chunk.
+    step = form_batch([warm(8, extend=176 * 64 + 1)], ScanState(), FCFS, MIXED, chunked=chunk(20480, 5000))
+    assert [(a.request_id, a.extend_tokens, a.role) for a in step.batch] == [
+        (7, 5000, ChunkRole.FINAL), (8, 176 * 64, ChunkRole.INTERMEDIATE)]
+    assert step.stop is Reason.CHUNK_STARTED and step.carried == Candidate(8, 4096 + 176 * 64, 0, 1, is_chunked=True)
 
 
 def test_prefix_charged_not_zero_keeps_followers_within_the_cached_cap() -> None:
@@ -82,11 +89,15 @@ def test_full_chunk_consumes_the_extend_cap_and_ends_the_scan() -> None:
 
 
 def test_tail_chunk_leaves_room_for_mixing() -> None:
-    queue = [warm(8, 3000), warm(9, 3000), warm(10, 6000)]
+    queue = [warm(8, 3000), warm(9, 3000), warm(10, 6000), warm(11, 1)]
     step = form_batch(queue, ScanState(), FCFS, MIXED, chunked=chunk(20480, 5000))
-    assert [a.request_id for a in step.batch] == [7, 8, 9]  # 10 would overflow the extend cap
-    assert step.stop is Reason.BUDGET and step.carried is None
-    assert step.taken_from_queue == (8, 9)
+    # After 7, 8 and 9: 5384 extend tokens and 257 - 80 - 48 - 48 = 81 pages left,
+    # so 10 starts an 80-page chunk and the scan ends there.
+    assert [(a.request_id, a.extend_tokens, a.role) for a in step.batch] == [
+        (7, 5000, ChunkRole.FINAL), (8, 3000, ChunkRole.WHOLE), (9, 3000, ChunkRole.WHOLE),
+        (10, 5120, ChunkRole.INTERMEDIATE)]
+    assert step.stop is Reason.CHUNK_STARTED and step.taken_from_queue == (8, 9, 10)
+    assert step.carried == Candidate(10, 4096 + 5120, 0, 880, is_chunked=True)
     assert step.extend_tokens <= MIXED.extend_cap
 
 

@@ -151,8 +151,8 @@ def form_batch(
        chunk of the extend cap).
     3. The rest of the queue, in order: the affinity decision (ADMIT, SKIP or
        STOP) and then the budget -- a request that does not fit ends the scan,
-       except that the first one that overflows the extend cap may start a
-       chunk when no chunked request is in the batch yet (then the scan ends).
+       except that one that overflows the room may start a chunk when no
+       request in the batch continues yet (then the scan ends).
     """
     if chunked is not None and not chunked.is_chunked:
         raise InvalidArgumentError(f"chunked request {chunked.request_id} does not have is_chunked set")
@@ -202,9 +202,9 @@ def form_batch(
                 if not batch:
                     fit = lead_fit(cfg, cand.extend_tokens, cand.matched_tokens)
                 else:
-                    # One chunked request per batch: only an all-whole batch may start one.
-                    may_chunk = all(a.role is ChunkRole.WHOLE for a in batch)
-                    fit = left.fit(cand.extend_tokens, cand.matched_tokens, may_chunk=may_chunk)
+                    # One request continues past a batch: a new chunk may start
+                    # behind a final chunk, never behind an intermediate one.
+                    fit = left.fit(cand.extend_tokens, cand.matched_tokens, may_chunk=carried is None)
                 if fit.kind is FitKind.NONE:
                     decision = Decision(Action.STOP, Reason.BUDGET)
             if index == 0:
