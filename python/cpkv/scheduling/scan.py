@@ -20,7 +20,7 @@ from typing import Iterable
 from cpkv.errors import InvalidArgumentError
 from cpkv.scheduling._validate import non_negative_int
 from cpkv.scheduling.affinity import Action, AffinityPolicy, BatchClass, Bounds, Decision, Reason, decide
-from cpkv.scheduling.budget import Budget, BudgetConfig, FitKind, lead_fit
+from cpkv.scheduling.budget import Budget, BudgetConfig, Fit, FitKind, lead_fit
 from cpkv.scheduling.candidate import Candidate
 from cpkv.scheduling.classify import RequestClass, classify
 
@@ -132,6 +132,26 @@ def _continuation(candidate: Candidate, chunk: int) -> Candidate:
     )
 
 
+class _Batch:
+    """The batch being formed within one pass (never escapes form_batch)."""
+
+    def __init__(self, config: BudgetConfig) -> None:
+        self.left = Budget.open(config)
+        self.admitted: list[Admission] = []
+        self.steps: list[Step] = []
+        self.klass = BatchClass.EMPTY
+        self.carried: Candidate | None = None
+
+    def admit(self, cand: Candidate, fit: Fit, klass: RequestClass, role: ChunkRole) -> None:
+        self.admitted.append(Admission(cand.request_id, fit.extend_tokens, cand.matched_tokens, role, klass))
+        # A chunked request charges its true carried prefix (its matched_tokens), never 0.
+        self.left = self.left.charge(fit.extend_tokens, cand.matched_tokens)
+        if self.klass is BatchClass.EMPTY:
+            self.klass = BatchClass.led_by(klass)
+        if role is ChunkRole.INTERMEDIATE:
+            self.carried = _continuation(cand, fit.extend_tokens)
+
+
 def form_batch(
     queue: Iterable[Candidate],
     state: ScanState,
@@ -146,7 +166,8 @@ def form_batch(
     1. A carried chunked request leads; the batch takes its class from the
        chunk. Its chunk is the rest of it or a page-aligned chunk of the extend
        cap; it charges its true carried prefix against the cached cap. Without
-       mixing, or with a carried prefix off a page boundary, it runs alone.
+       mixing, or with a carried prefix off a page boundary, it runs alone; a
+       full chunk consumes the extend cap and so ends the scan too.
     2. Otherwise the queue head leads (always admitted; a long one starts a
        chunk of the extend cap).
     3. The rest of the queue, in order: the affinity decision (ADMIT, SKIP or
@@ -156,83 +177,77 @@ def form_batch(
     """
     if chunked is not None and not chunked.is_chunked:
         raise InvalidArgumentError(f"chunked request {chunked.request_id} does not have is_chunked set")
-    cfg = budget
-    left = Budget.open(cfg)
-    batch: list[Admission] = []
-    steps: list[Step] = []
-    batch_class = BatchClass.EMPTY
-    carried: Candidate | None = None
+    batch = _Batch(budget)
     stop: Reason | None = None
-
     if chunked is not None:
-        fit = lead_fit(cfg, chunked.extend_tokens, chunked.matched_tokens)
-        klass = classify(chunked, policy.floor_tokens)
+        fit = lead_fit(budget, chunked.extend_tokens, chunked.matched_tokens)
         role = ChunkRole.FINAL if fit.kind is FitKind.WHOLE else ChunkRole.INTERMEDIATE
-        batch.append(Admission(chunked.request_id, fit.extend_tokens, chunked.matched_tokens, role, klass))
-        steps.append(Step(chunked.request_id, Decision(Action.ADMIT, Reason.LEADS)))
-        left = left.charge(fit.extend_tokens, chunked.matched_tokens)
-        batch_class = BatchClass.led_by(klass)
-        if role is ChunkRole.INTERMEDIATE:
-            carried = _continuation(chunked, fit.extend_tokens)
-        if not cfg.mixing:
+        batch.admit(chunked, fit, classify(chunked, policy.floor_tokens), role)
+        batch.steps.append(Step(chunked.request_id, Decision(Action.ADMIT, Reason.LEADS)))
+        if not budget.mixing:
             stop = Reason.MIXING_OFF
-        elif chunked.matched_tokens % cfg.page_size:
+        elif chunked.matched_tokens % budget.page_size:
             stop = Reason.UNALIGNED_PREFIX
-        elif left.exhausted:
-            stop = Reason.BUDGET  # a full chunk consumes the extend cap
+        elif batch.left.exhausted:
+            stop = Reason.BUDGET
 
     head_id: int | None = None
     head_action: Action | None = None
-    skips = 0
     if stop is None:
-        for index, cand in enumerate(queue):
-            if cand.is_chunked:
-                raise InvalidArgumentError(
-                    f"request {cand.request_id} is chunked; pass it as `chunked`, not in the queue"
-                )
-            if index == 0:
-                head_id = cand.request_id
-            klass = classify(cand, policy.floor_tokens)
-            if not batch:
-                decision = Decision(Action.ADMIT, Reason.LEADS)
-            else:
-                bounds = Bounds(skips, state.defers_for(cand.request_id) if index == 0 else None, cand.age_s)
-                decision = decide(policy, batch_class, klass, bounds)
+        stop, head_id, head_action = _scan(queue, state, policy, budget, batch)
+    return Pass(tuple(batch.admitted), batch.klass, batch.carried, _next_state(state, head_id, head_action),
+                tuple(batch.steps), stop, chunked is not None)
+
+
+def _scan(
+    queue: Iterable[Candidate], state: ScanState, policy: AffinityPolicy, budget: BudgetConfig, batch: _Batch
+) -> tuple[Reason | None, int | None, Action | None]:
+    """Steps 2 and 3 of form_batch: (why the scan ended, the queue head, what it got)."""
+    head_id: int | None = None
+    head_action: Action | None = None
+    skips = 0
+    for index, cand in enumerate(queue):
+        if cand.is_chunked:
+            raise InvalidArgumentError(f"request {cand.request_id} is chunked; pass it as `chunked`, not in the queue")
+        if index == 0:
+            head_id = cand.request_id
+        klass = classify(cand, policy.floor_tokens)
+        if not batch.admitted:
+            decision = Decision(Action.ADMIT, Reason.LEADS)
+            fit = lead_fit(budget, cand.extend_tokens, cand.matched_tokens)
+        else:
+            bounds = Bounds(skips, state.defers_for(cand.request_id) if index == 0 else None, cand.age_s)
+            decision = decide(policy, batch.klass, klass, bounds)
             if decision.action is Action.ADMIT:
-                if not batch:
-                    fit = lead_fit(cfg, cand.extend_tokens, cand.matched_tokens)
-                else:
-                    # One request continues past a batch: a new chunk may start
-                    # behind a final chunk, never behind an intermediate one.
-                    fit = left.fit(cand.extend_tokens, cand.matched_tokens, may_chunk=carried is None)
+                # One request continues past a batch: a new chunk may start
+                # behind a final chunk, never behind an intermediate one.
+                fit = batch.left.fit(cand.extend_tokens, cand.matched_tokens, may_chunk=batch.carried is None)
                 if fit.kind is FitKind.NONE:
                     decision = Decision(Action.STOP, Reason.BUDGET)
-            if index == 0:
-                head_action = decision.action
-            steps.append(Step(cand.request_id, decision))
-            if decision.action is Action.SKIP:
-                skips += 1
-                continue
-            if decision.action is Action.STOP:
-                stop = decision.reason
-                break
-            role = ChunkRole.WHOLE if fit.kind is FitKind.WHOLE else ChunkRole.INTERMEDIATE
-            batch.append(Admission(cand.request_id, fit.extend_tokens, cand.matched_tokens, role, klass))
-            left = left.charge(fit.extend_tokens, cand.matched_tokens)
-            if batch_class is BatchClass.EMPTY:
-                batch_class = BatchClass.led_by(klass)
-            if role is ChunkRole.INTERMEDIATE:
-                carried = _continuation(cand, fit.extend_tokens)
-                stop = Reason.CHUNK_STARTED
-                break
-            if left.exhausted:
-                stop = Reason.BUDGET
-                break
+        if index == 0:
+            head_action = decision.action
+        batch.steps.append(Step(cand.request_id, decision))
+        if decision.action is Action.SKIP:
+            skips += 1
+            continue
+        if decision.action is Action.STOP:
+            return decision.reason, head_id, head_action
+        role = ChunkRole.WHOLE if fit.kind is FitKind.WHOLE else ChunkRole.INTERMEDIATE
+        batch.admit(cand, fit, klass, role)
+        if role is ChunkRole.INTERMEDIATE:
+            return Reason.CHUNK_STARTED, head_id, head_action
+        if batch.left.exhausted:
+            return Reason.BUDGET, head_id, head_action
+    return None, head_id, head_action
 
+
+def _next_state(state: ScanState, head_id: int | None, head_action: Action | None) -> ScanState:
+    """The replicated defer count: +1 when the queue head was skipped, kept when
+    the scan stopped at it, reset when it was admitted, unchanged when unseen."""
+    if head_id is None:
+        return state
     if head_action is Action.SKIP:
-        state = ScanState(head_id, state.defers_for(head_id) + 1)
-    elif head_action is Action.ADMIT:
-        state = ScanState()
-    elif head_action is Action.STOP:
-        state = ScanState(head_id, state.defers_for(head_id))
-    return Pass(tuple(batch), batch_class, carried, state, tuple(steps), stop, chunked is not None)
+        return ScanState(head_id, state.defers_for(head_id) + 1)
+    if head_action is Action.ADMIT:
+        return ScanState()
+    return ScanState(head_id, state.defers_for(head_id))

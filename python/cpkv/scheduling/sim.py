@@ -39,7 +39,7 @@ from cpkv.scheduling.affinity import Action, AffinityPolicy, Reason
 from cpkv.scheduling.budget import BudgetConfig
 from cpkv.scheduling.candidate import Candidate
 from cpkv.scheduling.classify import RequestClass
-from cpkv.scheduling.scan import ChunkRole, ScanState, form_batch
+from cpkv.scheduling.scan import ScanState, form_batch
 from cpkv.traces import BLOCK_TOKENS, TraceRequest
 
 # (name, affinity on, mixing on)
