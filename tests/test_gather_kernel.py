@@ -51,7 +51,7 @@ def test_triton_gather_matches_torch_runs_and_descriptors(interpreted, cp, row_s
         row_bytes = sources[0].shape[1]
         for rank in range(cp):
             source, row = plan.descriptors(rank)
-            by_runs = gather.gather_runs_torch(torch.full((plan.num_slots, row_bytes), 7, dtype=torch.uint8),
+            by_runs = gather.gather_runs(torch.full((plan.num_slots, row_bytes), 7, dtype=torch.uint8),
                                                sources, plan.copy_runs(rank))
             by_desc = gather.gather_descriptors_torch(torch.full_like(by_runs, 9), sources, source, row)
             table = torch.tensor([s.data_ptr() for s in sources], dtype=torch.int64)
@@ -59,7 +59,9 @@ def test_triton_gather_matches_torch_runs_and_descriptors(interpreted, cp, row_s
                 torch.full_like(by_runs, 5), table, torch.from_numpy(source.astype(np.int32)),
                 torch.from_numpy(row.copy()), block_bytes=16,
             )
+            by_tensor_ops = gather._gather_runs_tensor(torch.full_like(by_runs, 3), sources, plan.copy_runs(rank).tolist())
             assert torch.equal(by_runs, by_desc)
+            assert torch.equal(by_tensor_ops, by_runs)  # the device (non-numpy) branch of gather_runs
             assert torch.equal(by_triton, by_runs)
 
 
@@ -71,7 +73,7 @@ def test_triton_gather_with_unaligned_rows_uses_byte_words(interpreted):
     sources[3][0] = 0
     assert gather.word_bytes(3, [s.data_ptr() for s in sources]) == 1
     source, row = plan.descriptors(0)
-    want = gather.gather_runs_torch(torch.empty(5, 3, dtype=torch.uint8), sources, plan.copy_runs(0))
+    want = gather.gather_runs(torch.empty(5, 3, dtype=torch.uint8), sources, plan.copy_runs(0))
     got = gather.gather_triton(torch.empty(5, 3, dtype=torch.uint8),
                                torch.tensor([s.data_ptr() for s in sources]),
                                torch.from_numpy(source.astype(np.int32)), torch.from_numpy(row.copy()))

@@ -18,6 +18,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("hitrate",), "cpkv.hitrate", "Replay a trace through PrefixTree: prefix hit rate per policy vs Belady"),
     (("bench", "evict"), "cpkv.bench.evict", "PrefixTree eviction against a heap rebuilt over all leaves per call"),
     (("schedsim",), "cpkv.scheduling.sim", "Replay a trace through the prefill batch-admission policies"),
+    (("bench", "compose"), "cpkv.bench.compose", "Staged single-gather CP compose against the all-reduce compose"),
 ]
 
 

@@ -1,0 +1,143 @@
+"""``cpkv bench compose``: the staged single-gather compose against the dense all-reduce compose.
+
+cp real processes (gloo + /dev/shm, one torch thread each) compose the same
+batch layer after layer both ways, in the same launch, on the same pools:
+
+- staged: write this rank's current rows into its staging, one barrier, one
+  gather through the 2 * cp source table;
+- all-reduce: zero the dense buffer, write the slots this rank owns, all-reduce
+  (uint8 SUM) the whole buffer.
+
+Time per layer is the slowest rank's (the step waits for it). Barriers and
+collectives per layer are counted from what the group actually issued. Bytes
+per rank: staged = rows read from other ranks' pools/stagings + rows staged;
+all-reduce = 2 (cp - 1) / cp of the dense buffer sent and as much received
+(ring all-reduce volume).
+
+Then the gather alone, in this process on one thread: copy runs over 2 * cp
+separate sources against one contiguous copy of the same bytes (the memory
+bound; target >= 70%).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cp", default="2,4,8", help="cp sizes to run (default %(default)s)")
+    parser.add_argument("--requests", type=int, default=8, help="requests per batch (default %(default)s)")
+    parser.add_argument("--prefix-pages", type=int, default=48, help="cached pages per request (default %(default)s)")
+    parser.add_argument("--current-pages", type=int, default=4, help="new pages per request (default %(default)s)")
+    parser.add_argument("--page-bytes", type=int, default=32768, help="bytes per page and layer (default %(default)s)")
+    parser.add_argument("--layers", type=int, default=40, help="timed layers per path (default %(default)s)")
+    parser.add_argument("--gather-reps", type=int, default=20, help="timed gathers per cp (default %(default)s)")
+    parser.add_argument("--json", metavar="PATH", help="also write the tables as JSON")
+
+
+def _rank_worker(rank: int, cp: int, args: dict) -> dict:
+    import torch
+
+    from cpkv.compose import ComposePlan, ShmGroup
+    from cpkv.compose.workload import uniform_batch
+
+    batch = uniform_batch(cp, args["requests"], args["prefix_pages"], args["current_pages"])
+    plan = ComposePlan(cp, 64, batch.requests, batch.num_slots, pool_rows=batch.pool_rows)
+    row_bytes = args["page_bytes"]
+    with ShmGroup(timeout_s=120) as group:
+        pool = group.register_pool("kv", batch.pool_rows, (row_bytes,), torch.uint8, batch.max_current_pages)
+        pool.copy_(torch.randint(0, 256, pool.shape, dtype=torch.uint8, generator=torch.Generator().manual_seed(rank)))
+        current = torch.randint(0, 256, (plan.num_current(rank), row_bytes), dtype=torch.uint8)
+        out = torch.empty(plan.num_slots, row_bytes, dtype=torch.uint8)
+        group.barrier("pool fill")
+        result: dict[str, Any] = {}
+        for name, compose in (("staged", group.compose), ("allreduce", group.compose_allreduce)):
+            for layer in range(2):  # warm-up: first touch of every mapped page
+                compose(plan, "kv", current, layer=layer, out=out)
+            group.barrier("timing start")
+            before = (group.stats.barriers, group.stats.collectives)
+            started = time.perf_counter()
+            for layer in range(args["layers"]):
+                compose(plan, "kv", current, layer=layer, out=out)
+            elapsed = time.perf_counter() - started
+            result[name] = {
+                "s_per_layer": elapsed / args["layers"],
+                "barriers": (group.stats.barriers - before[0]) / args["layers"],
+                "collectives": (group.stats.collectives - before[1]) / args["layers"],
+            }
+        staged_bytes = (plan.remote_slots(rank) + plan.num_current(rank)) * row_bytes
+        result["staged"]["bytes"] = staged_bytes
+        result["allreduce"]["bytes"] = int(2 * (cp - 1) / cp * plan.num_slots * row_bytes)
+        result["dense_bytes"] = plan.num_slots * row_bytes
+    return result
+
+
+def _gather_vs_copy(cp: int, args: argparse.Namespace) -> tuple[float, float, int]:
+    """Seconds per gather and per contiguous copy of the same bytes, one thread."""
+    import torch
+
+    from cpkv.compose import ComposePlan
+    from cpkv.compose.workload import uniform_batch
+    from cpkv.kernels.gather import gather_runs
+
+    batch = uniform_batch(cp, args.requests, args.prefix_pages, args.current_pages)
+    plan = ComposePlan(cp, 64, batch.requests, batch.num_slots)
+    rows = args.page_bytes
+    sources = [torch.randint(0, 256, (batch.pool_rows, rows), dtype=torch.uint8) for _ in range(cp)]
+    sources += [torch.randint(0, 256, (plan.staging_rows(r), rows), dtype=torch.uint8) for r in range(cp)]
+    runs = plan.copy_runs(0).tolist()
+    out = torch.empty(plan.num_slots, rows, dtype=torch.uint8)
+    flat = torch.randint(0, 256, (plan.num_slots, rows), dtype=torch.uint8)
+
+    def best(fn: Any) -> float:
+        fn()
+        times = []
+        for _ in range(args.gather_reps):
+            started = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - started)
+        return sorted(times)[len(times) // 2]  # median: robust to the other processes on the machine
+
+    gather_s = best(lambda: gather_runs(out, sources, runs))
+    copy_s = best(lambda: out.copy_(flat))
+    return gather_s, copy_s, len(runs)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from cpkv._report import Table, emit
+    from cpkv.compose.launch import run_ranks
+
+    cps = [int(c) for c in args.cp.split(",") if c]
+    params = {k: getattr(args, k) for k in ("requests", "prefix_pages", "current_pages", "page_bytes", "layers")}
+    slots = args.requests * (args.prefix_pages + args.current_pages)
+    compose = Table(
+        f"compose per layer, CPU processes (gloo + /dev/shm): {args.requests} requests x "
+        f"({args.prefix_pages} prefix + {args.current_pages} current) pages = {slots} slots of {args.page_bytes:,} B",
+        ["cp", "path", "ms/layer (slowest rank)", "MB moved/rank", "barriers/layer", "collectives/layer",
+         "speedup vs all-reduce"],
+    )
+    for cp in cps:
+        results = run_ranks(_rank_worker, cp, params, timeout_s=600, collective_timeout_s=120)
+        slowest = {p: max(r[p]["s_per_layer"] for r in results) for p in ("staged", "allreduce")}
+        for path in ("allreduce", "staged"):
+            r0 = results[0][path]
+            compose.add(cp, "all-reduce (baseline)" if path == "allreduce" else "staged single gather",
+                        slowest[path] * 1e3, max(r[path]["bytes"] for r in results) / 1e6,
+                        r0["barriers"], r0["collectives"], slowest["allreduce"] / slowest[path])
+
+    torch.set_num_threads(1)
+    gather = Table(
+        "gather alone, one thread: copy runs over 2*cp sources vs one contiguous copy of the same bytes "
+        "(target >= 70%)",
+        ["cp", "dense MB", "runs", "gather ms", "contiguous copy ms", "gather GB/s", "fraction of copy"],
+    )
+    for cp in cps:
+        gather_s, copy_s, runs = _gather_vs_copy(cp, args)
+        nbytes = slots * args.page_bytes
+        gather.add(cp, nbytes / 1e6, runs, gather_s * 1e3, copy_s * 1e3, nbytes / gather_s / 1e9, copy_s / gather_s)
+    emit("bench compose", [compose, gather], args.json, **params, cp=cps)
+    return 0
