@@ -126,6 +126,10 @@ def test_misuse_is_rejected() -> None:
         form_batch([warm(1), tail], ScanState(), AFFINITY, BUDGET)
     with pytest.raises(InvalidArgumentError, match="chunked request 1 does not have is_chunked"):
         form_batch([], ScanState(), AFFINITY, BUDGET, chunked=warm(1))
+    with pytest.raises(InvalidArgumentError, match="request 1 appears twice"):
+        form_batch([warm(1), warm(2), warm(1)], ScanState(), AFFINITY, BUDGET)
+    with pytest.raises(InvalidArgumentError, match="request 9 appears twice"):
+        form_batch([warm(9)], ScanState(), AFFINITY, BUDGET, chunked=replace(tail, extend_tokens=10))
     with pytest.raises(InvalidArgumentError, match="head_defers"):
         ScanState(head_id=None, head_defers=1)
     with pytest.raises(InvalidArgumentError, match="head_defers"):

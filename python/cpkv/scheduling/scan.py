@@ -206,9 +206,13 @@ def _scan(
     head_id: int | None = None
     head_action: Action | None = None
     skips = 0
+    seen = {a.request_id for a in batch.admitted}
     for index, cand in enumerate(queue):
         if cand.is_chunked:
             raise InvalidArgumentError(f"request {cand.request_id} is chunked; pass it as `chunked`, not in the queue")
+        if cand.request_id in seen:
+            raise InvalidArgumentError(f"request {cand.request_id} appears twice (queue and/or chunked)")
+        seen.add(cand.request_id)
         if index == 0:
             head_id = cand.request_id
         klass = classify(cand, policy.floor_tokens)
