@@ -6,11 +6,12 @@ queue; the forward then takes, by a stated linear cost model,
     forward_s = fixed_s + per_extend_s * extend tokens + per_cached_s * cached tokens
 
 summed over the batch. Defaults (overridable by flags): fixed 30 ms, 0.3 ms per
-extend token, 0.02 ms per cached token, with a 16,384-token extend cap. They
-are chosen so that, on the conversation trace, a batch of warm requests (median
-extend ~0.8k tokens over ~6k cached) costs about 1-2 s and a batch with a cold
-prompt in it 5-10 s, the magnitudes the predecessor measured; the output shows
-the mean forward of each kind so the calibration can be checked.
+extend token, 0.02 ms per cached token, with a 16,384-token extend cap. On the
+conversation trace a typical warm request (median extend ~0.8k tokens over ~6k
+cached) then costs ~0.4 s alone and a few of them ~1-2 s, while a forward
+holding a cold prompt (median extend ~4.8k, chunks up to 16k) costs ~2-5 s
+more -- the 1-2 s versus 5-10 s contrast the predecessor measured. The output
+shows the mean warm-only and mixed forward so the calibration can be checked.
 
 A request's time to first token (TTFT) is from its arrival to the end of the
 forward that computes its last prefill token (decode is not modelled). The
