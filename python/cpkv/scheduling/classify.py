@@ -18,7 +18,10 @@ class RequestClass(Enum):
 def classify(candidate: Candidate, floor_tokens: int = DEFAULT_FLOOR_TOKENS) -> RequestClass:
     """Warm when the match the scan already did (device + host hit) reaches the floor.
 
-    No extra matching happens here; the candidate carries its match.
+    No extra matching happens here; the candidate carries its match. Pick the
+    floor above any prefix every request shares (a common system prompt): at
+    64 tokens, a deployment whose requests all share a 512-token system prompt
+    would see every request as warm and the affinity rule would never act.
     """
     non_negative_int("classify", "floor_tokens", floor_tokens)
     return RequestClass.WARM if candidate.matched_tokens >= floor_tokens else RequestClass.COLD
