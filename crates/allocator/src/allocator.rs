@@ -401,16 +401,7 @@ fn take_first_fit(free: &mut FreeList, num_pages: u64) -> Vec<Extent> {
         free.take_front(fit.start, num_pages);
         return vec![Extent::new(fit.start, num_pages)];
     }
-    let mut taken = Vec::new();
-    let mut missing = num_pages;
-    while missing > 0 {
-        let first = free.first().expect("free pages were counted");
-        let take = first.len.min(missing);
-        free.take_front(first.start, take);
-        taken.push(Extent::new(first.start, take));
-        missing -= take;
-    }
-    taken
+    free.take_prefix(num_pages)
 }
 
 /// The digest of configuration, object extents and committed keys (the

@@ -19,6 +19,8 @@ struct Node {
     len: u64,
     /// Largest `len` in this node's subtree.
     max_len: u64,
+    /// Sum of `len` over this node's subtree.
+    sum_len: u64,
     priority: u64,
     left: u32,
     right: u32,
@@ -92,18 +94,6 @@ impl FreeList {
         }
     }
 
-    /// The lowest-addressed extent.
-    pub fn first(&self) -> Option<Extent> {
-        let mut t = self.root;
-        if t == NIL {
-            return None;
-        }
-        while self.nodes[t as usize].left != NIL {
-            t = self.nodes[t as usize].left;
-        }
-        Some(self.extent(t))
-    }
-
     /// Takes `len` pages from the start of the free extent beginning at `start`
     /// (which must exist and hold at least `len` pages).
     pub fn take_front(&mut self, start: u64, len: u64) {
@@ -122,6 +112,55 @@ impl FreeList {
                 Extent::new(start + len, have - len),
             );
         }
+    }
+
+    /// Takes the lowest-addressed `len` free pages (no more than are free):
+    /// whole extents in address order, the last one from its start. One
+    /// descent finds the cut and one split detaches the whole extents, so
+    /// this costs O(log F + extents taken), not a removal per extent.
+    pub fn take_prefix(&mut self, len: u64) -> Vec<Extent> {
+        assert!(
+            len <= self.free_pages,
+            "take_prefix: only {} pages free",
+            self.free_pages
+        );
+        let (mut t, mut missing) = (self.root, len);
+        let cut = loop {
+            let n = &self.nodes[t as usize];
+            let left = self.sum_len(n.left);
+            if left >= missing {
+                t = n.left;
+            } else if left + n.len >= missing {
+                missing -= left;
+                break Extent::new(n.start, n.len);
+            } else {
+                missing -= left + n.len;
+                t = n.right;
+            }
+        };
+        let (whole, rest) = self.split(self.root, cut.start);
+        self.root = rest;
+        let mut taken = Vec::new();
+        self.drain(whole, &mut taken);
+        self.take_front(cut.start, missing);
+        taken.push(Extent::new(cut.start, missing));
+        taken
+    }
+
+    /// Removes every node of subtree `t`, appending its extents in order.
+    fn drain(&mut self, t: u32, out: &mut Vec<Extent>) {
+        if t == NIL {
+            return;
+        }
+        let (left, right) = (self.nodes[t as usize].left, self.nodes[t as usize].right);
+        self.drain(left, out);
+        let extent = self.extent(t);
+        self.free_pages -= extent.len;
+        self.digest.remove(free_element(self.payload, extent));
+        self.extents -= 1;
+        self.vacant.push(t);
+        out.push(extent);
+        self.drain(right, out);
     }
 
     /// Returns `extent` (not overlapping any free extent) to the pool, merging
@@ -219,7 +258,8 @@ impl FreeList {
             return Err(format!("extent at {} breaks the heap order", n.start));
         }
         let expect = n.len.max(self.max_len(n.left)).max(self.max_len(n.right));
-        if n.max_len != expect || n.len == 0 {
+        let sum = n.len + self.sum_len(n.left) + self.sum_len(n.right);
+        if n.max_len != expect || n.sum_len != sum || n.len == 0 {
             return Err(format!("extent at {} has a stale subtree maximum", n.start));
         }
         *count += 1;
@@ -241,10 +281,21 @@ impl FreeList {
         }
     }
 
+    fn sum_len(&self, t: u32) -> u64 {
+        if t == NIL {
+            0
+        } else {
+            self.nodes[t as usize].sum_len
+        }
+    }
+
     fn update(&mut self, t: u32) {
         let n = &self.nodes[t as usize];
         let max_len = n.len.max(self.max_len(n.left)).max(self.max_len(n.right));
-        self.nodes[t as usize].max_len = max_len;
+        let sum_len = n.len + self.sum_len(n.left) + self.sum_len(n.right);
+        let n = &mut self.nodes[t as usize];
+        n.max_len = max_len;
+        n.sum_len = sum_len;
     }
 
     fn alloc_node(&mut self, extent: Extent) -> u32 {
@@ -252,6 +303,7 @@ impl FreeList {
             start: extent.start,
             len: extent.len,
             max_len: extent.len,
+            sum_len: extent.len,
             priority: mix64(extent.start ^ 0x5bd1_e995_9e37_79b9),
             left: NIL,
             right: NIL,
@@ -430,7 +482,12 @@ mod tests {
         assert_eq!(list.first_fit(6), Some(Extent::new(30, 8)));
         assert_eq!(list.first_fit(9), None);
         assert_eq!(list.largest(), 8);
-        assert_eq!(list.first(), Some(Extent::new(0, 2)));
+        assert_eq!(
+            list.take_prefix(9),
+            vec![Extent::new(0, 2), Extent::new(10, 5), Extent::new(20, 2)]
+        );
+        assert_eq!(list.extents()[0], Extent::new(22, 1));
+        assert_eq!(list.free_pages(), 14);
         list.check_structure().unwrap();
     }
 
