@@ -167,6 +167,7 @@ def gather_triton(
     }[size]
     row_words = row_bytes // size
     block = min(max(block_bytes // size, 16), 1 << (max(row_words, 16) - 1).bit_length())
+    block = 1 << (block.bit_length() - 1)  # tl.arange needs a power of two
     grid = (slots, -(-row_words // block))
     _kernel()[grid](out.view(torch_word), table, source, row, row_words, WORD=triton_word, BLOCK=block)
     return out

@@ -19,6 +19,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("bench", "evict"), "cpkv.bench.evict", "PrefixTree eviction against a heap rebuilt over all leaves per call"),
     (("schedsim",), "cpkv.scheduling.sim", "Replay a trace through the prefill batch-admission policies"),
     (("bench", "compose"), "cpkv.bench.compose", "Staged single-gather CP compose against the all-reduce compose"),
+    (("bench", "compose-gpu"), "cpkv.bench.compose_gpu", "The compose on one GPU: 1..8 ranks, CUDA IPC + Triton gather"),
 ]
 
 

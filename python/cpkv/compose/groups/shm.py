@@ -31,7 +31,7 @@ from cpkv.compose.plan import ComposePlan
 from cpkv.compose.segment import SharedSegment
 from cpkv.compose.timeouts import DEFAULT_TIMEOUT_S, as_timedelta, guarded
 from cpkv.errors import FallbackError, InvalidArgumentError
-from cpkv.kernels.gather import gather_runs_torch
+from cpkv.kernels.gather import gather_runs
 
 _ALIGN = 4096
 _payload_ids = itertools.count()
@@ -106,12 +106,13 @@ class ShmGroup(ComposeGroup):
 
         spec = (payload, int(rows), tuple(int(d) for d in page_shape), str(dtype), int(max_current_pages))
         specs: list[Any] = [None] * self.cp_size
+        mine = (spec, payload in self._payloads)
         guarded("pool registration", self.rank, -1, self.timeout_s,
-                lambda: self._dist.all_gather_object(specs, spec, group=self._pg))
+                lambda: self._dist.all_gather_object(specs, mine, group=self._pg))
         # Every rank sees the same gathered specs, so every rank raises (or not) alike.
         if any(s != specs[0] for s in specs):
             raise InvalidArgumentError(f"payload {payload!r}: ranks registered different pools: {specs}")
-        if payload in self._payloads:
+        if specs[0][1]:
             raise InvalidArgumentError(f"payload {payload!r} is already registered")
         if rows < 1 or max_current_pages < 0 or any(d < 1 for d in spec[2]):
             raise InvalidArgumentError(f"payload {payload!r}: bad pool spec {spec}")
@@ -135,8 +136,12 @@ class ShmGroup(ComposeGroup):
                 own.close()
             raise InvalidArgumentError(f"payload {payload!r}: {'; '.join(e for e in errors if e)}")
         self.barrier("pool registration", layer=-1)  # every segment exists before anyone opens one
-        segments = [own if r == self.rank else SharedSegment(names[r], total, create=False)
-                    for r in range(self.cp_size)]
+        try:
+            segments = [own if r == self.rank else SharedSegment(names[r], total, create=False)
+                        for r in range(self.cp_size)]
+        except OSError:
+            own.unlink()  # peers waiting at the next barrier time out with an error naming this step
+            raise
         pools, stagings = [], []
         for segment in segments:
             flat = segment.tensor
@@ -171,7 +176,7 @@ class ShmGroup(ComposeGroup):
         self.barrier("compose barrier", layer=layer)
         dense = self._out(plan, p, out)
         sources = [*p.pools, *(s[parity] for s in p.stagings)]
-        gather_runs_torch(dense, sources, plan.copy_runs(self.rank))
+        gather_runs(dense, sources, plan.copy_runs(self.rank))
         self.stats.composes += 1
         return dense.view(p.dtype).view(plan.num_slots, *p.page_shape)
 
@@ -184,7 +189,7 @@ class ShmGroup(ComposeGroup):
         pool = check_pool(plan, self.rank, self.pool(payload))
         rows = check_current_rows(plan, self.rank, current, p.row_bytes, plan.staging_rows(self.rank))
         dense = self._out(plan, p, out).zero_()
-        gather_runs_torch(dense, [pool, rows], plan.owned_runs(self.rank))
+        gather_runs(dense, [pool, rows], plan.owned_runs(self.rank))
         # Exactly one rank contributes each slot and the rest add zeros: the byte sum is exact.
         guarded("all-reduce", self.rank, layer, self.timeout_s,
                 lambda: self._dist.all_reduce(dense, op=self._dist.ReduceOp.SUM, group=self._pg))

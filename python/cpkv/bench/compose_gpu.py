@@ -1,0 +1,165 @@
+"""``cpkv bench compose-gpu`` (or ``python -m cpkv.bench.compose_gpu``): the compose on one GPU.
+
+For machines with a GPU; a few minutes end to end. cp = 1..8 processes share
+GPU 0 (NCCL refuses two ranks on one device, so the group's collectives run on
+gloo and the barrier synchronises the rank's stream first; the pools and
+stagings are shared by CUDA IPC and the gather is the Triton kernel reading
+through the 2 * cp address table):
+
+1. staged single gather against the all-reduce compose, per layer (slowest
+   rank), with barriers/collectives per layer and bytes per rank, and a
+   byte-exactness check of the two paths on every rank;
+2. the Triton gather alone against a device-to-device copy of the same bytes
+   (about 4.3 TB/s on an H200).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cp", default="1,2,4,8", help="cp sizes (processes on GPU 0) (default %(default)s)")
+    parser.add_argument("--requests", type=int, default=16, help="requests per batch (default %(default)s)")
+    parser.add_argument("--prefix-pages", type=int, default=240, help="cached pages per request (default %(default)s)")
+    parser.add_argument("--current-pages", type=int, default=16, help="new pages per request (default %(default)s)")
+    parser.add_argument("--page-bytes", type=int, default=65536, help="bytes per page and layer (default %(default)s)")
+    parser.add_argument("--layers", type=int, default=20, help="timed layers per path (default %(default)s)")
+    parser.add_argument("--json", metavar="PATH", help="also write the tables as JSON")
+
+
+def _rank_worker(rank: int, cp: int, args: dict) -> dict:
+    import torch
+
+    from cpkv.compose import ComposePlan, CudaIpcGroup
+    from cpkv.compose.workload import uniform_batch
+
+    torch.cuda.set_device(0)
+    batch = uniform_batch(cp, args["requests"], args["prefix_pages"], args["current_pages"])
+    plan = ComposePlan(cp, 64, batch.requests, batch.num_slots, pool_rows=batch.pool_rows, device="cuda:0")
+    row_bytes = args["page_bytes"]
+    group = CudaIpcGroup(timeout_s=300)
+    pool = group.register_pool("kv", batch.pool_rows, (row_bytes,), torch.uint8, batch.max_current_pages)
+    gen = torch.Generator(device="cuda").manual_seed(rank)
+    pool.copy_(torch.randint(0, 256, pool.shape, dtype=torch.uint8, device="cuda", generator=gen))
+    current = torch.randint(0, 256, (plan.num_current(rank), row_bytes), dtype=torch.uint8, device="cuda", generator=gen)
+    outs = {name: torch.empty(plan.num_slots, row_bytes, dtype=torch.uint8, device="cuda") for name in ("a", "b")}
+    torch.cuda.synchronize()
+    group.barrier("pool fill")
+    staged = group.compose(plan, "kv", current, out=outs["a"])
+    dense = group.compose_allreduce(plan, "kv", current, out=outs["b"])
+    exact = bool(torch.equal(staged, dense))
+    result: dict[str, Any] = {"exact": exact}
+    for name, compose in (("staged", group.compose), ("allreduce", group.compose_allreduce)):
+        for layer in range(2):
+            compose(plan, "kv", current, layer=layer, out=outs["a"])
+        torch.cuda.synchronize()
+        group.barrier("timing start")
+        before = (group.stats.barriers, group.stats.collectives)
+        started = time.perf_counter()
+        for layer in range(args["layers"]):
+            compose(plan, "kv", current, layer=layer, out=outs["a"])
+        torch.cuda.synchronize()
+        elapsed = time.perf_counter() - started
+        result[name] = {
+            "s_per_layer": elapsed / args["layers"],
+            "barriers": (group.stats.barriers - before[0]) / args["layers"],
+            "collectives": (group.stats.collectives - before[1]) / args["layers"],
+        }
+    result["staged"]["bytes"] = (plan.remote_slots(rank) + plan.num_current(rank)) * row_bytes
+    result["allreduce"]["bytes"] = int(2 * (cp - 1) / cp * plan.num_slots * row_bytes)
+    group.close()
+    return result
+
+
+def _gather_vs_copy(cp: int, args: argparse.Namespace) -> tuple[float, float, int]:
+    """Seconds per Triton gather and per device-to-device copy of the same bytes (CUDA events)."""
+    import numpy as np
+    import torch
+
+    from cpkv.compose import ComposePlan
+    from cpkv.compose.workload import uniform_batch
+    from cpkv.kernels.gather import gather_triton
+
+    batch = uniform_batch(cp, args.requests, args.prefix_pages, args.current_pages)
+    plan = ComposePlan(cp, 64, batch.requests, batch.num_slots)
+    rows = args.page_bytes
+    sources = [torch.randint(0, 256, (batch.pool_rows, rows), dtype=torch.uint8, device="cuda") for _ in range(cp)]
+    sources += [torch.zeros(plan.staging_rows(r), rows, dtype=torch.uint8, device="cuda") for r in range(cp)]
+    addresses = [s.data_ptr() for s in sources]
+    table = torch.tensor(addresses, dtype=torch.int64, device="cuda")
+    source, row = plan.descriptors(0)
+    source_t = torch.from_numpy(source.astype(np.int32)).cuda()
+    row_t = torch.from_numpy(row.copy()).cuda()
+    out = torch.empty(plan.num_slots, rows, dtype=torch.uint8, device="cuda")
+    flat = torch.randint(0, 256, (plan.num_slots, rows), dtype=torch.uint8, device="cuda")
+
+    def timed(fn: Any, reps: int = 50) -> float:
+        for _ in range(3):
+            fn()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) / 1e3 / reps
+
+    gather_s = timed(lambda: gather_triton(out, table, source_t, row_t, addresses=addresses))
+    copy_s = timed(lambda: out.copy_(flat))
+    # The gather is checked too: every slot against its source row.
+    for slot in range(0, plan.num_slots, max(1, plan.num_slots // 64)):
+        if not torch.equal(out[slot], sources[int(source[slot])][int(row[slot])]):
+            raise SystemExit(f"cp {cp}: gathered slot {slot} differs from its source row")
+    return gather_s, copy_s, plan.num_slots
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from cpkv._report import Table, emit
+    from cpkv.compose.launch import run_ranks
+
+    if not torch.cuda.is_available():
+        print("bench compose-gpu needs a CUDA GPU; none is available here", file=sys.stderr)
+        return 2
+    cps = [int(c) for c in args.cp.split(",") if c]
+    params = {k: getattr(args, k) for k in ("requests", "prefix_pages", "current_pages", "page_bytes", "layers")}
+    slots = args.requests * (args.prefix_pages + args.current_pages)
+    compose = Table(
+        f"compose per layer on one {torch.cuda.get_device_name(0)} (CUDA IPC + Triton gather; gloo barrier): "
+        f"{args.requests} requests x ({args.prefix_pages} prefix + {args.current_pages} current) pages = "
+        f"{slots} slots of {args.page_bytes:,} B",
+        ["cp", "path", "ms/layer (slowest rank)", "MB moved/rank", "barriers/layer", "collectives/layer",
+         "speedup vs all-reduce", "byte-exact"],
+    )
+    for cp in cps:
+        results = run_ranks(_rank_worker, cp, params, timeout_s=420, collective_timeout_s=300)
+        slowest = {p: max(r[p]["s_per_layer"] for r in results) for p in ("staged", "allreduce")}
+        exact = all(r["exact"] for r in results)
+        for path in ("allreduce", "staged"):
+            r0 = results[0][path]
+            compose.add(cp, "all-reduce (baseline)" if path == "allreduce" else "staged single gather",
+                        slowest[path] * 1e3, max(r[path]["bytes"] for r in results) / 1e6, r0["barriers"],
+                        r0["collectives"], slowest["allreduce"] / slowest[path], exact)
+    gather = Table(
+        "Triton gather (2*cp address table) vs device-to-device copy of the same bytes",
+        ["cp", "dense MB", "gather us", "copy us", "gather TB/s", "copy TB/s", "fraction of copy"],
+    )
+    for cp in cps:
+        gather_s, copy_s, num_slots = _gather_vs_copy(cp, args)
+        nbytes = num_slots * args.page_bytes
+        # A copy reads and writes every byte; so does the gather: both count bytes read + written.
+        gather.add(cp, nbytes / 1e6, gather_s * 1e6, copy_s * 1e6, 2 * nbytes / gather_s / 1e12,
+                   2 * nbytes / copy_s / 1e12, copy_s / gather_s)
+    emit("bench compose-gpu", [compose, gather], args.json, **params, cp=cps)
+    return 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(prog="python -m cpkv.bench.compose_gpu", description=__doc__.splitlines()[0])
+    configure(parser)
+    sys.exit(run(parser.parse_args()))
