@@ -132,3 +132,42 @@ def test_dead_or_stalled_rank_is_a_timeout_error_not_a_hang(victim, how):
         assert result.startswith(f"timeout: rank {rank}: compose barrier of layer 1"), result
         run_id = result.rsplit("run ", 1)[1]
         assert glob.glob(f"/dev/shm/cpkv-{run_id}-*") == []
+
+
+def _setup_and_divergence_worker(rank: int, cp: int) -> dict:
+    """Registration is collective and checked uniformly; a rank composing another batch is caught by digests."""
+    from cpkv.errors import InvalidArgumentError
+
+    outcome: dict = {}
+    with ShmGroup(timeout_s=10) as group:
+        try:  # rank-dependent pool sizes: every rank must refuse, none may hang
+            group.register_pool("kv", 4 + rank, (8,), torch.uint8, 2)
+        except InvalidArgumentError as err:
+            outcome["mismatch"] = str(err)
+        pool = group.register_pool("kv", 8, (8,), torch.uint8, 4)
+        try:
+            group.register_pool("kv", 8, (8,), torch.uint8, 4)
+        except InvalidArgumentError as err:
+            outcome["twice"] = str(err)
+        pool.copy_(torch.arange(64, dtype=torch.uint8).view(8, 8) + 64 * rank)
+        group.barrier("pool fill")
+        same = uniform_batch(cp, requests=2, prefix_pages=3, current_pages=2)
+        other = uniform_batch(cp, requests=2, prefix_pages=2, current_pages=3)  # same shape, other pages
+        digests = []
+        for diverge in (False, True):
+            batch = other if diverge and rank == 1 else same
+            plan = ComposePlan(cp, PAGE_SIZE, batch.requests, batch.num_slots)
+            current = torch.full((plan.num_current(rank), 8), 200 + rank, dtype=torch.uint8)
+            digests.append(hashlib.sha256(as_bytes(group.compose(plan, "kv", current)).numpy().tobytes()).hexdigest())
+        outcome["digests"] = digests
+    return outcome
+
+
+@pytest.mark.timeout(120)
+def test_registration_is_uniform_and_divergence_is_detected():
+    results = run_ranks(_setup_and_divergence_worker, 2, timeout_s=60, collective_timeout_s=10)
+    for r in results:
+        assert "ranks registered different pools" in r["mismatch"]
+        assert "already registered" in r["twice"]
+    assert results[0]["digests"][0] == results[1]["digests"][0]  # same plan: same bytes on both ranks
+    assert results[0]["digests"][1] != results[1]["digests"][1]  # one divergent plan: the digests say so

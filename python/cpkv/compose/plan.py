@@ -19,6 +19,7 @@ from typing import Sequence
 
 import numpy as np
 
+from cpkv.compose.layout import CpLayout
 from cpkv.compose.spans import SlotSpans, validate_requests
 from cpkv.errors import InvalidArgumentError
 from cpkv.kernels.gather import RUN_COLUMNS
@@ -62,6 +63,7 @@ class ComposePlan:
         self.key = PlanKey(cp_size, page_size, requests, int(num_slots), device, payload, pool_rows)
         self.cp_size = cp_size
         self.page_size = page_size
+        self.layout = CpLayout(cp_size, 0, page_size)  # ownership is rank-independent
         self.num_slots = int(num_slots)
         self._build(requests)
         if pool_rows is not None:
@@ -88,10 +90,11 @@ class ComposePlan:
 
         source = np.full(self.num_slots, _NONE, dtype=np.int64)
         row = np.full(self.num_slots, _NONE, dtype=np.int64)
-        owner = pages % cp
+        owner = self.layout.owner(pages)
+        local_row = self.layout.local_row(pages)
         # Prefix pages: the owner's pool at the local row.
         source[slots[~is_current]] = owner[~is_current]
-        row[slots[~is_current]] = pages[~is_current] // cp
+        row[slots[~is_current]] = local_row[~is_current]
         # Current pages, in batch order (requests, spans, pages); each writer keeps its own in that order.
         cur_pages, cur_slots, cur_writer = pages[is_current], slots[is_current], owner[is_current]
         order = np.argsort(cur_writer, kind="stable")
@@ -105,7 +108,7 @@ class ComposePlan:
         self._current_pages = np.split(cur_pages[order], np.cumsum(per_writer)[:-1])
         self._prefix_rows_needed = np.zeros(cp, dtype=np.int64)
         if (~is_current).any():
-            np.maximum.at(self._prefix_rows_needed, owner[~is_current], pages[~is_current] // cp + 1)
+            np.maximum.at(self._prefix_rows_needed, owner[~is_current], local_row[~is_current] + 1)
 
         # Copy runs: a span's pages of one owner are every cp-th slot, reading consecutive rows.
         j = np.arange(cp)[None, :]
