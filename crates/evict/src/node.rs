@@ -50,7 +50,10 @@ pub struct Node {
     pub(crate) created: Stamp,
     pub(crate) last_access: Stamp,
     pub(crate) hits: u64,
+    /// Locks on the paths through this node (its own and its descendants').
     pub(crate) locks: u64,
+    /// `lock` calls on this very node not yet undone by `unlock`.
+    pub(crate) pins: u64,
     /// Priority for `Policy::Horizon`, fixed at the last access.
     pub(crate) priority: u64,
     // Bookkeeping (not replicated state of its own): the cached hash of
@@ -97,6 +100,9 @@ impl Node {
     }
     pub fn locks(&self) -> u64 {
         self.locks
+    }
+    pub fn pins(&self) -> u64 {
+        self.pins
     }
     pub fn priority(&self) -> u64 {
         self.priority

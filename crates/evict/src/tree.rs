@@ -302,24 +302,26 @@ impl PrefixTree {
         Ok(InsertResult { node: at, cached })
     }
 
-    /// Locks `node` and its ancestors against eviction (roots are skipped).
+    /// Locks `node` and its ancestors against eviction.
     pub fn lock(&mut self, node: NodeId) -> Result<(), EvictError> {
         let path = self.path_to_root(node)?;
         self.clock.tick();
+        self.update(node, |n| n.pins += 1);
         for id in path {
             self.update(id, |n| n.locks += 1);
         }
         Ok(())
     }
 
-    /// Undoes one `lock`; fails (changing nothing) if any lock count on the
-    /// path is already zero.
+    /// Undoes one `lock(node)`; fails (changing nothing) if `node` itself
+    /// holds no lock, even when a lock below it covers its path.
     pub fn unlock(&mut self, node: NodeId) -> Result<(), EvictError> {
         let path = self.path_to_root(node)?;
-        if let Some(&id) = path.iter().find(|id| self.node_ref(**id).locks == 0) {
-            return Err(EvictError::LockUnderflow(id));
+        if self.node_ref(node).pins == 0 {
+            return Err(EvictError::LockUnderflow(node));
         }
         self.clock.tick();
+        self.update(node, |n| n.pins -= 1);
         for id in path {
             self.update(id, |n| n.locks -= 1);
         }
@@ -440,12 +442,12 @@ impl PrefixTree {
         Ok(node)
     }
 
-    /// Non-root nodes from `id` up to (excluding) its root.
+    /// The nodes from `id` up to its root, both included.
     fn path_to_root(&self, id: NodeId) -> Result<Vec<NodeId>, EvictError> {
         let mut node = self.node(id).ok_or(EvictError::UnknownNode(id))?;
-        let mut path = Vec::new();
+        let mut path = vec![id];
         while let Some(parent) = node.parent {
-            path.push(node.id);
+            path.push(parent);
             node = self.node_ref(parent);
         }
         Ok(path)
@@ -523,6 +525,7 @@ impl PrefixTree {
             last_access: now,
             hits: 0,
             locks: 0,
+            pins: 0,
             priority: 0,
             tokens_hash: namespace_hash(namespace),
             digest_term: 0,
@@ -565,6 +568,7 @@ impl PrefixTree {
             last_access: now,
             hits: 1,
             locks: 0,
+            pins: 0,
             priority: 0,
             tokens_hash: tokens_hash(tokens),
             digest_term: 0,
@@ -607,7 +611,10 @@ impl PrefixTree {
             created: node.created,
             last_access: node.last_access,
             hits: node.hits,
+            // Path locks pass through the upper part; the caller's own lock
+            // stays with the id it holds (the suffix).
             locks: node.locks,
+            pins: 0,
             priority: node.priority,
             digest_term: 0,
             indexed: None,
@@ -790,6 +797,13 @@ impl PrefixTree {
                 *host_refs.entry(h).or_default() += 1;
                 host_pages += node.pages(ps);
             }
+            let locks_below: u64 = node.children().map(|c| self.node_ref(c).locks).sum();
+            if node.locks != node.pins + locks_below {
+                return Err(format!(
+                    "node {id}: {} locks != {} own + {locks_below} below",
+                    node.locks, node.pins
+                ));
+            }
             if node.is_root() {
                 continue;
             }
@@ -805,13 +819,6 @@ impl PrefixTree {
             }
             if node.on_host() && !parent.is_root() && !parent.on_host() {
                 return Err(format!("node {id}: on host below a parent that is not"));
-            }
-            let locks_below: u64 = node.children().map(|c| self.node_ref(c).locks).sum();
-            if node.locks < locks_below {
-                return Err(format!(
-                    "node {id}: {} locks < {locks_below} below it",
-                    node.locks
-                ));
             }
             if let Some(pages) = &node.device {
                 if pages.len() != node.pages(ps) {

@@ -1,0 +1,188 @@
+//! Named behaviours: eviction order per policy, scan resistance, split and
+//! namespace semantics, determinism of replicas.
+
+use cpkv_evict::{Event, EvictError, Namespace, NodeId, Policy, PrefixTree, Tier};
+
+const NS: Namespace = Namespace::Default;
+
+/// Inserts `tokens` (page_size 1) with fresh page ids, evicting first so the
+/// tree never holds more than `capacity` device pages.
+fn admit(tree: &mut PrefixTree, tokens: &[u64], capacity: usize, next_page: &mut u64) {
+    let m = tree.match_prefix(tokens, &NS);
+    tree.lock(m.node).unwrap();
+    let new = tokens.len() - m.length;
+    let free = capacity - tree.device_pages();
+    if new > free {
+        tree.evict(new - free);
+    }
+    let mut pages = m.device_pages.clone();
+    pages.extend(*next_page..*next_page + new as u64);
+    *next_page += new as u64;
+    tree.insert(tokens, &pages, &NS).unwrap();
+    tree.unlock(m.node).unwrap();
+}
+
+/// Does the hot prefix survive a flood of one-shot prefixes while being hit
+/// every 8 one-shots (more than the capacity passes in between)?
+fn hot_survives(policy: Policy) -> bool {
+    let (capacity, mut next) = (20, 0);
+    let mut tree = PrefixTree::new(1, policy).unwrap();
+    let hot = [1, 2, 3];
+    admit(&mut tree, &hot, capacity, &mut next);
+    admit(&mut tree, &hot, capacity, &mut next);
+    let mut hits = 0;
+    for i in 0..200u64 {
+        admit(
+            &mut tree,
+            &[1000 + i, 5000 + i, 9000 + i],
+            capacity,
+            &mut next,
+        );
+        if i % 8 == 7 {
+            hits += usize::from(tree.match_prefix(&hot, &NS).length == 3);
+        }
+        tree.check_invariants().unwrap();
+        assert!(tree.device_pages() <= capacity);
+    }
+    hits == 25
+}
+
+#[test]
+fn slru_resists_a_scan_and_lru_does_not() {
+    assert!(hot_survives(Policy::Slru));
+    assert!(!hot_survives(Policy::Lru));
+    assert!(!hot_survives(Policy::Fifo));
+}
+
+#[test]
+fn lru_evicts_least_recent_leaf_first_and_parents_after_children() {
+    let mut t = PrefixTree::new(1, Policy::Lru).unwrap();
+    let a = t.insert(&[1, 2], &[10, 11], &NS).unwrap().node;
+    let b = t.insert(&[1, 3], &[12, 13], &NS).unwrap().node; // splits [1,2] at 1
+    let c = t.insert(&[4], &[14], &NS).unwrap().node;
+    t.match_prefix(&[1, 2], &NS);
+    // Leaves by last access: b (insert 2), c (insert 3), a (match 4).
+    let order: Vec<NodeId> = t.evict(10).into_iter().map(|v| v.node).collect();
+    let shared = NodeId(2); // the split-off [1]: ids go root 0, a 1, split 2, b 3
+    assert_eq!(order, vec![b, c, a, shared]);
+    assert_eq!(t.device_pages(), 0);
+    assert_eq!(t.len(), 1, "only the root is left");
+}
+
+#[test]
+fn split_keeps_the_callers_id_on_the_suffix() {
+    let mut t = PrefixTree::new(2, Policy::Lru).unwrap();
+    let r = t.insert(&[1, 1, 2, 2, 3, 3], &[7, 8, 9], &NS).unwrap();
+    t.lock(r.node).unwrap();
+    let m = t.match_prefix(&[1, 1, 2, 2, 5, 5], &NS);
+    assert_eq!((m.length, m.device_pages.clone()), (4, vec![7, 8]));
+    assert_ne!(m.node, r.node);
+    let tail = t.node(r.node).unwrap();
+    assert_eq!(
+        (tail.tokens(), tail.device_pages()),
+        (&[3u64, 3][..], Some(&[9u64][..]))
+    );
+    assert_eq!(
+        t.node(m.node).unwrap().locks(),
+        1,
+        "the split-off parent inherits the lock"
+    );
+    assert!(t.evict(10).is_empty(), "the whole locked path stays");
+    t.unlock(r.node).unwrap();
+    assert_eq!(t.unlock(r.node), Err(EvictError::LockUnderflow(r.node)));
+    assert_eq!(t.evict(1).len(), 1);
+    t.check_invariants().unwrap();
+}
+
+#[test]
+fn namespaces_never_share_a_prefix() {
+    let mut t = PrefixTree::new(1, Policy::Lru).unwrap();
+    t.insert(&[1, 2, 3], &[1, 2, 3], &Namespace::Id(7)).unwrap();
+    assert_eq!(t.match_prefix(&[1, 2, 3], &NS).length, 0);
+    assert_eq!(
+        t.match_prefix(&[1, 2, 3], &Namespace::Name("lora-a".into()))
+            .length,
+        0
+    );
+    assert_eq!(t.match_prefix(&[1, 2, 3], &Namespace::Id(7)).length, 3);
+    let r = t.insert(&[1, 2, 3], &[4, 5, 6], &NS).unwrap();
+    assert_eq!(r.cached, 0);
+    t.check_invariants().unwrap();
+}
+
+#[test]
+fn host_tier_round_trip() {
+    let mut t = PrefixTree::new(1, Policy::Lru).unwrap();
+    let a = t.insert(&[1, 2], &[10, 11], &NS).unwrap().node;
+    t.take_events();
+    t.set_host(a, 77).unwrap();
+    let v = t.evict(1);
+    assert_eq!((v[0].node, v[0].pages.clone()), (a, vec![10, 11]));
+    let m = t.match_prefix(&[1, 2, 3], &NS);
+    assert_eq!((m.length, m.host_length, m.host_node), (0, 2, a));
+    t.attach_device(a, &[20, 21]).unwrap();
+    assert_eq!(t.match_prefix(&[1, 2], &NS).device_pages, vec![20, 21]);
+    t.evict(2);
+    // Split the host-only node: both halves share object 77 until the last goes.
+    t.match_prefix(&[1, 9], &NS);
+    assert_eq!(t.host_pages(), 2);
+    let dropped = t.evict_host(2);
+    assert_eq!(
+        dropped.iter().map(|v| v.released).collect::<Vec<_>>(),
+        vec![false, true]
+    );
+    assert!(dropped.iter().all(|v| v.object_key == 77));
+    assert_eq!((t.len(), t.host_pages()), (1, 0));
+    let kinds: Vec<&str> = t
+        .take_events()
+        .iter()
+        .map(|e| match e {
+            Event::DeviceStored { .. } => "d+",
+            Event::DeviceRemoved { .. } => "d-",
+            Event::HostStored { .. } => "h+",
+            Event::HostRemoved { .. } => "h-",
+        })
+        .collect();
+    assert_eq!(kinds, ["h+", "d-", "d+", "d-", "h-", "h-"]);
+    t.check_invariants().unwrap();
+}
+
+#[test]
+fn replicas_agree_and_one_extra_access_is_visible() {
+    let run = |extra: bool| {
+        let mut t = PrefixTree::new(1, Policy::Horizon).unwrap();
+        let mut next = 0;
+        let mut victims = Vec::new();
+        for i in 0..300u64 {
+            let tokens: Vec<u64> = (0..(i % 7 + 1)).map(|k| (i % 13) * 100 + k).collect();
+            admit(&mut t, &tokens, 25, &mut next);
+            if extra && i == 150 {
+                t.match_prefix(&[0], &NS);
+            }
+            victims.extend(t.take_events());
+        }
+        (t.digest(), victims, t.eviction_order(Tier::Device))
+    };
+    let a = run(false);
+    assert_eq!(a, run(false));
+    let b = run(true);
+    assert_ne!(a.0, b.0, "one extra access must change the digest");
+}
+
+#[test]
+fn unknown_policy_and_bad_counts_are_refused() {
+    assert_eq!(
+        "mru".parse::<Policy>(),
+        Err(EvictError::UnknownPolicy("mru".into()))
+    );
+    assert!(PrefixTree::new(0, Policy::Lru).is_err());
+    let mut t = PrefixTree::new(2, Policy::Lru).unwrap();
+    let d = t.digest();
+    assert!(matches!(
+        t.insert(&[1, 2, 3, 4], &[1], &NS),
+        Err(EvictError::PageCountMismatch { .. })
+    ));
+    assert_eq!(t.lock(NodeId(99)), Err(EvictError::UnknownNode(NodeId(99))));
+    assert_eq!(t.digest(), d);
+    assert_eq!(t.clock(), 0, "refused calls do not advance the clock");
+}

@@ -1,0 +1,432 @@
+//! Model-based test: random call sequences against a page-level model.
+//!
+//! The model is a map from (namespace, token prefix ending at page k) to the
+//! page's residency; it knows nothing of nodes, splits or indexes. After every
+//! step the tree's structural invariants, its incremental index and digest
+//! (against from-scratch recomputation) and its residency map (against the
+//! model) are checked; rejected calls must leave the digest unchanged.
+
+use std::collections::BTreeMap;
+
+use cpkv_evict::{EvictError, Namespace, NodeId, Policy, PrefixTree, Tier};
+use proptest::prelude::*;
+
+const PAGE: usize = 2;
+
+#[derive(Debug, Clone)]
+enum Op {
+    Match {
+        ns: u8,
+        pages: Vec<u8>,
+    },
+    Insert {
+        ns: u8,
+        pages: Vec<u8>,
+        reuse_live_page: bool,
+    },
+    Lock(usize),
+    Unlock(usize),
+    Evict(usize),
+    EvictHost(usize),
+    SetHost {
+        pick: usize,
+        key: u64,
+    },
+    Attach(usize),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let pages = || prop::collection::vec(0u8..3, 0..6);
+    prop_oneof![
+        3 => (0u8..2, pages()).prop_map(|(ns, pages)| Op::Match { ns, pages }),
+        4 => (0u8..2, pages(), prop::bool::weighted(0.1))
+            .prop_map(|(ns, pages, reuse_live_page)| Op::Insert { ns, pages, reuse_live_page }),
+        2 => (0usize..64).prop_map(Op::Lock),
+        2 => (0usize..64).prop_map(Op::Unlock),
+        2 => (0usize..6).prop_map(Op::Evict),
+        1 => (0usize..6).prop_map(Op::EvictHost),
+        2 => (0usize..64, 0u64..40).prop_map(|(pick, key)| Op::SetHost { pick, key }),
+        1 => (0usize..64).prop_map(Op::Attach),
+    ]
+}
+
+type Prefix = (u8, Vec<u64>);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PageState {
+    device: Option<u64>,
+    host: Option<u64>,
+}
+
+struct Harness {
+    tree: PrefixTree,
+    model: BTreeMap<Prefix, PageState>,
+    /// Lock count of every page prefix (a lock covers its whole path).
+    locks: BTreeMap<Prefix, u64>,
+    /// Outstanding `lock` calls per node, named by the node's full prefix.
+    pins: BTreeMap<Prefix, u64>,
+    known: Vec<NodeId>,
+    next_page: u64,
+}
+
+fn namespace(ns: u8) -> Namespace {
+    if ns == 0 {
+        Namespace::Default
+    } else {
+        Namespace::Id(u64::from(ns))
+    }
+}
+
+fn tokens(pages: &[u8]) -> Vec<u64> {
+    // Page p is PAGE tokens [p, p + 10]; a trailing partial page is appended
+    // to check that only whole pages count.
+    let mut t: Vec<u64> = pages
+        .iter()
+        .flat_map(|p| [u64::from(*p), u64::from(*p) + 10])
+        .collect();
+    t.push(99);
+    t
+}
+
+impl Harness {
+    fn new(policy: Policy) -> Self {
+        Self {
+            tree: PrefixTree::new(PAGE, policy).unwrap(),
+            model: BTreeMap::new(),
+            locks: BTreeMap::new(),
+            pins: BTreeMap::new(),
+            known: Vec::new(),
+            next_page: 1000,
+        }
+    }
+
+    fn pick(&self, i: usize) -> NodeId {
+        // Mostly known ids; sometimes an id that never existed.
+        self.known
+            .get(i)
+            .copied()
+            .unwrap_or(NodeId(10_000 + i as u64))
+    }
+
+    /// (namespace, token prefix through the node's last page, node pages).
+    fn node_prefix(&self, id: NodeId) -> Option<(Prefix, usize)> {
+        let mut node = self.tree.node(id)?;
+        let pages = node.tokens().len() / PAGE;
+        let mut chunks = vec![node.tokens().to_vec()];
+        while let Some(parent) = node.parent() {
+            node = self.tree.node(parent).unwrap();
+            chunks.push(node.tokens().to_vec());
+        }
+        let ns = (0..2u8).find(|ns| self.tree.root(&namespace(*ns)) == Some(node.id()))?;
+        chunks.reverse();
+        Some(((ns, chunks.concat()), pages))
+    }
+
+    fn page_prefixes(&self, (ns, toks): &Prefix, pages: usize) -> Vec<Prefix> {
+        let total = toks.len() / PAGE;
+        (total - pages..total)
+            .map(|k| (*ns, toks[..(k + 1) * PAGE].to_vec()))
+            .collect()
+    }
+
+    fn is_locked(&self, p: &Prefix) -> bool {
+        self.locks.get(p).is_some_and(|c| *c > 0)
+    }
+
+    /// Every page prefix from the root through `p`.
+    fn path_pages(&self, p: &Prefix) -> Vec<Prefix> {
+        self.page_prefixes(p, p.1.len() / PAGE)
+    }
+
+    fn apply(&mut self, op: &Op) {
+        let before = self.tree.digest();
+        let rejected = |h: &Self, r: Result<(), EvictError>| {
+            if r.is_err() {
+                assert_eq!(
+                    h.tree.digest(),
+                    before,
+                    "a rejected call changed the digest"
+                );
+            }
+        };
+        match op {
+            Op::Match { ns, pages } => {
+                let t = tokens(pages);
+                let m = self.tree.match_prefix(&t, &namespace(*ns));
+                let (mut dev, mut host, mut dev_pages) = (0, 0, Vec::new());
+                for k in 0..pages.len() {
+                    match self.model.get(&(*ns, t[..(k + 1) * PAGE].to_vec())) {
+                        Some(s) => {
+                            if let (true, Some(page)) = (dev == k, s.device) {
+                                dev += 1;
+                                dev_pages.push(page);
+                            }
+                            host += 1;
+                        }
+                        None => break,
+                    }
+                }
+                assert_eq!(
+                    (m.length, m.host_length),
+                    (dev * PAGE, host * PAGE),
+                    "{op:?}"
+                );
+                assert_eq!(m.device_pages, dev_pages);
+                self.known.extend([m.node, m.host_node]);
+            }
+            Op::Insert {
+                ns,
+                pages,
+                reuse_live_page,
+            } => {
+                let t = tokens(pages);
+                let mut ids: Vec<u64> = (0..pages.len() as u64)
+                    .map(|i| self.next_page + i)
+                    .collect();
+                let live = self.model.values().find_map(|s| s.device);
+                if let (true, Some(live), Some(last)) = (*reuse_live_page, live, ids.last_mut()) {
+                    *last = live;
+                }
+                let cached = (0..pages.len())
+                    .take_while(|k| {
+                        self.model
+                            .get(&(*ns, t[..(k + 1) * PAGE].to_vec()))
+                            .is_some_and(|s| s.device.is_some())
+                    })
+                    .count();
+                let adopts_live = ids[cached.min(ids.len())..]
+                    .iter()
+                    .any(|p| Some(*p) == live);
+                let r = self.tree.insert(&t, &ids, &namespace(*ns));
+                if *reuse_live_page && adopts_live {
+                    assert!(matches!(r, Err(EvictError::PageInUse(_))), "{r:?}");
+                    rejected(self, r.map(|_| ()));
+                    return;
+                }
+                let r = r.unwrap();
+                assert_eq!(r.cached, cached);
+                self.next_page += pages.len() as u64;
+                for (k, id) in ids.iter().enumerate() {
+                    let s = self
+                        .model
+                        .entry((*ns, t[..(k + 1) * PAGE].to_vec()))
+                        .or_insert(PageState {
+                            device: None,
+                            host: None,
+                        });
+                    if s.device.is_none() {
+                        s.device = Some(*id);
+                    }
+                }
+                self.known.push(r.node);
+            }
+            Op::Lock(i) => {
+                let id = self.pick(*i);
+                let r = self.tree.lock(id);
+                match self.node_prefix(id) {
+                    Some((p, _)) => {
+                        r.clone().unwrap();
+                        for q in self.path_pages(&p) {
+                            *self.locks.entry(q).or_default() += 1;
+                        }
+                        *self.pins.entry(p).or_default() += 1;
+                    }
+                    None => assert_eq!(r, Err(EvictError::UnknownNode(id))),
+                }
+                rejected(self, r);
+            }
+            Op::Unlock(i) => {
+                let id = self.pick(*i);
+                let r = self.tree.unlock(id);
+                match self.node_prefix(id) {
+                    Some((p, _)) => {
+                        let path = self.path_pages(&p);
+                        if self.pins.get(&p).is_some_and(|c| *c > 0) {
+                            r.clone().unwrap();
+                            *self.pins.get_mut(&p).unwrap() -= 1;
+                            for q in path {
+                                *self.locks.get_mut(&q).unwrap() -= 1;
+                            }
+                        } else {
+                            assert!(matches!(r, Err(EvictError::LockUnderflow(_))), "{r:?}");
+                        }
+                    }
+                    None => assert_eq!(r, Err(EvictError::UnknownNode(id))),
+                }
+                rejected(self, r);
+            }
+            Op::Evict(n) => {
+                let victims = self.tree.evict(*n);
+                let mut freed = 0;
+                for v in &victims {
+                    assert!(freed < *n, "evicted past the request");
+                    freed += v.pages.len();
+                    let mut prefixes = Vec::new();
+                    for page in &v.pages {
+                        let (p, s) = self
+                            .model
+                            .iter()
+                            .find(|(_, s)| s.device == Some(*page))
+                            .expect("victim page was cached");
+                        assert!(!self.is_locked(p), "locked page {page} evicted");
+                        prefixes.push((p.clone(), *s));
+                    }
+                    let last = &prefixes.last().expect("victims hold pages").0;
+                    let deeper_on_device = self.model.iter().any(|(p, s)| {
+                        p.0 == last.0
+                            && p.1.len() > last.1.len()
+                            && p.1.starts_with(&last.1)
+                            && s.device.is_some()
+                    });
+                    assert!(!deeper_on_device, "victim {} is not a device leaf", v.node);
+                    for (p, s) in prefixes {
+                        if s.host.is_some() {
+                            self.model.get_mut(&p).unwrap().device = None;
+                        } else {
+                            self.model.remove(&p);
+                        }
+                    }
+                }
+                assert!(freed >= *n || self.tree.evictable(Tier::Device) == 0);
+            }
+            Op::EvictHost(n) => {
+                let victims = self.tree.evict_host(*n);
+                let mut dropped = 0;
+                for v in &victims {
+                    assert!(dropped < *n, "dropped past the request");
+                    dropped += v.num_pages;
+                    let hits: Vec<Prefix> = self
+                        .model
+                        .iter()
+                        .filter(|(_, s)| s.host == Some(v.object_key) && s.device.is_none())
+                        .map(|(p, _)| p.clone())
+                        .collect();
+                    // The victim's pages are the deepest host-only pages of that
+                    // object: drop the last `num_pages` of them.
+                    assert!(hits.len() >= v.num_pages);
+                    let mut by_depth = hits;
+                    by_depth.sort_by_key(|p| p.1.len());
+                    for p in by_depth.iter().rev().take(v.num_pages) {
+                        assert!(!self.is_locked(p));
+                        let deeper = self.model.keys().any(|q| {
+                            q.0 == p.0
+                                && q.1.len() > p.1.len()
+                                && q.1.starts_with(&p.1)
+                                && !by_depth.contains(q)
+                        });
+                        assert!(!deeper, "host victim {} has descendants", v.node);
+                    }
+                    for p in by_depth
+                        .iter()
+                        .rev()
+                        .take(v.num_pages)
+                        .cloned()
+                        .collect::<Vec<_>>()
+                    {
+                        self.model.remove(&p);
+                    }
+                    let still = self.model.values().any(|s| s.host == Some(v.object_key));
+                    assert_eq!(v.released, !still, "released flag of key {}", v.object_key);
+                }
+                assert!(dropped >= *n || self.tree.evictable(Tier::Host) == 0);
+            }
+            Op::SetHost { pick, key } => {
+                let id = self.pick(*pick);
+                let r = self.tree.set_host(id, *key);
+                let expect_ok = self.node_prefix(id).is_some_and(|(p, pages)| {
+                    let own = self.page_prefixes(&p, pages);
+                    if own.is_empty() {
+                        return false; // a root
+                    }
+                    let parent_ok = own[0].1.len() == PAGE || {
+                        let parent = (p.0, own[0].1[..own[0].1.len() - PAGE].to_vec());
+                        self.model[&parent].host.is_some()
+                    };
+                    self.model[&own[0]].host.is_none()
+                        && parent_ok
+                        && !self.model.values().any(|s| s.host == Some(*key))
+                });
+                assert_eq!(r.is_ok(), expect_ok, "{op:?}: {r:?}");
+                if r.is_ok() {
+                    let (p, pages) = self.node_prefix(id).unwrap();
+                    for q in self.page_prefixes(&p, pages) {
+                        self.model.get_mut(&q).unwrap().host = Some(*key);
+                    }
+                }
+                rejected(self, r);
+            }
+            Op::Attach(pick) => {
+                let id = self.pick(*pick);
+                let info = self.node_prefix(id);
+                let pages = info.as_ref().map_or(1, |(_, n)| *n);
+                let ids: Vec<u64> = (0..pages as u64).map(|i| self.next_page + i).collect();
+                let r = self.tree.attach_device(id, &ids);
+                let expect_ok = info.as_ref().is_some_and(|(p, n)| {
+                    let own = self.page_prefixes(p, *n);
+                    let parent_ok = own.first().is_some_and(|first| {
+                        first.1.len() == PAGE || {
+                            let parent = (p.0, first.1[..first.1.len() - PAGE].to_vec());
+                            self.model[&parent].device.is_some()
+                        }
+                    });
+                    parent_ok && self.model[&own[0]].device.is_none()
+                });
+                assert_eq!(r.is_ok(), expect_ok, "{op:?}: {r:?}");
+                if r.is_ok() {
+                    self.next_page += pages as u64;
+                    let (p, n) = info.unwrap();
+                    for (q, page) in self.page_prefixes(&p, n).into_iter().zip(&ids) {
+                        self.model.get_mut(&q).unwrap().device = Some(*page);
+                    }
+                }
+                rejected(self, r);
+            }
+        }
+    }
+
+    /// The tree's residency, page by page, in the model's terms.
+    fn residency(&self) -> BTreeMap<Prefix, PageState> {
+        let mut out = BTreeMap::new();
+        for node in self.tree.nodes().filter(|n| !n.is_root()) {
+            let (p, pages) = self.node_prefix(node.id()).unwrap();
+            for (k, q) in self.page_prefixes(&p, pages).into_iter().enumerate() {
+                let device = node.device_pages().map(|d| d[k]);
+                out.insert(
+                    q,
+                    PageState {
+                        device,
+                        host: node.host_key(),
+                    },
+                );
+            }
+        }
+        out
+    }
+
+    fn check(&self) {
+        self.tree.check_invariants().unwrap();
+        assert_eq!(self.residency(), self.model);
+    }
+}
+
+fn run(policy: Policy, ops: &[Op]) {
+    let mut h = Harness::new(policy);
+    for op in ops {
+        h.apply(op);
+        h.check();
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn model_lru(ops in prop::collection::vec(op(), 1..60)) {
+        run(Policy::Lru, &ops);
+    }
+
+    #[test]
+    fn model_every_policy(ops in prop::collection::vec(op(), 1..60), p in 0usize..Policy::ALL.len()) {
+        run(Policy::ALL[p], &ops);
+    }
+}
