@@ -194,6 +194,10 @@ def test_a_plan_cannot_be_reused_for_another_pool():
     pools = [torch.zeros(4, 8)] * 2  # 4 rows, the plan was made for 3
     with pytest.raises(InvalidArgumentError, match="3 rows"):
         LocalGroup(2).compose(plan, pools, [torch.zeros(0, 8)] * 2)
+    keyed = PlanCache().get(2, 16, [SlotSpans([(0, 0, 4)], [])], 4, payload="k")
+    with pytest.raises(InvalidArgumentError, match="payload 'k', not 'v'"):
+        LocalGroup(2).compose(keyed, [torch.zeros(2, 8)] * 2, [torch.zeros(0, 8)] * 2, payload="v")
+    assert LocalGroup(2).compose(keyed, [torch.zeros(2, 8)] * 2, [torch.zeros(0, 8)] * 2, payload="k")
     with pytest.raises(InvalidArgumentError, match="row 2 of rank 0"):
         ComposePlan(2, 16, [SlotSpans([(0, 0, 6)], [])], 6, pool_rows=2)
 

@@ -44,8 +44,12 @@ class ComposeGroup:
             raise InvalidArgumentError(f"plan is for cp_size {plan.cp_size}, group has {self.cp_size}")
 
 
-def check_pool(plan: ComposePlan, rank: int, pool: Any, device: str | None = None) -> Any:
-    """``rank``'s pool as byte rows, after checking it is the pool ``plan`` was made for."""
+def check_pool(plan: ComposePlan, rank: int, pool: Any, payload: str | None = None) -> Any:
+    """``rank``'s pool as byte rows, after checking it is the pool ``plan`` was made for.
+
+    A plan built with a device, payload or pool capacity in its key serves only
+    that device, payload and capacity.
+    """
     if pool.dim() < 1:
         raise InvalidArgumentError(f"rank {rank}: pool must be [rows, *page_shape], got shape {tuple(pool.shape)}")
     key = plan.key
@@ -53,6 +57,8 @@ def check_pool(plan: ComposePlan, rank: int, pool: Any, device: str | None = Non
         raise InvalidArgumentError(
             f"rank {rank}: plan was built for pools of {key.pool_rows} rows, this pool has {pool.shape[0]}"
         )
+    if key.payload is not None and payload != key.payload:
+        raise InvalidArgumentError(f"rank {rank}: plan was built for payload {key.payload!r}, not {payload!r}")
     if key.device is not None and str(pool.device) != key.device:
         raise InvalidArgumentError(f"rank {rank}: plan was built for device {key.device}, pool is on {pool.device}")
     plan.check_pool_rows(pool.shape[0])

@@ -33,7 +33,7 @@ from cpkv.compose.groups.base import ComposeGroup, check_current_rows, check_poo
 from cpkv.compose.plan import ComposePlan, PlanKey
 from cpkv.compose.timeouts import DEFAULT_TIMEOUT_S, as_timedelta, guarded
 from cpkv.errors import FallbackError, InvalidArgumentError
-from cpkv.kernels.gather import gather_runs_torch, gather_triton
+from cpkv.kernels.gather import gather_runs, gather_triton
 
 _ALIGN = 256
 _DESCRIPTOR_CACHE = 64
@@ -95,11 +95,13 @@ class CudaIpcGroup(ComposeGroup):
         handle = reduce_tensor(own)
         gathered: list[Any] = [None] * self.cp_size
         guarded("pool registration", self.rank, -1, self.timeout_s,
-                lambda: self._dist.all_gather_object(gathered, (spec, handle), group=self._objects))
-        specs = [s for s, _ in gathered]
-        if any(s != spec for s in specs) or payload in self._payloads:
+                lambda: self._dist.all_gather_object(
+                    gathered, (spec, payload in self._payloads, handle), group=self._objects))
+        # Decided from the gathered values only, so every rank raises (or not) alike.
+        specs = [s for s, _, _ in gathered]
+        if any(s != spec for s in specs) or any(again for _, again, _ in gathered):
             raise InvalidArgumentError(f"payload {payload!r}: ranks registered different (or repeated) pools: {specs}")
-        buffers = [own if r == self.rank else fn(*args) for r, (_, (fn, args)) in enumerate(gathered)]
+        buffers = [own if r == self.rank else fn(*args) for r, (_, _, (fn, args)) in enumerate(gathered)]
         pools = [b[: rows * row_bytes].view(rows, row_bytes) for b in buffers]
         stagings = [
             [b[s : s + capacity * row_bytes].view(capacity, row_bytes) for s in (pool_bytes, pool_bytes + staging_bytes)]
@@ -122,12 +124,14 @@ class CudaIpcGroup(ComposeGroup):
         """This rank's dense buffer: stage, one barrier, one Triton gather through the address table."""
         p = self._payload(payload)
         self._check_plan(plan)
-        check_pool(plan, self.rank, self.pool(payload))
+        check_pool(plan, self.rank, self.pool(payload), payload)
         if plan.max_staging_rows > p.staging_capacity:
             raise FallbackError(
                 f"payload {payload!r} layer {layer}: the batch stages {plan.max_staging_rows - 1} current pages on "
                 f"one rank, the staging holds {p.staging_capacity - 1}; refusing to fall back to a dense all-reduce"
             )
+        if current.device != self.device:
+            raise InvalidArgumentError(f"rank {self.rank}: current rows are on {current.device}, the group on {self.device}")
         rows = check_current_rows(plan, self.rank, current, p.row_bytes, p.staging_capacity)
         source, row = self._descriptors(plan, p)
         parity = p.calls % 2
@@ -145,10 +149,10 @@ class CudaIpcGroup(ComposeGroup):
         """The explicit dense baseline: zero, fill owned slots, all-reduce (uint8 SUM) the buffer."""
         p = self._payload(payload)
         self._check_plan(plan)
-        pool = check_pool(plan, self.rank, self.pool(payload))
+        pool = check_pool(plan, self.rank, self.pool(payload), payload)
         rows = check_current_rows(plan, self.rank, current, p.row_bytes, plan.staging_rows(self.rank))
         dense = self._out(plan, p, out).zero_()
-        gather_runs_torch(dense, [pool, rows], plan.owned_runs(self.rank))
+        gather_runs(dense, [pool, rows], plan.owned_runs(self.rank))
         guarded("all-reduce", self.rank, layer, self.timeout_s,
                 lambda: self._dist.all_reduce(dense, op=self._dist.ReduceOp.SUM, group=self._pg))
         self.stats.collectives += 1

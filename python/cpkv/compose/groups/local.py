@@ -7,17 +7,20 @@ from typing import Any, Sequence
 from cpkv.compose.groups.base import ComposeGroup, check_current_rows, check_pool
 from cpkv.compose.plan import ComposePlan
 from cpkv.errors import InvalidArgumentError
-from cpkv.kernels.gather import gather_runs_torch
+from cpkv.kernels.gather import gather_runs
 
 
 class LocalGroup(ComposeGroup):
     """Composes every rank's dense buffer in this process (no transport, same plan, same bytes)."""
 
-    def compose(self, plan: ComposePlan, pools: Sequence[Any], current: Sequence[Any], *, layer: int = 0) -> list[Any]:
+    def compose(
+        self, plan: ComposePlan, pools: Sequence[Any], current: Sequence[Any], *, layer: int = 0,
+        payload: str | None = None,
+    ) -> list[Any]:
         """Staged single gather: stage each writer's rows at 1..n, then one gather per rank."""
         import torch
 
-        pool_rows, current_rows = self._inputs(plan, pools, current)
+        pool_rows, current_rows = self._inputs(plan, pools, current, payload)
         row_bytes = pool_rows[0].shape[1]
         stagings = []
         for rank, rows in enumerate(current_rows):
@@ -28,28 +31,31 @@ class LocalGroup(ComposeGroup):
         self.stats.composes += 1
         self.stats.barriers += 1  # the one (logical) barrier between staging and gather
         return [
-            self._typed(gather_runs_torch(self._dense(plan, pool_rows[0]), sources, plan.copy_runs(r)), pools[r])
+            self._typed(gather_runs(self._dense(plan, pool_rows[0]), sources, plan.copy_runs(r)), pools[r])
             for r in range(self.cp_size)
         ]
 
     def compose_allreduce(
-        self, plan: ComposePlan, pools: Sequence[Any], current: Sequence[Any], *, layer: int = 0
+        self, plan: ComposePlan, pools: Sequence[Any], current: Sequence[Any], *, layer: int = 0,
+        payload: str | None = None,
     ) -> list[Any]:
         """The dense baseline: each rank fills the slots it owns in a zeroed buffer; the buffers are summed.
 
         Every slot has exactly one contributor, so a uint8 sum is exact (no carries).
         """
-        pool_rows, current_rows = self._inputs(plan, pools, current)
+        pool_rows, current_rows = self._inputs(plan, pools, current, payload)
         total = self._dense(plan, pool_rows[0]).zero_()
         for rank in range(self.cp_size):
             contribution = self._dense(plan, pool_rows[0]).zero_()
-            gather_runs_torch(contribution, [pool_rows[rank], current_rows[rank]], plan.owned_runs(rank))
+            gather_runs(contribution, [pool_rows[rank], current_rows[rank]], plan.owned_runs(rank))
             total += contribution
         self.stats.composes += 1
         self.stats.collectives += 1
         return [self._typed(total.clone(), pools[r]) for r in range(self.cp_size)]
 
-    def _inputs(self, plan: ComposePlan, pools: Sequence[Any], current: Sequence[Any]) -> tuple[list, list]:
+    def _inputs(
+        self, plan: ComposePlan, pools: Sequence[Any], current: Sequence[Any], payload: str | None
+    ) -> tuple[list, list]:
         self._check_plan(plan)
         if len(pools) != self.cp_size or len(current) != self.cp_size:
             raise InvalidArgumentError(
@@ -58,7 +64,7 @@ class LocalGroup(ComposeGroup):
         shapes = {(tuple(p.shape[1:]), p.dtype) for p in pools}
         if len(shapes) != 1:
             raise InvalidArgumentError(f"pools differ in page shape or dtype: {sorted(map(str, shapes))}")
-        pool_rows = [check_pool(plan, r, p) for r, p in enumerate(pools)]
+        pool_rows = [check_pool(plan, r, p, payload) for r, p in enumerate(pools)]
         row_bytes = pool_rows[0].shape[1]
         current_rows = [
             check_current_rows(plan, r, c, row_bytes, plan.staging_rows(r)) for r, c in enumerate(current)

@@ -165,7 +165,7 @@ class ShmGroup(ComposeGroup):
         """This rank's dense buffer ``[num_slots, *page_shape]``: stage, one barrier, one gather."""
         p = self._payload(payload)
         self._check_plan(plan)
-        check_pool(plan, self.rank, self.pool(payload))
+        check_pool(plan, self.rank, self.pool(payload), payload)
         if plan.max_staging_rows > p.staging_capacity:
             # Decided from the plan alone, so every rank takes the same branch.
             return self._fallback(plan, payload, current, layer, out, p)
@@ -186,7 +186,7 @@ class ShmGroup(ComposeGroup):
         """The dense baseline: zero, fill the slots this rank owns, all-reduce (uint8 SUM) the whole buffer."""
         p = self._payload(payload)
         self._check_plan(plan)
-        pool = check_pool(plan, self.rank, self.pool(payload))
+        pool = check_pool(plan, self.rank, self.pool(payload), payload)
         rows = check_current_rows(plan, self.rank, current, p.row_bytes, plan.staging_rows(self.rank))
         dense = self._out(plan, p, out).zero_()
         gather_runs(dense, [pool, rows], plan.owned_runs(self.rank))
