@@ -1,0 +1,108 @@
+"""Seeded allocator operation streams, shared by ``bench allocator`` and the tests.
+
+A stream is a list of steps; each step reserves a batch of new keys (one
+payload choice per batch, so it maps onto one ``reserve_many`` call) and then
+releases a batch of live keys (one ``release_many`` call). Releases are chosen
+by replaying the stream through the reference allocator while generating it,
+so every release names a key that was actually placed: the same stream is
+valid for any allocator with the same semantics.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+from cpkv.bench._reference_allocator import ReferenceAllocator
+
+DEFAULT_POOLS = {"kv": 16384, "index": 16384}
+
+
+@dataclass(frozen=True)
+class Step:
+    payloads: tuple[str, ...] | None
+    reserves: tuple[tuple[int, int], ...]
+    releases: tuple[int, ...]
+
+
+def make_stream(
+    seed: int,
+    steps: int,
+    pools: dict[str, int] | None = None,
+    batch: int = 32,
+    occupancy: float = 0.85,
+) -> list[Step]:
+    """`steps` steps of `batch` reserves each, releasing back to `occupancy`."""
+    pools = dict(pools or DEFAULT_POOLS)
+    rng = random.Random(seed)
+    reference = ReferenceAllocator(pools)
+    first = reference.names[0]
+    live: list[int] = []
+    next_key = rng.randrange(1 << 40)
+    out = []
+    for _ in range(steps):
+        payloads = (first,) if rng.random() < 0.1 else None
+        reserves = []
+        for _ in range(batch):
+            # Mostly small objects, a tail of large ones: fragments the pools.
+            pages = rng.randint(1, 16) if rng.random() < 0.8 else rng.randint(17, 384)
+            reserves.append((next_key, pages))
+            if reference.reserve(next_key, pages, payloads) is not None:
+                live.append(next_key)
+            next_key += rng.randint(1, 1000)
+        releases = []
+        capacity = pools[first]
+        while live and capacity - reference.free_pages(first) > occupancy * capacity:
+            key = live.pop(rng.randrange(len(live)))
+            reference.release(key)
+            releases.append(key)
+        out.append(Step(payloads, tuple(reserves), tuple(releases)))
+    return out
+
+
+def placement_record(key: int, placement: Any, names: Sequence[str]) -> tuple:
+    """A comparable record of a cpkv ``Placement`` (or None)."""
+    if placement is None:
+        return (key, None)
+    return (key, tuple((n, tuple(placement.extents(n))) for n in names if n in placement.payloads))
+
+
+def reference_record(key: int, placement: dict | None) -> tuple:
+    """The same record for a ``ReferenceAllocator`` placement (or None)."""
+    if placement is None:
+        return (key, None)
+    return (key, tuple((n, tuple(e)) for n, e in placement.items()))
+
+
+def checksum(records: Iterable[tuple]) -> str:
+    h = hashlib.sha256()
+    for record in records:
+        h.update(repr(record).encode())
+    return h.hexdigest()
+
+
+def replay(alloc: Any, stream: Sequence[Step], batched: bool = False) -> list:
+    """Runs `stream` through a cpkv ``PageAllocator``; returns the placements."""
+    results: list = []
+    for step in stream:
+        if batched:
+            results += alloc.reserve_many(step.reserves, step.payloads)
+            alloc.release_many(step.releases)
+        else:
+            for key, pages in step.reserves:
+                results.append(alloc.reserve(key, pages, step.payloads))
+            for key in step.releases:
+                alloc.release(key)
+    return results
+
+
+def replay_reference(alloc: ReferenceAllocator, stream: Sequence[Step]) -> list:
+    results: list = []
+    for step in stream:
+        for key, pages in step.reserves:
+            results.append(alloc.reserve(key, pages, step.payloads))
+        for key in step.releases:
+            alloc.release(key)
+    return results
