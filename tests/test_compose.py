@@ -149,6 +149,13 @@ def test_plan_descriptors_staging_layout_and_dummy_rows():
         plan.current_pages(2)
 
 
+def test_per_rank_views_are_built_once_and_read_only():
+    plan = ComposePlan(4, 16, [SlotSpans([(0, 0, 9)], [(9, 9, 3)])], 14)
+    assert plan.copy_runs(1) is plan.copy_runs(1) and plan.descriptors(2)[0] is plan.descriptors(2)[0]
+    with pytest.raises(ValueError):
+        plan.copy_runs(1)[0, 0] = 5
+
+
 def test_plan_with_nothing_to_compose():
     plan = ComposePlan(4, 16, [SlotSpans([], [])], 3)
     assert plan.current_pages(2).size == 0 and plan.staging_rows(2) == 1

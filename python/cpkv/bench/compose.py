@@ -57,7 +57,7 @@ def _rank_worker(rank: int, cp: int, args: dict) -> dict:
             for layer in range(2):  # warm-up: first touch of every mapped page
                 compose(plan, "kv", current, layer=layer, out=out)
             group.barrier("timing start")
-            before = (group.stats.barriers, group.stats.collectives)
+            before = (group.stats.barriers, group.stats.collectives, group.stats.barrier_s)
             started = time.perf_counter()
             for layer in range(args["layers"]):
                 compose(plan, "kv", current, layer=layer, out=out)
@@ -66,6 +66,7 @@ def _rank_worker(rank: int, cp: int, args: dict) -> dict:
                 "s_per_layer": elapsed / args["layers"],
                 "barriers": (group.stats.barriers - before[0]) / args["layers"],
                 "collectives": (group.stats.collectives - before[1]) / args["layers"],
+                "barrier_s": (group.stats.barrier_s - before[2]) / args["layers"],
             }
         staged_bytes = (plan.remote_slots(rank) + plan.num_current(rank)) * row_bytes
         result["staged"]["bytes"] = staged_bytes
@@ -118,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
         f"compose per layer, CPU processes (gloo + /dev/shm): {args.requests} requests x "
         f"({args.prefix_pages} prefix + {args.current_pages} current) pages = {slots} slots of {args.page_bytes:,} B",
         ["cp", "path", "ms/layer (slowest rank)", "MB moved/rank", "barriers/layer", "collectives/layer",
-         "speedup vs all-reduce"],
+         "barrier wait ms/layer (max rank)", "speedup vs all-reduce"],
     )
     for cp in cps:
         results = run_ranks(_rank_worker, cp, params, timeout_s=600, collective_timeout_s=120)
@@ -127,7 +128,8 @@ def run(args: argparse.Namespace) -> int:
             r0 = results[0][path]
             compose.add(cp, "all-reduce (baseline)" if path == "allreduce" else "staged single gather",
                         slowest[path] * 1e3, max(r[path]["bytes"] for r in results) / 1e6,
-                        r0["barriers"], r0["collectives"], slowest["allreduce"] / slowest[path])
+                        r0["barriers"], r0["collectives"], max(r[path]["barrier_s"] for r in results) * 1e3,
+                        slowest["allreduce"] / slowest[path])
 
     torch.set_num_threads(1)
     gather = Table(

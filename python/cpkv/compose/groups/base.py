@@ -20,6 +20,7 @@ class GroupStats:
     barriers: int = 0
     collectives: int = 0
     fallbacks: int = 0
+    barrier_s: float = 0.0  # wall time spent waiting in barriers (what the stragglers cost)
 
 
 class ComposeGroup:

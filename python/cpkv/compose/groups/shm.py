@@ -22,6 +22,7 @@ import itertools
 import math
 import os
 import secrets
+import time
 import warnings
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -199,9 +200,11 @@ class ShmGroup(ComposeGroup):
 
     def barrier(self, what: str = "barrier", *, layer: int = -1) -> None:
         """A gloo barrier with this group's timeout; failure names this rank and the layer."""
+        started = time.perf_counter()
         guarded(what, self.rank, layer, self.timeout_s,
                 lambda: self._dist.monitored_barrier(group=self._pg, timeout=self._timeout))
         self.stats.barriers += 1
+        self.stats.barrier_s += time.perf_counter() - started
 
     def _fallback(self, plan: ComposePlan, payload: str, current: Any, layer: int, out: Any, p: _Payload) -> Any:
         message = (f"payload {payload!r}: the batch stages up to {plan.max_staging_rows - 1} current pages on one "
