@@ -15,7 +15,7 @@ import torch
 from cpkv.compose import ComposePlan, SlotSpans
 from cpkv.compose.workload import random_batch
 from cpkv.kernels import gather
-from compose_reference import DTYPES, as_bytes, random_rows
+from compose_reference import DTYPES, random_rows
 
 triton = pytest.importorskip("triton")
 
@@ -59,7 +59,9 @@ def test_triton_gather_matches_torch_runs_and_descriptors(interpreted, cp, row_s
                 torch.full_like(by_runs, 5), table, torch.from_numpy(source.astype(np.int32)),
                 torch.from_numpy(row.copy()), block_bytes=16,
             )
-            by_tensor_ops = gather._gather_runs_tensor(torch.full_like(by_runs, 3), sources, plan.copy_runs(rank).tolist())
+            by_tensor_ops = gather._gather_runs_tensor(
+                torch.full_like(by_runs, 3), sources, plan.copy_runs(rank).tolist()
+            )
             assert torch.equal(by_runs, by_desc)
             assert torch.equal(by_tensor_ops, by_runs)  # the device (non-numpy) branch of gather_runs
             assert torch.equal(by_triton, by_runs)

@@ -45,7 +45,9 @@ def _rank_worker(rank: int, cp: int, args: dict) -> dict:
     pool = group.register_pool("kv", batch.pool_rows, (row_bytes,), torch.uint8, batch.max_current_pages)
     gen = torch.Generator(device="cuda").manual_seed(rank)
     pool.copy_(torch.randint(0, 256, pool.shape, dtype=torch.uint8, device="cuda", generator=gen))
-    current = torch.randint(0, 256, (plan.num_current(rank), row_bytes), dtype=torch.uint8, device="cuda", generator=gen)
+    current = torch.randint(
+        0, 256, (plan.num_current(rank), row_bytes), dtype=torch.uint8, device="cuda", generator=gen
+    )
     outs = {name: torch.empty(plan.num_slots, row_bytes, dtype=torch.uint8, device="cuda") for name in ("a", "b")}
     torch.cuda.synchronize()
     group.barrier("pool fill")

@@ -68,4 +68,6 @@ def check_current(plan: ComposePlan, rank: int, current_rows: int, staging_rows:
     if current_rows != expected:
         raise ComposeCheckError(f"rank {rank}: {current_rows} current rows given, the plan stages {expected}")
     if plan.staging_rows(rank) > staging_rows:
-        raise ComposeCheckError(f"rank {rank}: staging has {staging_rows} rows, the plan needs {plan.staging_rows(rank)}")
+        raise ComposeCheckError(
+            f"rank {rank}: staging has {staging_rows} rows, the plan needs {plan.staging_rows(rank)}"
+        )

@@ -51,8 +51,11 @@ class SlotSpans:
                 raise SpanError(f"{kind} spans are None; pass [] for no {kind} pages")
             if isinstance(spans, (str, bytes)):
                 raise SpanError(f"{kind} spans must be a list of (slot, page, count), got {spans!r}")
-        object.__setattr__(self, "prefix", tuple(_span_tuple("prefix", s) for s in prefix))  # type: ignore[union-attr]
-        object.__setattr__(self, "current", tuple(_span_tuple("current", s) for s in current))  # type: ignore[union-attr]
+        # Frozen dataclass: normalised once here, immutable (and hashable) afterwards.
+        prefix_spans = tuple(_span_tuple("prefix", s) for s in prefix)  # type: ignore[union-attr]
+        current_spans = tuple(_span_tuple("current", s) for s in current)  # type: ignore[union-attr]
+        object.__setattr__(self, "prefix", prefix_spans)
+        object.__setattr__(self, "current", current_spans)
 
     @property
     def current_pages(self) -> range:

@@ -104,7 +104,8 @@ class CudaIpcGroup(ComposeGroup):
         buffers = [own if r == self.rank else fn(*args) for r, (_, _, (fn, args)) in enumerate(gathered)]
         pools = [b[: rows * row_bytes].view(rows, row_bytes) for b in buffers]
         stagings = [
-            [b[s : s + capacity * row_bytes].view(capacity, row_bytes) for s in (pool_bytes, pool_bytes + staging_bytes)]
+            [b[start : start + capacity * row_bytes].view(capacity, row_bytes)
+             for start in (pool_bytes, pool_bytes + staging_bytes)]
             for b in buffers
         ]
         addresses = [[t.data_ptr() for t in pools] + [s[parity].data_ptr() for s in stagings] for parity in (0, 1)]
@@ -131,7 +132,9 @@ class CudaIpcGroup(ComposeGroup):
                 f"one rank, the staging holds {p.staging_capacity - 1}; refusing to fall back to a dense all-reduce"
             )
         if current.device != self.device:
-            raise InvalidArgumentError(f"rank {self.rank}: current rows are on {current.device}, the group on {self.device}")
+            raise InvalidArgumentError(
+                f"rank {self.rank}: current rows are on {current.device}, the group on {self.device}"
+            )
         rows = check_current_rows(plan, self.rank, current, p.row_bytes, p.staging_capacity)
         source, row = self._descriptors(plan, p)
         parity = p.calls % 2
