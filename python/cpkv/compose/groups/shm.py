@@ -14,6 +14,12 @@ of the buffer's previous contents.
 
 Pools are written by their owners outside compose; separate such writes from
 peers' composes with :meth:`ShmGroup.barrier`.
+
+Rank-uniform by construction: every branch before the barrier (staging
+capacity, fallback, pool rows) is decided from the plan and the registered
+pools, which are the same on every rank. Only a caller's own mistake (wrong
+number of current rows) raises on one rank; its peers then fail at the
+barrier with :class:`~cpkv.errors.CollectiveTimeoutError` instead of hanging.
 """
 
 from __future__ import annotations
