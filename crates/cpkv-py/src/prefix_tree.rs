@@ -5,7 +5,9 @@
 //! rejected call raises a typed `cpkv.errors` class and changes nothing.
 
 use cpkv_evict::{Event, Namespace, NodeId, Policy, PrefixTree as Core};
-use numpy::{PyArray1, PyArrayDescrMethods, PyReadonlyArray1, PyUntypedArray, PyUntypedArrayMethods};
+use numpy::{
+    PyArray1, PyArrayDescrMethods, PyReadonlyArray1, PyUntypedArray, PyUntypedArrayMethods,
+};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyInt, PyString, PyTuple};
 
@@ -30,28 +32,37 @@ fn invalid(message: String) -> PyErr {
 fn int_vector(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u64>> {
     if let Ok(array) = obj.cast::<PyUntypedArray>() {
         if array.ndim() != 1 {
-            return Err(invalid(format!("{what} must be 1-D, got {} dimensions", array.ndim())));
+            return Err(invalid(format!(
+                "{what} must be 1-D, got {} dimensions",
+                array.ndim()
+            )));
         }
         let kind = array.dtype().kind();
         let values: Vec<i128> = match kind {
             b'i' => {
-                let a: PyReadonlyArray1<'_, i64> = obj.call_method1("astype", ("int64",))?.extract()?;
+                let a: PyReadonlyArray1<'_, i64> =
+                    obj.call_method1("astype", ("int64",))?.extract()?;
                 a.as_array().iter().map(|v| i128::from(*v)).collect()
             }
             b'u' => {
-                let a: PyReadonlyArray1<'_, u64> = obj.call_method1("astype", ("uint64",))?.extract()?;
+                let a: PyReadonlyArray1<'_, u64> =
+                    obj.call_method1("astype", ("uint64",))?.extract()?;
                 a.as_array().iter().map(|v| i128::from(*v)).collect()
             }
             _ => {
                 let dtype = array.dtype().str()?.to_string();
-                return Err(invalid(format!("{what} must be integers, got dtype {dtype}")));
+                return Err(invalid(format!(
+                    "{what} must be integers, got dtype {dtype}"
+                )));
             }
         };
         return non_negative(values, what);
     }
     if obj.is_instance_of::<PyString>() || !(obj.hasattr("__len__")? && obj.hasattr("__iter__")?) {
         let type_name = obj.get_type().name()?;
-        return Err(invalid(format!("{what} must be a 1-D integer sequence, got {type_name}")));
+        return Err(invalid(format!(
+            "{what} must be a 1-D integer sequence, got {type_name}"
+        )));
     }
     let mut values = Vec::with_capacity(obj.len()?);
     for (i, item) in obj.try_iter()?.enumerate() {
@@ -59,12 +70,15 @@ fn int_vector(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u64>> {
         // Python ints and numpy integer scalars (anything with __index__),
         // but not bools (numpy's included) even though they convert.
         let type_name = item.get_type().name()?.to_string();
-        let value = match item.is_instance_of::<PyBool>() || type_name == "bool" || type_name == "bool_" {
-            true => None,
-            false => item.extract::<i128>().ok(),
-        };
+        let value =
+            match item.is_instance_of::<PyBool>() || type_name == "bool" || type_name == "bool_" {
+                true => None,
+                false => item.extract::<i128>().ok(),
+            };
         let Some(value) = value else {
-            return Err(invalid(format!("{what}[{i}] must be an int, got {type_name}")));
+            return Err(invalid(format!(
+                "{what}[{i}] must be an int, got {type_name}"
+            )));
         };
         values.push(value);
     }
@@ -75,7 +89,9 @@ fn non_negative(values: Vec<i128>, what: &str) -> PyResult<Vec<u64>> {
     values
         .into_iter()
         .enumerate()
-        .map(|(i, v)| u64::try_from(v).map_err(|_| invalid(format!("{what}[{i}] = {v} is out of range"))))
+        .map(|(i, v)| {
+            u64::try_from(v).map_err(|_| invalid(format!("{what}[{i}] = {v} is out of range")))
+        })
         .collect()
 }
 
@@ -84,13 +100,18 @@ fn count(value: i64, what: &str) -> PyResult<usize> {
 }
 
 fn node_id(value: i64) -> PyResult<NodeId> {
-    u64::try_from(value)
-        .map(NodeId)
-        .map_err(|_| cpkv_error("UnknownNodeError", format!("unknown node {value} (negative id)")))
+    u64::try_from(value).map(NodeId).map_err(|_| {
+        cpkv_error(
+            "UnknownNodeError",
+            format!("unknown node {value} (negative id)"),
+        )
+    })
 }
 
 fn namespace(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Namespace> {
-    let Some(obj) = obj.filter(|o| !o.is_none()) else { return Ok(Namespace::Default) };
+    let Some(obj) = obj.filter(|o| !o.is_none()) else {
+        return Ok(Namespace::Default);
+    };
     if obj.is_instance_of::<PyString>() {
         return Ok(Namespace::Name(obj.extract()?));
     }
@@ -99,7 +120,9 @@ fn namespace(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Namespace> {
             return Ok(Namespace::Id(id));
         }
     }
-    Err(invalid(format!("namespace must be None, a str or a non-negative int, got {obj}")))
+    Err(invalid(format!(
+        "namespace must be None, a str or a non-negative int, got {obj}"
+    )))
 }
 
 fn pages_array(py: Python<'_>, pages: &[u64]) -> Py<PyArray1<i64>> {
@@ -160,7 +183,11 @@ pub(crate) struct DeviceVictim {
 #[pymethods]
 impl DeviceVictim {
     fn __repr__(&self, py: Python<'_>) -> String {
-        format!("DeviceVictim(node={}, pages={})", self.node, self.pages.bind(py))
+        format!(
+            "DeviceVictim(node={}, pages={})",
+            self.node,
+            self.pages.bind(py)
+        )
     }
 }
 
@@ -222,21 +249,51 @@ impl TreeEvent {
 impl TreeEvent {
     fn new(py: Python<'_>, event: Event) -> Self {
         let (kind, tier, node, start, pages, num_pages, object_key) = match event {
-            Event::DeviceStored { node, start, pages } => ("stored", "device", node, start, pages, 0, None),
-            Event::DeviceRemoved { node, start, pages } => ("removed", "device", node, start, pages, 0, None),
-            Event::HostStored { node, start, num_pages, key } => {
-                ("stored", "host", node, start, Vec::new(), num_pages, Some(key))
+            Event::DeviceStored { node, start, pages } => {
+                ("stored", "device", node, start, pages, 0, None)
             }
-            Event::HostRemoved { node, start, num_pages, key } => {
-                ("removed", "host", node, start, Vec::new(), num_pages, Some(key))
+            Event::DeviceRemoved { node, start, pages } => {
+                ("removed", "device", node, start, pages, 0, None)
             }
+            Event::HostStored {
+                node,
+                start,
+                num_pages,
+                key,
+            } => (
+                "stored",
+                "host",
+                node,
+                start,
+                Vec::new(),
+                num_pages,
+                Some(key),
+            ),
+            Event::HostRemoved {
+                node,
+                start,
+                num_pages,
+                key,
+            } => (
+                "removed",
+                "host",
+                node,
+                start,
+                Vec::new(),
+                num_pages,
+                Some(key),
+            ),
         };
         Self {
             kind,
             tier,
             node: node.0,
             start,
-            num_pages: if object_key.is_some() { num_pages } else { pages.len() },
+            num_pages: if object_key.is_some() {
+                num_pages
+            } else {
+                pages.len()
+            },
             pages: pages_array(py, &pages),
             object_key,
         }
@@ -259,7 +316,9 @@ impl PrefixTree {
             return Err(invalid("page_size must be at least 1".into()));
         }
         let policy: Policy = policy.parse().map_err(evict_error)?;
-        Ok(Self { core: Core::new(page_size, policy).map_err(evict_error)? })
+        Ok(Self {
+            core: Core::new(page_size, policy).map_err(evict_error)?,
+        })
     }
 
     #[classattr]
@@ -298,8 +357,14 @@ impl PrefixTree {
         let pages = int_vector(pages, "pages")?;
         check_page_ids(&pages)?;
         let namespace = self::namespace(namespace)?;
-        let r = self.core.insert(&tokens, &pages, &namespace).map_err(evict_error)?;
-        Ok(InsertResult { node: r.node.0, cached: r.cached })
+        let r = self
+            .core
+            .insert(&tokens, &pages, &namespace)
+            .map_err(evict_error)?;
+        Ok(InsertResult {
+            node: r.node.0,
+            cached: r.cached,
+        })
     }
 
     fn lock(&mut self, node: i64) -> PyResult<()> {
@@ -318,7 +383,10 @@ impl PrefixTree {
             .core
             .evict(num_pages)
             .into_iter()
-            .map(|v| DeviceVictim { node: v.node.0, pages: pages_array(py, &v.pages) })
+            .map(|v| DeviceVictim {
+                node: v.node.0,
+                pages: pages_array(py, &v.pages),
+            })
             .collect())
     }
 
@@ -349,7 +417,9 @@ impl PrefixTree {
     fn attach_device(&mut self, node: i64, pages: &Bound<'_, PyAny>) -> PyResult<()> {
         let pages = int_vector(pages, "pages")?;
         check_page_ids(&pages)?;
-        self.core.attach_device(node_id(node)?, &pages).map_err(evict_error)
+        self.core
+            .attach_device(node_id(node)?, &pages)
+            .map_err(evict_error)
     }
 
     /// Order-independent digest of the replicated state (an unsigned 64-bit int).
@@ -358,7 +428,11 @@ impl PrefixTree {
     }
 
     fn take_events(&mut self, py: Python<'_>) -> Vec<TreeEvent> {
-        self.core.take_events().into_iter().map(|e| TreeEvent::new(py, e)).collect()
+        self.core
+            .take_events()
+            .into_iter()
+            .map(|e| TreeEvent::new(py, e))
+            .collect()
     }
 
     /// Raises AssertionError if an invariant or the incremental index/digest
@@ -371,7 +445,11 @@ impl PrefixTree {
 
     /// Device-evictable node ids in eviction order (O(n): for tests and tools).
     fn eviction_order(&self) -> Vec<u64> {
-        self.core.eviction_order(cpkv_evict::Tier::Device).into_iter().map(|n| n.0).collect()
+        self.core
+            .eviction_order(cpkv_evict::Tier::Device)
+            .into_iter()
+            .map(|n| n.0)
+            .collect()
     }
 
     fn __len__(&self) -> usize {
@@ -423,7 +501,10 @@ impl PrefixTree {
 /// Page ids travel back to Python as int64, so they must fit one.
 fn check_page_ids(pages: &[u64]) -> PyResult<()> {
     match pages.iter().position(|p| i64::try_from(*p).is_err()) {
-        Some(i) => Err(invalid(format!("pages[{i}] = {} does not fit int64", pages[i]))),
+        Some(i) => Err(invalid(format!(
+            "pages[{i}] = {} does not fit int64",
+            pages[i]
+        ))),
         None => Ok(()),
     }
 }
