@@ -15,6 +15,7 @@ from cpkv.compose.config import DEBUG_ENV, compose_config
 from cpkv.compose.debug import ComposeCheckError, check_plan
 from cpkv.compose.workload import random_batch
 from cpkv.errors import InvalidArgumentError, SpanError
+from cpkv.kernels import gather
 from compose_reference import DTYPES, as_bytes, last_pages, random_rows, reference_dense, tail_not_aligned
 
 
@@ -214,7 +215,10 @@ def test_a_plan_cannot_be_reused_for_another_pool():
 
 @pytest.mark.parametrize("cp", [1, 2, 3, 8])
 @pytest.mark.parametrize("dtype", sorted(DTYPES))
-def test_local_group_staged_allreduce_and_reference_agree(cp, dtype):
+@pytest.mark.parametrize("strategy", ["runs", "indexed"])
+def test_local_group_staged_allreduce_and_reference_agree(cp, dtype, strategy, monkeypatch):
+    # Both CPU gathers, whatever this batch's shape would pick.
+    monkeypatch.setattr(gather, "RUN_BYTES_FOR_RUNS", 0 if strategy == "runs" else 1 << 40)
     rng = np.random.default_rng(cp * 100 + len(dtype))
     gen = torch.Generator().manual_seed(cp)
     group = LocalGroup(cp)
@@ -279,4 +283,8 @@ def test_debug_mode_catches_a_corrupted_plan():
         with pytest.raises(ComposeCheckError, match=match):
             LocalGroup(2).compose(bad, pools, current)
     override_config(ComposeConfig(debug=False))
-    LocalGroup(2).compose(bad, pools, current)  # off: no checks run
+    bad = ComposePlan(2, 16, plan.requests, 8)
+    source, _ = bad.descriptors(0)
+    source.flags.writeable = True
+    source[2] = 1  # a wrong owner: off, nothing checks it and the compose goes through
+    LocalGroup(2).compose(bad, pools, current)

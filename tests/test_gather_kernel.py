@@ -53,7 +53,8 @@ def test_triton_gather_matches_torch_runs_and_descriptors(interpreted, cp, row_s
             source, row = plan.descriptors(rank)
             by_runs = gather.gather_runs(torch.full((plan.num_slots, row_bytes), 7, dtype=torch.uint8),
                                                sources, plan.copy_runs(rank))
-            by_desc = gather.gather_descriptors_torch(torch.full_like(by_runs, 9), sources, source, row)
+            by_slot = torch.stack([sources[s][r] for s, r in zip(source.tolist(), row.tolist())])
+            by_index = gather.gather_indexed(torch.full_like(by_runs, 9), sources, plan.index_groups(rank))
             table = torch.tensor([s.data_ptr() for s in sources], dtype=torch.int64)
             by_triton = gather.gather_triton(
                 torch.full_like(by_runs, 5), table, torch.from_numpy(source.astype(np.int32)),
@@ -62,7 +63,8 @@ def test_triton_gather_matches_torch_runs_and_descriptors(interpreted, cp, row_s
             by_tensor_ops = gather._gather_runs_tensor(
                 torch.full_like(by_runs, 3), sources, plan.copy_runs(rank).tolist()
             )
-            assert torch.equal(by_runs, by_desc)
+            assert torch.equal(by_runs, by_slot)
+            assert torch.equal(by_index, by_slot)
             assert torch.equal(by_tensor_ops, by_runs)  # the device (non-numpy) branch of gather_runs
             assert torch.equal(by_triton, by_runs)
 
@@ -81,6 +83,12 @@ def test_triton_gather_with_unaligned_rows_uses_byte_words(interpreted):
                                torch.from_numpy(source.astype(np.int32)), torch.from_numpy(row.copy()))
     assert torch.equal(got, want)
     assert got[4].tolist() == [0, 0, 0]  # unused slot: the dummy row
+
+
+def test_prefer_runs_only_when_runs_are_long():
+    assert gather.prefer_runs(10, 100, 32 * 1024)  # 320 KB per run
+    assert not gather.prefer_runs(640, 548, 4096)  # 3.5 KB per run: indexed copies win
+    assert gather.prefer_runs(0, 5, 1)
 
 
 def test_word_bytes_picks_the_widest_aligned_word():

@@ -14,9 +14,10 @@ per rank: staged = rows read from other ranks' pools/stagings + rows staged;
 all-reduce = 2 (cp - 1) / cp of the dense buffer sent and as much received
 (ring all-reduce volume).
 
-Then the gather alone, in this process on one thread: copy runs over 2 * cp
-separate sources against one contiguous copy of the same bytes (the memory
-bound; target >= 70%).
+Then the gather alone, in this process on one thread: both CPU strategies
+(strided copy runs; one indexed copy per source) over 2 * cp separate sources
+against one contiguous copy of the same bytes (the memory bound; target >=
+70%), on the default batch and on a small-page batch where runs are short.
 """
 
 from __future__ import annotations
@@ -75,35 +76,40 @@ def _rank_worker(rank: int, cp: int, args: dict) -> dict:
     return result
 
 
-def _gather_vs_copy(cp: int, args: argparse.Namespace) -> tuple[float, float, int]:
-    """Seconds per gather and per contiguous copy of the same bytes, one thread."""
+def _gather_vs_copy(cp: int, requests: int, prefix: int, current: int, row_bytes: int, reps: int) -> dict:
+    """Seconds per gather (both CPU strategies) and per contiguous copy of the same bytes, one thread."""
     import torch
 
     from cpkv.compose import ComposePlan
     from cpkv.compose.workload import uniform_batch
-    from cpkv.kernels.gather import gather_runs
+    from cpkv.kernels.gather import gather_indexed, gather_runs, prefer_runs
 
-    batch = uniform_batch(cp, args.requests, args.prefix_pages, args.current_pages)
+    batch = uniform_batch(cp, requests, prefix, current)
     plan = ComposePlan(cp, 64, batch.requests, batch.num_slots)
-    rows = args.page_bytes
-    sources = [torch.randint(0, 256, (batch.pool_rows, rows), dtype=torch.uint8) for _ in range(cp)]
-    sources += [torch.randint(0, 256, (plan.staging_rows(r), rows), dtype=torch.uint8) for r in range(cp)]
+    sources = [torch.randint(0, 256, (batch.pool_rows, row_bytes), dtype=torch.uint8) for _ in range(cp)]
+    sources += [torch.randint(0, 256, (plan.staging_rows(r), row_bytes), dtype=torch.uint8) for r in range(cp)]
     runs = plan.copy_runs(0).tolist()
-    out = torch.empty(plan.num_slots, rows, dtype=torch.uint8)
-    flat = torch.randint(0, 256, (plan.num_slots, rows), dtype=torch.uint8)
+    groups = plan.index_groups(0)
+    out = torch.empty(plan.num_slots, row_bytes, dtype=torch.uint8)
+    flat = torch.randint(0, 256, (plan.num_slots, row_bytes), dtype=torch.uint8)
 
-    def best(fn: Any) -> float:
+    def median(fn: Any) -> float:
         fn()
         times = []
-        for _ in range(args.gather_reps):
+        for _ in range(reps):
             started = time.perf_counter()
             fn()
             times.append(time.perf_counter() - started)
-        return sorted(times)[len(times) // 2]  # median: robust to the other processes on the machine
+        return sorted(times)[len(times) // 2]  # robust to the other processes on the machine
 
-    gather_s = best(lambda: gather_runs(out, sources, runs))
-    copy_s = best(lambda: out.copy_(flat))
-    return gather_s, copy_s, len(runs)
+    return {
+        "runs": len(runs),
+        "bytes": plan.num_slots * row_bytes,
+        "runs_s": median(lambda: gather_runs(out, sources, runs)),
+        "indexed_s": median(lambda: gather_indexed(out, sources, groups)),
+        "copy_s": median(lambda: out.copy_(flat)),
+        "chosen": "runs" if prefer_runs(len(runs), plan.num_slots, row_bytes) else "indexed",
+    }
 
 
 def run(args: argparse.Namespace) -> int:
@@ -133,13 +139,21 @@ def run(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(1)
     gather = Table(
-        "gather alone, one thread: copy runs over 2*cp sources vs one contiguous copy of the same bytes "
-        "(target >= 70%)",
-        ["cp", "dense MB", "runs", "gather ms", "contiguous copy ms", "gather GB/s", "fraction of copy"],
+        "gather alone, one thread: 2*cp separate sources vs one contiguous copy of the same bytes "
+        "(target >= 70%); the compose uses the strategy marked chosen",
+        ["cp", "workload", "dense MB", "runs", "KB/run", "runs ms", "indexed ms", "copy ms", "chosen",
+         "chosen GB/s", "chosen fraction of copy"],
     )
-    for cp in cps:
-        gather_s, copy_s, runs = _gather_vs_copy(cp, args)
-        nbytes = slots * args.page_bytes
-        gather.add(cp, nbytes / 1e6, runs, gather_s * 1e3, copy_s * 1e3, nbytes / gather_s / 1e9, copy_s / gather_s)
+    workloads = [
+        ("default", args.requests, args.prefix_pages, args.current_pages, args.page_bytes),
+        ("small pages", 64, 8, 2, 4096),
+    ]
+    for name, requests, prefix, current, row_bytes in workloads:
+        for cp in cps:
+            g = _gather_vs_copy(cp, requests, prefix, current, row_bytes, args.gather_reps)
+            chosen_s = g[f"{g['chosen']}_s"]
+            gather.add(cp, f"{name}: {requests} x ({prefix}+{current}) x {row_bytes // 1024} KB", g["bytes"] / 1e6,
+                       g["runs"], g["bytes"] / max(g["runs"], 1) / 1024, g["runs_s"] * 1e3, g["indexed_s"] * 1e3,
+                       g["copy_s"] * 1e3, g["chosen"], g["bytes"] / chosen_s / 1e9, g["copy_s"] / chosen_s)
     emit("bench compose", [compose, gather], args.json, **params, cp=cps)
     return 0

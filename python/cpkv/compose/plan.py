@@ -22,7 +22,7 @@ import numpy as np
 from cpkv.compose.layout import CpLayout
 from cpkv.compose.spans import SlotSpans, validate_requests
 from cpkv.errors import InvalidArgumentError
-from cpkv.kernels.gather import RUN_COLUMNS
+from cpkv.kernels.gather import RUN_COLUMNS, index_groups
 
 _NONE = -1  # construction placeholder; debug mode proves none survives
 
@@ -69,6 +69,7 @@ class ComposePlan:
         if pool_rows is not None:
             self.check_pool_rows(pool_rows)
         self._per_rank: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._index_groups: dict[int, list[tuple[int, np.ndarray, np.ndarray]]] = {}
 
     @property
     def requests(self) -> tuple[SlotSpans, ...]:
@@ -155,6 +156,13 @@ class ComposePlan:
     def copy_runs(self, rank: int) -> np.ndarray:
         """The descriptors as strided copy runs (see :mod:`cpkv.kernels.gather`)."""
         return self._for_rank(rank)[2]
+
+    def index_groups(self, rank: int) -> list[tuple[int, np.ndarray, np.ndarray]]:
+        """The descriptors grouped by source, for :func:`cpkv.kernels.gather.gather_indexed` (built once)."""
+        groups = self._index_groups.get(rank)
+        if groups is None:
+            groups = self._index_groups[rank] = index_groups(*self.descriptors(rank))
+        return groups
 
     def owned_runs(self, rank: int) -> np.ndarray:
         """Runs for the slots ``rank`` itself supplies (its prefix pages and current rows).

@@ -9,7 +9,7 @@ from cpkv.compose.config import compose_config
 from cpkv.compose.debug import check_current, check_plan
 from cpkv.compose.plan import ComposePlan
 from cpkv.errors import InvalidArgumentError
-from cpkv.kernels.gather import as_byte_rows
+from cpkv.kernels.gather import as_byte_rows, gather_indexed, gather_runs, prefer_runs
 
 
 @dataclass
@@ -79,3 +79,11 @@ def check_current_rows(plan: ComposePlan, rank: int, current: Any, row_bytes: in
         check_current(plan, rank, rows.shape[0], staging_rows)
         check_plan(plan, rank)
     return rows
+
+
+def gather_planned(out: Any, sources: list[Any], plan: ComposePlan, rank: int) -> Any:
+    """``rank``'s gather on CPU, by copy runs or indexed copies, whichever suits the batch's shape."""
+    runs = plan.copy_runs(rank)
+    if prefer_runs(len(runs), plan.num_slots, out.shape[1]):
+        return gather_runs(out, sources, runs)
+    return gather_indexed(out, sources, plan.index_groups(rank))

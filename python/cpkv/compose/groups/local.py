@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from cpkv.compose.groups.base import ComposeGroup, check_current_rows, check_pool
+from cpkv.compose.groups.base import ComposeGroup, check_current_rows, check_pool, gather_planned
 from cpkv.compose.plan import ComposePlan
 from cpkv.errors import InvalidArgumentError
 from cpkv.kernels.gather import gather_runs
@@ -31,7 +31,7 @@ class LocalGroup(ComposeGroup):
         self.stats.composes += 1
         self.stats.barriers += 1  # the one (logical) barrier between staging and gather
         return [
-            self._typed(gather_runs(self._dense(plan, pool_rows[0]), sources, plan.copy_runs(r)), pools[r])
+            self._typed(gather_planned(self._dense(plan, pool_rows[0]), sources, plan, r), pools[r])
             for r in range(self.cp_size)
         ]
 

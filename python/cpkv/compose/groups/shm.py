@@ -33,7 +33,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from cpkv.compose.groups.base import ComposeGroup, check_current_rows, check_pool
+from cpkv.compose.groups.base import ComposeGroup, check_current_rows, check_pool, gather_planned
 from cpkv.compose.plan import ComposePlan
 from cpkv.compose.segment import SharedSegment
 from cpkv.compose.timeouts import DEFAULT_TIMEOUT_S, as_timedelta, guarded
@@ -183,7 +183,7 @@ class ShmGroup(ComposeGroup):
         self.barrier("compose barrier", layer=layer)
         dense = self._out(plan, p, out)
         sources = [*p.pools, *(s[parity] for s in p.stagings)]
-        gather_runs(dense, sources, plan.copy_runs(self.rank))
+        gather_planned(dense, sources, plan, self.rank)
         self.stats.composes += 1
         return dense.view(p.dtype).view(plan.num_slots, *p.page_shape)
 
