@@ -90,10 +90,18 @@ def test_bad_spans_rejected_naming_the_request(requests, num_slots, match):
     assert issubclass(SpanError, ValueError)
 
 
-@pytest.mark.parametrize("span", [(-1, 0, 1), (0, -3, 1), (0, 0, 0), (0, 0, -2), (0, 0), (0.0, 0, 1), (True, 0, 1)])
+@pytest.mark.parametrize("span", [(0, 0), (0, 1, 2, 3), 5, (0.0, 0, 1), (True, 0, 1), (0, "1", 1)])
 def test_malformed_spans_rejected(span):
     with pytest.raises(SpanError):
         SlotSpans(prefix=[span], current=[])
+
+
+@pytest.mark.parametrize("span", [(-1, 0, 1), (0, -3, 1), (0, 0, 0), (0, 0, -2)])
+@pytest.mark.parametrize("kind", ["prefix", "current"])
+def test_negative_or_empty_spans_rejected_naming_the_request(span, kind):
+    bad = SlotSpans(prefix=[span], current=[]) if kind == "prefix" else SlotSpans(prefix=[], current=[span])
+    with pytest.raises(SpanError, match=f"request 1: {kind} span"):
+        ComposePlan(2, 16, [SlotSpans([], [(0, 100, 1)]), bad], 8)
 
 
 def test_prefix_pages_may_be_shared_between_requests():

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import queue as queue_module
 import socket
+import time
 import traceback
 from typing import Any, Callable
 
@@ -64,9 +66,6 @@ def run_ranks(
     for p in procs:
         p.start()
     results: dict[int, tuple[bool, Any]] = {}
-    import queue as queue_module
-    import time
-
     deadline = time.monotonic() + timeout_s
     try:
         while len(results) < world_size:

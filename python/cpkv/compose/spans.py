@@ -29,13 +29,8 @@ def _span_tuple(kind: str, span: object) -> Span:
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
             raise SpanError(f"{kind} span {span!r}: {name} must be an integer, got {value!r}")
         values.append(int(value))
-    slot, page, count = values
-    if slot < 0 or page < 0:
-        raise SpanError(f"{kind} span {span!r}: slot and page must be >= 0")
-    if count <= 0:
-        # A zero-length span carries nothing and would only hide a mistake.
-        raise SpanError(f"{kind} span {span!r}: count must be >= 1 (omit empty spans)")
-    return (slot, page, count)
+    # Values (signs, counts, bounds) are checked with the batch, where the request can be named.
+    return (values[0], values[1], values[2])
 
 
 @dataclass(frozen=True)
@@ -78,6 +73,12 @@ def validate_requests(requests: Sequence[SlotSpans], num_slots: int) -> None:
             raise SpanError(f"request {index}: expected SlotSpans, got {type(request).__name__}")
         for kind, spans in (("prefix", request.prefix), ("current", request.current)):
             for slot, page, count in spans:
+                if slot < 0 or page < 0:
+                    raise SpanError(f"request {index}: {kind} span {(slot, page, count)}: slot and page must be >= 0")
+                if count <= 0:
+                    # A zero-length span carries nothing and would only hide a mistake.
+                    raise SpanError(f"request {index}: {kind} span {(slot, page, count)}: count must be >= 1 "
+                                    "(omit empty spans)")
                 if slot + count > num_slots:
                     raise SpanError(
                         f"request {index}: {kind} span {(slot, page, count)} covers slots "
