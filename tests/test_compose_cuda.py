@@ -31,7 +31,8 @@ def _cuda_worker(rank: int, cp: int, seed: int) -> int:
     for dtype in DTYPES:
         pool = group.register_pool(dtype, pool_rows, (16, 8), DTYPES[dtype], max(b.max_current_pages for b in batches))
         for index, batch in enumerate(batches):
-            plan = ComposePlan(cp, 16, batch.requests, batch.num_slots, device="cuda:0", pool_rows=pool_rows)
+            plan = group.plan(dtype, 16, batch.requests, batch.num_slots)  # keyed by device, payload, pool rows
+            assert plan.key.device == "cuda:0" and plan.key.pool_rows == pool_rows
             gen = torch.Generator().manual_seed(seed + index)
             pools = [random_rows(gen, pool_rows, (16, 8), DTYPES[dtype]) for _ in range(cp)]
             torch.cuda.synchronize()
@@ -48,6 +49,7 @@ def _cuda_worker(rank: int, cp: int, seed: int) -> int:
                 checks += 1
     tiny = group.register_pool("tiny", pool_rows, (16, 8), torch.bfloat16, 0)
     del tiny
+    plan = ComposePlan(cp, 16, batch.requests, batch.num_slots)
     with pytest.raises(FallbackError):
         group.compose(plan, "tiny", torch.zeros(plan.num_current(rank), 16, 8, dtype=torch.bfloat16, device="cuda"))
     group.close()

@@ -14,7 +14,7 @@ import torch
 from cpkv.compose import ComposePlan, ShmGroup
 from cpkv.compose.launch import run_ranks
 from cpkv.compose.workload import random_batch, uniform_batch
-from cpkv.errors import CollectiveTimeoutError, FallbackError
+from cpkv.errors import CollectiveTimeoutError, FallbackError, InvalidArgumentError
 from cpkv.kernels import gather
 from compose_reference import DTYPES, as_bytes, last_pages, random_rows, reference_dense, tail_not_aligned
 
@@ -53,6 +53,9 @@ def _byte_exact_worker(rank: int, cp: int, seed: int) -> dict:
             gather.RUN_BYTES_FOR_RUNS = 0 if batch_index % 2 else 1 << 40
             plan = ComposePlan(cp, PAGE_SIZE, batch.requests, batch.num_slots, pool_rows=pool_rows)
             for dtype, pool in names.items():
+                keyed = group.plan(dtype, PAGE_SIZE, batch.requests, batch.num_slots)  # a cache miss per payload
+                assert group.plan(dtype, PAGE_SIZE, batch.requests, batch.num_slots) is keyed
+                assert keyed.key.payload == dtype and keyed.key.pool_rows == pool_rows
                 pools, _ = _inputs(seed, cp, batch_index, 0, plan, pool_rows, dtype)
                 group.barrier("pool fill")  # nobody still reads the previous batch's pools
                 pool.copy_(pools[rank])
@@ -60,7 +63,7 @@ def _byte_exact_worker(rank: int, cp: int, seed: int) -> dict:
                 for layer in range(LAYERS):
                     _, current = _inputs(seed, cp, batch_index, layer, plan, pool_rows, dtype)
                     want = reference_dense(plan, pools, current)
-                    staged = group.compose(plan, dtype, current[rank], layer=layer)
+                    staged = group.compose(keyed, dtype, current[rank], layer=layer)
                     dense = group.compose_allreduce(plan, dtype, current[rank], layer=layer)
                     assert staged.dtype == DTYPES[dtype] and staged.shape == (batch.num_slots, *PAGE_SHAPE)
                     assert torch.equal(as_bytes(staged), want), (batch_index, dtype, layer)
@@ -80,6 +83,9 @@ def _byte_exact_worker(rank: int, cp: int, seed: int) -> dict:
             else:
                 dense = lenient.compose(plan, "small", current[rank])
             assert torch.equal(as_bytes(dense), reference_dense(plan, pools, current))
+        assert (group.plans.misses, group.plans.hits) == (BATCHES * len(DTYPES), BATCHES * len(DTYPES))
+        with pytest.raises(InvalidArgumentError, match="payload 'bf16', not 'fp8'"):
+            group.compose(group.plan("bf16", PAGE_SIZE, batch.requests, batch.num_slots), "fp8", current[rank])
         stats = (group.stats.barriers, group.stats.collectives, lenient.stats.fallbacks)
         run_ids = (group.run_id, lenient.run_id)
     return {"digests": digests, "checks": checks, "stats": stats, "run_ids": run_ids}
@@ -139,8 +145,6 @@ def test_dead_or_stalled_rank_is_a_timeout_error_not_a_hang(victim, how):
 
 def _setup_and_divergence_worker(rank: int, cp: int) -> dict:
     """Registration is collective and checked uniformly; a rank composing another batch is caught by digests."""
-    from cpkv.errors import InvalidArgumentError
-
     outcome: dict = {}
     with ShmGroup(timeout_s=10) as group:
         try:  # rank-dependent pool sizes: every rank must refuse, none may hang

@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from cpkv.compose.groups.base import ComposeGroup, check_current_rows, check_pool
-from cpkv.compose.plan import ComposePlan, PlanKey
+from cpkv.compose.plan import ComposePlan, PlanCache, PlanKey
+from cpkv.compose.spans import SlotSpans
 from cpkv.compose.timeouts import DEFAULT_TIMEOUT_S, as_timedelta, guarded
 from cpkv.errors import FallbackError, InvalidArgumentError
 from cpkv.kernels.gather import gather_runs, gather_triton
@@ -75,6 +76,7 @@ class CudaIpcGroup(ComposeGroup):
         self._timeout = as_timedelta(self.timeout_s)
         self._flag = torch.zeros(1, dtype=torch.int32, device=self.device)
         self._payloads: dict[str, _DevicePayload] = {}
+        self.plans = PlanCache()
         # Handles are Python objects: exchange them over gloo whatever the data backend is
         # (created here, on every rank, in the same order).
         self._objects = process_group if self.backend == "gloo" else dist.new_group(backend="gloo")
@@ -120,6 +122,11 @@ class CudaIpcGroup(ComposeGroup):
     def pool(self, payload: str) -> Any:
         p = self._payload(payload)
         return p.pools[self.rank].view(p.dtype).view(p.rows, *p.page_shape)
+
+    def plan(self, payload: str, page_size: int, requests: Sequence[SlotSpans], num_slots: int) -> ComposePlan:
+        """The batch's plan for ``payload``, from this group's cache (keyed by everything it depends on)."""
+        return self.plans.get(self.cp_size, page_size, requests, num_slots, device=str(self.device), payload=payload,
+                              pool_rows=self._payload(payload).rows)
 
     def compose(self, plan: ComposePlan, payload: str, current: Any, *, layer: int = 0, out: Any = None) -> Any:
         """This rank's dense buffer: stage, one barrier, one Triton gather through the address table."""

@@ -34,7 +34,8 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from cpkv.compose.groups.base import ComposeGroup, check_current_rows, check_pool, gather_planned
-from cpkv.compose.plan import ComposePlan
+from cpkv.compose.plan import ComposePlan, PlanCache
+from cpkv.compose.spans import SlotSpans
 from cpkv.compose.segment import SharedSegment
 from cpkv.compose.timeouts import DEFAULT_TIMEOUT_S, as_timedelta, guarded
 from cpkv.errors import FallbackError, InvalidArgumentError
@@ -91,6 +92,7 @@ class ShmGroup(ComposeGroup):
         self._timeout = as_timedelta(self.timeout_s)
         self.allow_allreduce_fallback = allow_allreduce_fallback
         self._payloads: dict[str, _Payload] = {}
+        self.plans = PlanCache()
         self._closed = False
         # Segment names must be unique per group and agreed by all ranks: rank 0 picks, everyone hears.
         run_id = [f"{os.getpid()}-{secrets.token_hex(4)}" if self.rank == 0 else None]
@@ -165,6 +167,11 @@ class ShmGroup(ComposeGroup):
         """This rank's pool for ``payload``, ``[rows, *page_shape]`` of its dtype (writes go to shared memory)."""
         p = self._payload(payload)
         return p.pools[self.rank].view(p.dtype).view(p.rows, *p.page_shape)
+
+    def plan(self, payload: str, page_size: int, requests: Sequence[SlotSpans], num_slots: int) -> ComposePlan:
+        """The batch's plan for ``payload``, from this group's cache (keyed by everything it depends on)."""
+        return self.plans.get(self.cp_size, page_size, requests, num_slots, device="cpu", payload=payload,
+                              pool_rows=self._payload(payload).rows)
 
     # -- the hot path ---------------------------------------------------------------------
 
