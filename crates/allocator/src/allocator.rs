@@ -398,7 +398,7 @@ impl PageAllocator {
 /// extent that holds them all, else whole extents in address order.
 fn take_first_fit(free: &mut FreeList, num_pages: u64) -> Vec<Extent> {
     if let Some(fit) = free.first_fit(num_pages) {
-        free.take_front(fit.start, num_pages);
+        free.take_front(fit, num_pages);
         return vec![Extent::new(fit.start, num_pages)];
     }
     free.take_prefix(num_pages)

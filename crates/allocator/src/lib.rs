@@ -9,6 +9,7 @@ mod allocator;
 mod digest;
 mod error;
 mod extent;
+mod extent_tree;
 mod free_list;
 mod payload;
 mod placement;

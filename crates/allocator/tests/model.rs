@@ -7,8 +7,11 @@ use std::collections::BTreeMap;
 use cpkv_allocator::{AllocError, Extent, PageAllocator, PayloadSet};
 use proptest::prelude::*;
 
-const CAPACITIES: [(&str, u64); 2] = [("kv", 48), ("index", 40)];
-const KEYS: u64 = 12;
+/// Small pools: every path (misses, multi-extent reserves, splits) is hit often.
+const SMALL: [(&str, u64); 2] = [("kv", 48), ("index", 40)];
+/// Larger pools with small objects: hundreds of free extents, so the free
+/// lists' trees grow several levels deep, split and rebalance.
+const LARGE: [(&str, u64); 2] = [("kv", 1500), ("index", 1200)];
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -39,16 +42,16 @@ enum Op {
     SnapshotRestore,
 }
 
-fn op() -> impl Strategy<Value = Op> {
-    let key = 0..KEYS;
+fn op(keys: u64, max_pages: u64) -> impl Strategy<Value = Op> {
+    let key = 0..keys;
     prop_oneof![
-        4 => (key.clone(), 0..20u64, 0..4u8).prop_map(|(key, pages, payloads)| Op::Reserve { key, pages, payloads }),
-        1 => (prop::collection::vec((0..KEYS, 0..12u64), 0..5), 0..4u8)
+        4 => (key.clone(), 0..max_pages, 0..4u8).prop_map(|(key, pages, payloads)| Op::Reserve { key, pages, payloads }),
+        1 => (prop::collection::vec((0..keys, 0..max_pages), 0..5), 0..4u8)
             .prop_map(|(items, payloads)| Op::ReserveMany { items, payloads }),
         3 => key.clone().prop_map(|key| Op::Release { key }),
-        1 => prop::collection::vec(0..KEYS, 0..4).prop_map(|keys| Op::ReleaseMany { keys }),
+        1 => prop::collection::vec(0..keys, 0..4).prop_map(|keys| Op::ReleaseMany { keys }),
         2 => key.clone().prop_map(|key| Op::Commit { key }),
-        2 => (key.clone(), 0..20u64, 0..KEYS, 0..KEYS)
+        2 => (key.clone(), 0..max_pages, 0..keys, 0..keys)
             .prop_map(|(key, at, left, right)| Op::Split { key, at, left, right }),
         1 => Just(Op::SnapshotRestore),
     ]
@@ -74,14 +77,16 @@ struct ModelObject {
 /// Owner of every page, per payload; objects with their page lists.
 #[derive(Clone, Debug)]
 struct Model {
+    capacities: &'static [(&'static str, u64)],
     owners: Vec<Vec<Option<u64>>>,
     objects: BTreeMap<u64, ModelObject>,
 }
 
 impl Model {
-    fn new() -> Self {
+    fn new(capacities: &'static [(&'static str, u64)]) -> Self {
         Model {
-            owners: CAPACITIES
+            capacities,
+            owners: capacities
                 .iter()
                 .map(|&(_, c)| vec![None; c as usize])
                 .collect(),
@@ -334,7 +339,7 @@ fn apply(alloc: &mut PageAllocator, model: &mut Model, op: &Op) -> Result<(), Al
 fn check_against_model(alloc: &PageAllocator, model: &Model) {
     alloc.verify().unwrap();
     assert_eq!(alloc.len(), model.objects.len());
-    for (id, &(_, capacity)) in CAPACITIES.iter().enumerate() {
+    for (id, &(_, capacity)) in model.capacities.iter().enumerate() {
         let runs = model.free_runs(id);
         assert_eq!(alloc.free_extents(id), runs);
         let free: u64 = runs.iter().map(|r| r.len).sum();
@@ -370,30 +375,38 @@ fn check_against_model(alloc: &PageAllocator, model: &Model) {
     }
 }
 
+fn run_against_model(
+    capacities: &'static [(&'static str, u64)],
+    ops: &[Op],
+) -> Result<(), TestCaseError> {
+    let mut alloc = PageAllocator::new(capacities).unwrap();
+    let mut model = Model::new(capacities);
+    for op in ops {
+        let (digest, canonical, stats) = (alloc.digest(), alloc.canonical_digest(), alloc.stats());
+        if apply(&mut alloc, &mut model, op).is_err() {
+            prop_assert_eq!(alloc.digest(), digest);
+            prop_assert_eq!(alloc.canonical_digest(), canonical);
+            prop_assert_eq!(alloc.stats(), stats);
+        }
+        check_against_model(&alloc, &model);
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
 
     #[test]
-    fn allocator_matches_model(ops in prop::collection::vec(op(), 1..120)) {
-        let mut alloc = PageAllocator::new(&CAPACITIES).unwrap();
-        let mut model = Model::new();
-        for op in &ops {
-            let (digest, canonical, stats) = (alloc.digest(), alloc.canonical_digest(), alloc.stats());
-            if apply(&mut alloc, &mut model, op).is_err() {
-                prop_assert_eq!(alloc.digest(), digest);
-                prop_assert_eq!(alloc.canonical_digest(), canonical);
-                prop_assert_eq!(alloc.stats(), stats);
-            }
-            check_against_model(&alloc, &model);
-        }
+    fn allocator_matches_model(ops in prop::collection::vec(op(12, 20), 1..120)) {
+        run_against_model(&SMALL, &ops)?;
     }
 
     /// Reserve then release restores state and both digests exactly,
     /// whatever state it starts from.
     #[test]
-    fn reserve_release_restores(ops in prop::collection::vec(op(), 0..40), pages in 1..30u64, choice in 0..4u8) {
-        let mut alloc = PageAllocator::new(&CAPACITIES).unwrap();
-        let mut model = Model::new();
+    fn reserve_release_restores(ops in prop::collection::vec(op(12, 20), 0..40), pages in 1..30u64, choice in 0..4u8) {
+        let mut alloc = PageAllocator::new(&SMALL).unwrap();
+        let mut model = Model::new(&SMALL);
         for op in &ops {
             let _ = apply(&mut alloc, &mut model, op);
         }
@@ -404,5 +417,14 @@ proptest! {
             alloc.release(1_000).unwrap();
         }
         prop_assert_eq!((alloc.digest(), alloc.canonical_digest(), alloc.free_extents(0), alloc.free_extents(1)), before);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    #[test]
+    fn allocator_matches_model_with_deep_free_lists(ops in prop::collection::vec(op(700, 6), 200..1200)) {
+        run_against_model(&LARGE, &ops)?;
     }
 }

@@ -33,8 +33,10 @@ def make_stream(
     pools: dict[str, int] | None = None,
     batch: int = 32,
     occupancy: float = 0.85,
+    max_pages: int = 64,
 ) -> list[Step]:
-    """`steps` steps of `batch` reserves each, releasing back to `occupancy`."""
+    """`steps` steps of `batch` reserves each (1..`max_pages` pages), releasing
+    random live objects back to `occupancy`."""
     pools = dict(pools or DEFAULT_POOLS)
     rng = random.Random(seed)
     reference = ReferenceAllocator(pools)
@@ -46,8 +48,7 @@ def make_stream(
         payloads = (first,) if rng.random() < 0.1 else None
         reserves = []
         for _ in range(batch):
-            # Mostly small objects, a tail of large ones: fragments the pools.
-            pages = rng.randint(1, 16) if rng.random() < 0.8 else rng.randint(17, 384)
+            pages = rng.randint(1, max_pages)
             reserves.append((next_key, pages))
             if reference.reserve(next_key, pages, payloads) is not None:
                 live.append(next_key)
