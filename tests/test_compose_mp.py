@@ -116,12 +116,15 @@ def _failing_worker(rank: int, cp: int, victim: int, how: str) -> str:
         current = torch.zeros(plan.num_current(rank), 64, dtype=torch.uint8)
         group.compose(plan, "kv", current, layer=0)
         if rank == victim:
-            if how == "kill":
+            if how.startswith("kill"):
                 os._exit(3)
             time.sleep(6)  # stalls past the others' timeout
             group.abort()
             return "stalled"
-        group.compose(plan, "kv", current, layer=1)
+        if how.endswith("allreduce"):
+            group.compose_allreduce(plan, "kv", current, layer=1)
+        else:
+            group.compose(plan, "kv", current, layer=1)
         return "no error"
     except CollectiveTimeoutError as err:
         group.abort()  # error path: unlink every segment of the group
@@ -129,7 +132,7 @@ def _failing_worker(rank: int, cp: int, victim: int, how: str) -> str:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("victim, how", [(2, "kill"), (0, "stall")])
+@pytest.mark.parametrize("victim, how", [(2, "kill"), (0, "stall"), (1, "kill-allreduce")])
 def test_dead_or_stalled_rank_is_a_timeout_error_not_a_hang(victim, how):
     start = time.monotonic()
     results = run_ranks(_failing_worker, 3, victim, how, timeout_s=60, collective_timeout_s=2, expect_failures=True)
@@ -138,7 +141,8 @@ def test_dead_or_stalled_rank_is_a_timeout_error_not_a_hang(victim, how):
         if rank == victim:
             assert result == ("stalled" if how == "stall" else None)
             continue
-        assert result.startswith(f"timeout: rank {rank}: compose barrier of layer 1"), result
+        what = "all-reduce" if how.endswith("allreduce") else "compose barrier"
+        assert result.startswith(f"timeout: rank {rank}: {what} of layer 1"), result
         run_id = result.rsplit("run ", 1)[1]
         assert glob.glob(f"/dev/shm/cpkv-{run_id}-*") == []
 
@@ -178,3 +182,16 @@ def test_registration_is_uniform_and_divergence_is_detected():
         assert "already registered" in r["twice"]
     assert results[0]["digests"][0] == results[1]["digests"][0]  # same plan: same bytes on both ranks
     assert results[0]["digests"][1] != results[1]["digests"][1]  # one divergent plan: the digests say so
+
+
+def _unclosed_worker(rank: int, cp: int) -> str:
+    group = ShmGroup(timeout_s=10)
+    group.register_pool("kv", 4, (8,), torch.uint8, 1)
+    group.barrier()
+    return group.run_id  # exits without close(): the exit hook still unlinks this rank's segment
+
+
+@pytest.mark.timeout(120)
+def test_segments_are_unlinked_when_a_rank_exits_without_closing():
+    run_id = run_ranks(_unclosed_worker, 2, timeout_s=60)[0]
+    assert glob.glob(f"/dev/shm/cpkv-{run_id}-*") == []

@@ -8,11 +8,41 @@ segment; peers only map it.
 
 from __future__ import annotations
 
+import atexit
 import mmap
+import multiprocessing.util
 import os
 from typing import Any
 
 SHM_DIR = "/dev/shm"
+
+# Segments this process created and has not unlinked, removed when the process exits
+# as a safety net for callers that never close their group. (A SIGKILL still leaks
+# them; the surviving ranks' abort() removes those.) Multiprocessing children leave
+# through os._exit, which skips atexit, so the hook is also a multiprocessing finalizer,
+# registered per process: a forked child must never unlink its parent's segments.
+_owned: set[str] = set()
+_owner_pid: int | None = None
+
+
+def _track(path: str) -> None:
+    global _owned, _owner_pid
+    if _owner_pid != os.getpid():
+        _owned, _owner_pid = set(), os.getpid()
+        atexit.register(_unlink_owned)
+        multiprocessing.util.Finalize(None, _unlink_owned, exitpriority=100)
+    _owned.add(path)
+
+
+def _unlink_owned() -> None:
+    if _owner_pid != os.getpid():
+        return
+    for path in sorted(_owned):
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+    _owned.clear()
 
 
 class SharedSegment:
@@ -33,6 +63,8 @@ class SharedSegment:
             self._map = mmap.mmap(fd, max(nbytes, 1))
         finally:
             os.close(fd)
+        if create:
+            _track(self.path)
         self._tensor: Any = None
 
     @property
@@ -46,6 +78,7 @@ class SharedSegment:
 
     def unlink(self) -> None:
         """Removes the name (idempotent); existing mappings stay valid until closed."""
+        _owned.discard(self.path)
         try:
             os.unlink(self.path)
         except FileNotFoundError:
