@@ -27,7 +27,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefix-pages", type=int, default=240, help="cached pages per request (default %(default)s)")
     parser.add_argument("--current-pages", type=int, default=16, help="new pages per request (default %(default)s)")
     parser.add_argument("--page-bytes", type=int, default=65536, help="bytes per page and layer (default %(default)s)")
-    parser.add_argument("--layers", type=int, default=20, help="timed layers per path (default %(default)s)")
+    parser.add_argument("--layers", type=int, default=10, help="timed layers per path (default %(default)s)")
     parser.add_argument("--json", metavar="PATH", help="also write the tables as JSON")
 
 
