@@ -118,7 +118,7 @@ def _failing_worker(rank: int, cp: int, victim: int, how: str) -> str:
         if rank == victim:
             if how.startswith("kill"):
                 os._exit(3)
-            time.sleep(6)  # stalls past the others' timeout
+            time.sleep(4)  # stalls past the others' timeout (2 s)
             group.abort()
             return "stalled"
         if how.endswith("allreduce"):
