@@ -24,7 +24,6 @@ barrier with :class:`~cpkv.errors.CollectiveTimeoutError` instead of hanging.
 
 from __future__ import annotations
 
-import itertools
 import math
 import os
 import secrets
@@ -42,7 +41,6 @@ from cpkv.errors import FallbackError, InvalidArgumentError
 from cpkv.kernels.gather import gather_runs
 
 _ALIGN = 4096
-_payload_ids = itertools.count()
 
 
 @dataclass
@@ -128,7 +126,9 @@ class ShmGroup(ComposeGroup):
         row_bytes = math.prod(spec[2]) * torch.empty((), dtype=dtype).element_size()
         capacity = max_current_pages + 1
         pool_bytes, staging_bytes, total = _layout(rows, row_bytes, capacity)
-        index = next(_payload_ids)
+        # Registration order is checked equal on every rank, so this index agrees across ranks
+        # (a process-wide counter would not, once one rank had built another group).
+        index = len(self._payloads)
         names = [f"cpkv-{self.run_id}-p{index}-r{r}" for r in range(self.cp_size)]
 
         own, error = None, None
