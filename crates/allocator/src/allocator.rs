@@ -8,19 +8,22 @@
 //! were.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use crate::digest::{committed_element, config_element, free_element, StateDigest};
 use crate::error::{AllocError, Result};
 use crate::extent::Extent;
 use crate::free_list::FreeList;
 use crate::payload::{PayloadId, PayloadSet, Payloads};
-use crate::placement::{PayloadExtents, Placement};
+use crate::placement::Placement;
 use crate::stats::{Counters, PayloadStats, Stats};
 
 /// A live object: its placement and whether its contents are committed.
+/// Placements are immutable once made (a split makes two new ones), so they
+/// are shared: handing one to a caller is a reference-count increment.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Object {
-    pub(crate) placement: Placement,
+    pub(crate) placement: Arc<Placement>,
     pub(crate) committed: bool,
 }
 
@@ -90,7 +93,7 @@ impl PageAllocator {
         key: u64,
         num_pages: u64,
         payloads: PayloadSet,
-    ) -> Result<Option<&Placement>> {
+    ) -> Result<Option<&Arc<Placement>>> {
         self.check_payloads(payloads)?;
         self.check_new(key, num_pages)?;
         Ok(if self.reserve_checked(key, num_pages, payloads) {
@@ -196,7 +199,7 @@ impl PageAllocator {
             self.objects.insert(
                 half_key,
                 Object {
-                    placement,
+                    placement: Arc::new(placement),
                     committed: true,
                 },
             );
@@ -205,7 +208,7 @@ impl PageAllocator {
         Ok(())
     }
 
-    pub fn placement(&self, key: u64) -> Result<&Placement> {
+    pub fn placement(&self, key: u64) -> Result<&Arc<Placement>> {
         Ok(&self.object(key)?.placement)
     }
 
@@ -280,21 +283,19 @@ impl PageAllocator {
         for (&key, object) in &self.objects {
             let placement = &object.placement;
             let mut previous = None;
-            if placement.parts().is_empty() {
+            if placement.parts().next().is_none() {
                 return Err(format!("key {key} has no payloads"));
             }
-            for part in placement.parts() {
-                if previous.is_some_and(|p| p >= part.payload)
-                    || part.payload >= self.payloads.len()
-                {
+            for (payload, extents) in placement.parts() {
+                if previous.is_some_and(|p| p >= payload) || payload >= self.payloads.len() {
                     return Err(format!("key {key}: payloads out of order"));
                 }
-                previous = Some(part.payload);
-                let pages: u64 = part.extents.iter().map(|e| e.len).sum();
-                if pages != placement.num_pages() || part.extents.iter().any(|e| e.len == 0) {
+                previous = Some(payload);
+                let pages: u64 = extents.iter().map(|e| e.len).sum();
+                if pages != placement.num_pages() || extents.iter().any(|e| e.len == 0) {
                     return Err(format!("key {key}: extents do not add up to num_pages"));
                 }
-                used[part.payload].extend_from_slice(&part.extents);
+                used[payload].extend_from_slice(extents);
             }
         }
         for (id, free) in self.free.iter().enumerate() {
@@ -357,19 +358,19 @@ impl PageAllocator {
             self.counters.misses += 1;
             return false;
         }
-        let parts = payloads
-            .iter()
-            .map(|payload| PayloadExtents {
-                payload,
-                extents: take_first_fit(&mut self.free[payload], num_pages),
-            })
-            .collect();
-        let placement = Placement::new(num_pages, parts);
+        let mut placement = Placement::new(num_pages);
+        for payload in payloads.iter() {
+            let free = &mut self.free[payload];
+            placement.push_part(payload, |out| match free.take_first_fit(num_pages) {
+                Some(taken) => out.push(taken),
+                None => free.take_prefix(num_pages, out),
+            });
+        }
         placement.elements(key).for_each(|e| self.digest.add(e));
         self.objects.insert(
             key,
             Object {
-                placement,
+                placement: Arc::new(placement),
                 committed: false,
             },
         );
@@ -385,23 +386,13 @@ impl PageAllocator {
         if object.committed {
             self.digest.remove(committed_element(key));
         }
-        for part in object.placement.parts() {
-            for &extent in &part.extents {
-                self.free[part.payload].give_back(extent);
+        for (payload, extents) in object.placement.parts() {
+            for &extent in extents {
+                self.free[payload].give_back(extent);
             }
         }
         self.counters.releases += 1;
     }
-}
-
-/// Takes `num_pages` (no more than are free) from `free`: the lowest-addressed
-/// extent that holds them all, else whole extents in address order.
-fn take_first_fit(free: &mut FreeList, num_pages: u64) -> Vec<Extent> {
-    if let Some(fit) = free.first_fit(num_pages) {
-        free.take_front(fit, num_pages);
-        return vec![Extent::new(fit.start, num_pages)];
-    }
-    free.take_prefix(num_pages)
 }
 
 /// The digest of configuration, object extents and committed keys (the

@@ -162,18 +162,6 @@ impl ExtentTree {
         self.node(self.root).max()
     }
 
-    /// The lowest-addressed extent with at least `len` pages.
-    pub fn first_fit(&self, len: u64) -> Option<Extent> {
-        let mut node = self.node(self.root);
-        loop {
-            let i = node.vals.iter().position(|&v| v >= len)?;
-            if node.leaf {
-                return Some(Extent::new(node.keys[i], node.vals[i]));
-            }
-            node = self.node(node.children[i]);
-        }
-    }
-
     /// The lowest-addressed extent.
     pub fn first(&self) -> Option<Extent> {
         let mut node = self.node(self.root);
@@ -245,13 +233,19 @@ impl ExtentTree {
     /// Removes the extent starting at `start` (which must exist); returns it.
     pub fn remove(&mut self, start: u64) -> Extent {
         let removed = self.remove_at(self.root, start);
-        let root = self.node(self.root);
-        if !root.leaf && root.children.len() == 1 {
-            let child = root.children[0];
-            self.free(self.root);
-            self.root = child;
-        }
+        self.collapse_root();
         removed
+    }
+
+    /// Takes `len` pages from the front of the lowest-addressed extent that
+    /// holds them, in one descent; returns that extent as it was.
+    pub fn take_first_fit(&mut self, len: u64) -> Option<Extent> {
+        if self.max_len() < len {
+            return None;
+        }
+        let found = self.take_fit_at(self.root, len);
+        self.collapse_root();
+        Some(found)
     }
 
     /// Replaces the extent starting at `start` by `new`; the caller
@@ -415,12 +409,54 @@ impl ExtentTree {
         }
         let child = self.node(id).children[i];
         let removed = self.remove_at(child, start);
+        self.settle(id, i);
+        removed
+    }
+
+    fn take_fit_at(&mut self, id: u32, len: u64) -> Extent {
+        let node = self.node(id);
+        let i = node
+            .vals
+            .iter()
+            .position(|&v| v >= len)
+            .expect("the subtree maximum promised a fit");
+        if node.leaf {
+            let found = Extent::new(node.keys[i], node.vals[i]);
+            let node = self.node_mut(id);
+            if found.len == len {
+                node.remove_entry(i);
+            } else {
+                // Shrinking from the front keeps the extent between its neighbours.
+                node.keys[i] += len;
+                node.set_val(i, found.len - len);
+            }
+            return found;
+        }
+        let child = node.children[i];
+        let found = self.take_fit_at(child, len);
+        self.settle(id, i);
+        found
+    }
+
+    /// After child `i` of `id` changed: rebalance it if it became underfull,
+    /// else refresh its summary.
+    fn settle(&mut self, id: u32, i: usize) {
+        let child = self.node(id).children[i];
         if self.node(child).keys.len() < MIN && self.node(id).children.len() > 1 {
             self.rebalance(id, i);
         } else {
             self.refresh(id, i);
         }
-        removed
+    }
+
+    /// Replaces an internal root that has a single child by that child.
+    fn collapse_root(&mut self) {
+        let root = self.node(self.root);
+        if !root.leaf && root.children.len() == 1 {
+            let child = root.children[0];
+            self.free(self.root);
+            self.root = child;
+        }
     }
 
     /// Merges underfull child `i` of `id` with a sibling, or shares the
@@ -554,10 +590,10 @@ mod tests {
         for step in 0..20_000 {
             let start = next() % 4000 * 2;
             let grow = step % 5000 < 3000;
-            if map.contains_key(&start) {
+            if let Some(len) = map.get_mut(&start) {
                 if next() % 3 == 0 {
-                    map.insert(start, 1 + next() % 50);
-                    tree.replace(start, Extent::new(start, map[&start]));
+                    *len = 1 + next() % 50;
+                    tree.replace(start, Extent::new(start, *len));
                 } else if !grow || next() % 2 == 0 {
                     assert_eq!(
                         tree.remove(start),
@@ -593,7 +629,7 @@ mod tests {
                     .iter()
                     .find(|(_, &l)| l >= want)
                     .map(|(&s, &l)| Extent::new(s, l));
-                assert_eq!(tree.first_fit(want), fit);
+                assert_eq!(tree.clone().take_first_fit(want), fit);
                 assert_eq!(tree.max_len(), map.values().copied().max().unwrap_or(0));
             }
         }

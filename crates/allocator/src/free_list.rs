@@ -56,13 +56,23 @@ impl FreeList {
         self.tree.max_len()
     }
 
-    /// The lowest-addressed extent holding at least `len` pages.
-    pub fn first_fit(&self, len: u64) -> Option<Extent> {
-        self.tree.first_fit(len)
+    /// Takes `len` pages from the start of the lowest-addressed extent that
+    /// holds them all; `None` (nothing taken) if no extent does.
+    pub fn take_first_fit(&mut self, len: u64) -> Option<Extent> {
+        let found = self.tree.take_first_fit(len)?;
+        self.free_pages -= len;
+        self.digest.remove(free_element(self.payload, found));
+        if found.len == len {
+            self.extents -= 1;
+        } else {
+            let rest = Extent::new(found.start + len, found.len - len);
+            self.digest.add(free_element(self.payload, rest));
+        }
+        Some(Extent::new(found.start, len))
     }
 
     /// Takes `len` pages from the start of free extent `extent`.
-    pub fn take_front(&mut self, extent: Extent, len: u64) {
+    fn take_front(&mut self, extent: Extent, len: u64) {
         debug_assert!(0 < len && len <= extent.len);
         if len == extent.len {
             self.remove(extent.start);
@@ -73,14 +83,14 @@ impl FreeList {
     }
 
     /// Takes the lowest-addressed `len` free pages (no more than are free):
-    /// whole extents in address order, the last one from its start.
-    pub fn take_prefix(&mut self, len: u64) -> Vec<Extent> {
+    /// whole extents in address order, the last one from its start; appends
+    /// them to `taken`.
+    pub fn take_prefix(&mut self, len: u64, taken: &mut Vec<Extent>) {
         assert!(
             len <= self.free_pages,
             "only {} pages free",
             self.free_pages
         );
-        let mut taken = Vec::new();
         let mut missing = len;
         while missing > 0 {
             let first = self.tree.first().expect("free pages were counted");
@@ -89,7 +99,6 @@ impl FreeList {
             taken.push(Extent::new(first.start, take));
             missing -= take;
         }
-        taken
     }
 
     /// Returns `extent` (not overlapping any free extent) to the pool, merging
@@ -176,10 +185,11 @@ mod tests {
     #[test]
     fn take_and_give_back_coalesce() {
         let mut list = FreeList::new(0, 100);
-        list.take_front(Extent::new(0, 100), 10);
+        assert_eq!(list.take_first_fit(10), Some(Extent::new(0, 10)));
         assert_eq!(list.extents(), vec![Extent::new(10, 90)]);
-        list.take_front(Extent::new(10, 90), 90);
+        assert_eq!(list.take_first_fit(90), Some(Extent::new(10, 90)));
         assert_eq!(list.extent_count(), 0);
+        assert_eq!(list.take_first_fit(1), None);
         list.give_back(Extent::new(50, 10));
         list.give_back(Extent::new(0, 10));
         list.give_back(Extent::new(30, 10));
@@ -204,17 +214,19 @@ mod tests {
         for (start, len) in [(0, 2), (10, 5), (20, 3), (30, 8), (50, 5)] {
             list.insert(Extent::new(start, len));
         }
-        assert_eq!(list.first_fit(1), Some(Extent::new(0, 2)));
-        assert_eq!(list.first_fit(3), Some(Extent::new(10, 5)));
-        assert_eq!(list.first_fit(6), Some(Extent::new(30, 8)));
-        assert_eq!(list.first_fit(9), None);
-        assert_eq!(list.largest(), 8);
+        assert_eq!(list.take_first_fit(9), None);
+        assert_eq!(list.take_first_fit(6), Some(Extent::new(30, 6)));
+        assert_eq!(list.take_first_fit(3), Some(Extent::new(10, 3)));
+        assert_eq!(list.take_first_fit(1), Some(Extent::new(0, 1)));
+        assert_eq!(list.largest(), 5);
+        let mut taken = vec![];
+        list.take_prefix(6, &mut taken);
         assert_eq!(
-            list.take_prefix(9),
-            vec![Extent::new(0, 2), Extent::new(10, 5), Extent::new(20, 2)]
+            taken,
+            vec![Extent::new(1, 1), Extent::new(13, 2), Extent::new(20, 3)]
         );
-        assert_eq!(list.extents()[0], Extent::new(22, 1));
-        assert_eq!(list.free_pages(), 14);
+        assert_eq!(list.extents(), vec![Extent::new(36, 2), Extent::new(50, 5)]);
+        assert_eq!(list.free_pages(), 7);
         list.check_structure().unwrap();
     }
 
@@ -226,7 +238,9 @@ mod tests {
         }
         list.check_structure().unwrap();
         assert_eq!(list.extent_count(), 10_000);
-        assert_eq!(list.first_fit(7).map(|e| e.start), Some(48));
-        assert_eq!(list.first_fit(8), None);
+        assert_eq!(list.take_first_fit(8), None);
+        assert_eq!(list.take_first_fit(7), Some(Extent::new(48, 7)));
+        assert_eq!(list.extent_count(), 9_999);
+        list.check_structure().unwrap();
     }
 }

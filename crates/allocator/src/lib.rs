@@ -20,6 +20,6 @@ pub use allocator::PageAllocator;
 pub use error::{AllocError, Result};
 pub use extent::Extent;
 pub use payload::{PayloadId, PayloadSet, Payloads, MAX_CAPACITY, MAX_PAYLOADS};
-pub use placement::{PayloadExtents, Placement};
+pub use placement::Placement;
 pub use snapshot::SNAPSHOT_VERSION;
 pub use stats::{Counters, PayloadStats, Stats};

@@ -4,49 +4,65 @@ use crate::digest::object_extent_element;
 use crate::extent::Extent;
 use crate::payload::PayloadId;
 
-/// The extents of one payload, in object-position order: object position
-/// `i` lives at physical page `pages()[i]`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PayloadExtents {
-    pub payload: PayloadId,
-    pub extents: Vec<Extent>,
-}
-
-/// An object's placement: the same number of pages in each of its payloads.
+/// An object's placement: the same number of pages in each of its payloads;
+/// in each, object position `i` lives at physical page `pages()[i]`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Placement {
     num_pages: u64,
-    /// One entry per payload, in payload construction order.
-    parts: Vec<PayloadExtents>,
+    /// Per payload in construction order: a header `(payload id, extent
+    /// count)` followed by that many extents in position order, so a whole
+    /// placement is one allocation.
+    encoded: Vec<Extent>,
 }
 
 impl Placement {
-    pub(crate) fn new(num_pages: u64, parts: Vec<PayloadExtents>) -> Self {
-        debug_assert!(parts
-            .iter()
-            .all(|p| p.extents.iter().map(|e| e.len).sum::<u64>() == num_pages));
-        Placement { num_pages, parts }
+    pub(crate) fn new(num_pages: u64) -> Self {
+        Placement {
+            num_pages,
+            encoded: Vec::with_capacity(4),
+        }
+    }
+
+    /// Appends the extents of `payload` (after those of lower payload ids),
+    /// written by `fill`.
+    pub(crate) fn push_part(&mut self, payload: PayloadId, fill: impl FnOnce(&mut Vec<Extent>)) {
+        let header = self.encoded.len();
+        self.encoded.push(Extent::new(payload as u64, 0));
+        fill(&mut self.encoded);
+        self.encoded[header].len = (self.encoded.len() - header - 1) as u64;
+        debug_assert!(
+            self.encoded[header + 1..]
+                .iter()
+                .map(|e| e.len)
+                .sum::<u64>()
+                == self.num_pages
+        );
     }
 
     pub fn num_pages(&self) -> u64 {
         self.num_pages
     }
 
-    /// Per payload, in construction order.
-    pub fn parts(&self) -> &[PayloadExtents] {
-        &self.parts
+    /// `(payload, extents)` per payload, in construction order.
+    pub fn parts(&self) -> impl Iterator<Item = (PayloadId, &[Extent])> + '_ {
+        let mut rest = self.encoded.as_slice();
+        std::iter::from_fn(move || {
+            let (header, tail) = rest.split_first()?;
+            let (extents, tail) = tail.split_at(header.len as usize);
+            rest = tail;
+            Some((header.start as PayloadId, extents))
+        })
     }
 
     pub fn payloads(&self) -> impl Iterator<Item = PayloadId> + '_ {
-        self.parts.iter().map(|p| p.payload)
+        self.parts().map(|(payload, _)| payload)
     }
 
     /// The extents in `payload`, or `None` if the object has no pages there.
     pub fn extents(&self, payload: PayloadId) -> Option<&[Extent]> {
-        self.parts
-            .iter()
-            .find(|p| p.payload == payload)
-            .map(|p| p.extents.as_slice())
+        self.parts()
+            .find(|&(p, _)| p == payload)
+            .map(|(_, extents)| extents)
     }
 
     /// The physical page of every object position in `payload`.
@@ -57,10 +73,10 @@ impl Placement {
 
     /// The digest elements of this placement's extents under `key`.
     pub(crate) fn elements(&self, key: u64) -> impl Iterator<Item = u64> + '_ {
-        self.parts.iter().flat_map(move |part| {
+        self.parts().flat_map(move |(payload, extents)| {
             let mut position = 0;
-            part.extents.iter().map(move |&extent| {
-                let element = object_extent_element(key, part.payload, position, extent);
+            extents.iter().map(move |&extent| {
+                let element = object_extent_element(key, payload, position, extent);
                 position += extent.len;
                 element
             })
@@ -70,35 +86,31 @@ impl Placement {
     /// Positions `[0, at)` and `[at, num_pages)` over the same physical pages.
     pub(crate) fn split_at(&self, at: u64) -> (Placement, Placement) {
         debug_assert!(0 < at && at < self.num_pages);
-        let mut left = Vec::with_capacity(self.parts.len());
-        let mut right = Vec::with_capacity(self.parts.len());
-        for part in &self.parts {
-            let (mut l, mut r) = (Vec::new(), Vec::new());
+        let mut left = Placement::new(at);
+        let mut right = Placement::new(self.num_pages - at);
+        for (payload, extents) in self.parts() {
+            let mut cut = None;
             let mut position = 0;
-            for &extent in &part.extents {
-                if position + extent.len <= at {
-                    l.push(extent);
-                } else if position >= at {
-                    r.push(extent);
-                } else {
-                    let cut = at - position;
-                    l.push(Extent::new(extent.start, cut));
-                    r.push(Extent::new(extent.start + cut, extent.len - cut));
+            for (i, extent) in extents.iter().enumerate() {
+                if position + extent.len > at {
+                    cut = Some((i, at - position));
+                    break;
                 }
                 position += extent.len;
             }
-            left.push(PayloadExtents {
-                payload: part.payload,
-                extents: l,
+            let (i, offset) = cut.expect("0 < at < num_pages");
+            let e = extents[i];
+            left.push_part(payload, |out| {
+                out.extend_from_slice(&extents[..i]);
+                if offset > 0 {
+                    out.push(Extent::new(e.start, offset));
+                }
             });
-            right.push(PayloadExtents {
-                payload: part.payload,
-                extents: r,
+            right.push_part(payload, |out| {
+                out.push(Extent::new(e.start + offset, e.len - offset));
+                out.extend_from_slice(&extents[i + 1..]);
             });
         }
-        (
-            Placement::new(at, left),
-            Placement::new(self.num_pages - at, right),
-        )
+        (left, right)
     }
 }

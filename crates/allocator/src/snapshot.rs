@@ -17,6 +17,7 @@
 //! header, checksum, then that the extents tile every pool exactly.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
@@ -25,7 +26,7 @@ use crate::error::{AllocError, Result};
 use crate::extent::Extent;
 use crate::free_list::FreeList;
 use crate::payload::Payloads;
-use crate::placement::{PayloadExtents, Placement};
+use crate::placement::Placement;
 use crate::stats::Counters;
 
 const MAGIC: &[u8; 8] = b"CPKVALOC";
@@ -125,11 +126,11 @@ fn write_state(alloc: &PageAllocator, out: &mut Vec<u8>) {
         put_u64(out, key);
         out.push(u8::from(object.committed));
         put_u64(out, object.placement.num_pages());
-        put_u32(out, object.placement.parts().len() as u32);
-        for part in object.placement.parts() {
-            put_u32(out, part.payload as u32);
-            put_u32(out, part.extents.len() as u32);
-            part.extents.iter().for_each(|&e| put_extent(out, e));
+        put_u32(out, object.placement.parts().count() as u32);
+        for (payload, extents) in object.placement.parts() {
+            put_u32(out, payload as u32);
+            put_u32(out, extents.len() as u32);
+            extents.iter().for_each(|&e| put_extent(out, e));
         }
     }
 }
@@ -197,39 +198,37 @@ fn read_body(r: &mut Reader<'_>) -> Result<PageAllocator> {
                 "key {key} lists {part_count} payloads"
             )));
         }
-        let mut parts = Vec::with_capacity(part_count);
+        let mut placement = Placement::new(num_pages);
+        let mut previous = None;
         for _ in 0..part_count {
             let payload = r.u32()? as usize;
-            if payload >= payload_count
-                || parts
-                    .last()
-                    .is_some_and(|p: &PayloadExtents| p.payload >= payload)
-            {
+            if payload >= payload_count || previous.is_some_and(|p| p >= payload) {
                 return Err(AllocError::corrupt(format!(
                     "key {key}: payload id {payload} out of order or unknown"
                 )));
             }
             let extent_count = r.count_u32(16, "object extents")?;
             let mut extents = Vec::with_capacity(extent_count);
-            let mut pages = 0u64;
+            let mut pages = Some(0u64);
             for _ in 0..extent_count {
                 let extent = r.extent(payloads.capacity(payload))?;
-                pages += extent.len; // bounded by capacity each, no overflow
+                pages = pages.and_then(|p| p.checked_add(extent.len));
                 extents.push(extent);
             }
-            if pages != num_pages {
+            if pages != Some(num_pages) {
                 return Err(AllocError::corrupt(format!(
-                    "key {key}: payload {:?} holds {pages} pages, object has {num_pages}",
+                    "key {key}: payload {:?} holds {pages:?} pages, object has {num_pages}",
                     payloads.name(payload)
                 )));
             }
             used[payload].extend_from_slice(&extents);
-            parts.push(PayloadExtents { payload, extents });
+            placement.push_part(payload, |out| out.extend_from_slice(&extents));
+            previous = Some(payload);
         }
         objects.insert(
             key,
             Object {
-                placement: Placement::new(num_pages, parts),
+                placement: Arc::new(placement),
                 committed,
             },
         );

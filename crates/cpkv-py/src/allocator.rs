@@ -89,7 +89,7 @@ fn payload_set(payloads: &Payloads, names: Option<&Bound<'_, PyAny>>) -> PyResul
 #[pyclass(name = "Placement", module = "cpkv._cpkv", frozen)]
 pub(crate) struct PyPlacement {
     key: u64,
-    placement: Placement,
+    placement: Arc<Placement>,
     payloads: Arc<Payloads>,
 }
 
@@ -167,18 +167,12 @@ impl PyPlacement {
         let parts: Vec<String> = self
             .placement
             .parts()
-            .iter()
-            .map(|part| {
-                let extents: Vec<String> = part
-                    .extents
+            .map(|(payload, extents)| {
+                let extents: Vec<String> = extents
                     .iter()
                     .map(|e| format!("({}, {})", e.start, e.len))
                     .collect();
-                format!(
-                    "{}=[{}]",
-                    self.payloads.name(part.payload),
-                    extents.join(", ")
-                )
+                format!("{}=[{}]", self.payloads.name(payload), extents.join(", "))
             })
             .collect();
         format!(
@@ -210,10 +204,12 @@ impl PyPageAllocator {
     fn lock(&self) -> MutexGuard<'_, PageAllocator> {
         // Core calls validate before mutating and never panic on bad input,
         // so a poisoned lock means a bug; surfacing it beats hiding it.
-        self.inner.lock().expect("allocator lock poisoned by a panic")
+        self.inner
+            .lock()
+            .expect("allocator lock poisoned by a panic")
     }
 
-    fn placement_of(&self, key: u64, placement: Placement) -> PyPlacement {
+    fn placement_of(&self, key: u64, placement: Arc<Placement>) -> PyPlacement {
         PyPlacement {
             key,
             placement,
@@ -228,14 +224,12 @@ impl PyPageAllocator {
     /// capacity in pages, in the mapping's order.
     #[new]
     fn new(pools: &Bound<'_, PyAny>) -> PyResult<Self> {
-        let items = pools
-            .call_method0("items")
-            .map_err(|_| {
-                invalid(format!(
-                    "pools must be a mapping of payload name -> capacity, got {}",
-                    repr(pools)
-                ))
-            })?;
+        let items = pools.call_method0("items").map_err(|_| {
+            invalid(format!(
+                "pools must be a mapping of payload name -> capacity, got {}",
+                repr(pools)
+            ))
+        })?;
         let mut parsed = Vec::new();
         for item in items.try_iter()? {
             let (name, capacity): (Bound<'_, PyAny>, Bound<'_, PyAny>) = item?.extract()?;
@@ -302,7 +296,7 @@ impl PyPageAllocator {
             parsed.push((key, pages_arg(key, &num_pages)?));
         }
         let set = payload_set(&self.payloads, payloads)?;
-        let placements: Vec<Option<Placement>> = {
+        let placements: Vec<Option<Arc<Placement>>> = {
             let mut alloc = self.lock();
             let placed = alloc.reserve_many(&parsed, set).map_err(alloc_error)?;
             parsed
@@ -330,7 +324,12 @@ impl PyPageAllocator {
     fn release_many(&self, keys: &Bound<'_, PyAny>) -> PyResult<()> {
         let keys: Vec<u64> = keys
             .try_iter()
-            .map_err(|_| invalid(format!("keys must be an iterable of ints, got {}", repr(keys))))?
+            .map_err(|_| {
+                invalid(format!(
+                    "keys must be an iterable of ints, got {}",
+                    repr(keys)
+                ))
+            })?
             .map(|k| key_arg(&k?))
             .collect::<PyResult<_>>()?;
         self.lock().release_many(&keys).map_err(alloc_error)
@@ -471,7 +470,10 @@ impl PyPageAllocator {
         } else {
             return Err(cpkv_error(
                 "SnapshotError",
-                format!("snapshot data must be bytes, got {}", data.get_type().name()?),
+                format!(
+                    "snapshot data must be bytes, got {}",
+                    data.get_type().name()?
+                ),
             ));
         };
         py.detach(|| PageAllocator::restore(&bytes))
@@ -488,7 +490,13 @@ impl PyPageAllocator {
 
     fn __repr__(&self) -> String {
         let pools: Vec<String> = (0..self.payloads.len())
-            .map(|id| format!("{:?}: {}", self.payloads.name(id), self.payloads.capacity(id)))
+            .map(|id| {
+                format!(
+                    "{:?}: {}",
+                    self.payloads.name(id),
+                    self.payloads.capacity(id)
+                )
+            })
             .collect();
         format!(
             "PageAllocator({{{}}}, objects={})",
@@ -497,4 +505,3 @@ impl PyPageAllocator {
         )
     }
 }
-

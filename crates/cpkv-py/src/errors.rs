@@ -14,9 +14,8 @@ static ERRORS_MODULE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
 pub(crate) fn cpkv_error(class_name: &str, message: String) -> PyErr {
     Python::attach(|py| {
         let lookup = || -> PyResult<Bound<'_, PyType>> {
-            let module = ERRORS_MODULE.get_or_try_init(py, || {
-                py.import("cpkv.errors").map(Bound::unbind)
-            })?;
+            let module = ERRORS_MODULE
+                .get_or_try_init(py, || py.import("cpkv.errors").map(Bound::unbind))?;
             Ok(module.bind(py).getattr(class_name)?.cast_into::<PyType>()?)
         };
         match lookup() {
