@@ -93,25 +93,21 @@ impl PageAllocator {
         key: u64,
         num_pages: u64,
         payloads: PayloadSet,
-    ) -> Result<Option<&Arc<Placement>>> {
+    ) -> Result<Option<Arc<Placement>>> {
         self.check_payloads(payloads)?;
         self.check_new(key, num_pages)?;
-        Ok(if self.reserve_checked(key, num_pages, payloads) {
-            Some(&self.objects[&key].placement)
-        } else {
-            None
-        })
+        Ok(self.reserve_checked(key, num_pages, payloads))
     }
 
     /// Reserves each `(key, num_pages)` in order, all or nothing per item;
-    /// returns whether each item was placed. The whole batch is validated
+    /// returns each item's placement (`None`: a miss). The whole batch is validated
     /// first (page counts, keys not live and not repeated in the batch): if
     /// any item is invalid the call fails and nothing is reserved.
     pub fn reserve_many(
         &mut self,
         requests: &[(u64, u64)],
         payloads: PayloadSet,
-    ) -> Result<Vec<bool>> {
+    ) -> Result<Vec<Option<Arc<Placement>>>> {
         self.check_payloads(payloads)?;
         for &(key, num_pages) in requests {
             self.check_new(key, num_pages)?;
@@ -350,13 +346,18 @@ impl PageAllocator {
     }
 
     /// Reserves a validated request; false (a miss) if any payload lacks room.
-    fn reserve_checked(&mut self, key: u64, num_pages: u64, payloads: PayloadSet) -> bool {
+    fn reserve_checked(
+        &mut self,
+        key: u64,
+        num_pages: u64,
+        payloads: PayloadSet,
+    ) -> Option<Arc<Placement>> {
         if payloads
             .iter()
             .any(|id| self.free[id].free_pages() < num_pages)
         {
             self.counters.misses += 1;
-            return false;
+            return None;
         }
         let mut placement = Placement::new(num_pages);
         for payload in payloads.iter() {
@@ -367,15 +368,16 @@ impl PageAllocator {
             });
         }
         placement.elements(key).for_each(|e| self.digest.add(e));
+        let placement = Arc::new(placement);
         self.objects.insert(
             key,
             Object {
-                placement: Arc::new(placement),
+                placement: Arc::clone(&placement),
                 committed: false,
             },
         );
         self.counters.reserves += 1;
-        true
+        Some(placement)
     }
 
     fn forget(&mut self, key: u64, object: Object) {

@@ -262,7 +262,9 @@ fn apply(alloc: &mut PageAllocator, model: &mut Model, op: &Op) -> Result<(), Al
                     None => Ok(()),
                 });
             let set = select(alloc, *payloads);
-            let got = alloc.reserve_many(items, set);
+            let got = alloc
+                .reserve_many(items, set)
+                .map(|placed| placed.iter().map(Option::is_some).collect::<Vec<_>>());
             match expect {
                 Err(e) => {
                     assert_eq!(got, Err(e.clone()));

@@ -39,8 +39,8 @@ fn key_arg(key: &Bound<'_, PyAny>) -> PyResult<u64> {
 
 /// A page count for `key`: an int of at least 1.
 fn pages_arg(key: u64, num_pages: &Bound<'_, PyAny>) -> PyResult<u64> {
-    match num_pages.extract::<i128>() {
-        Ok(n) if n >= 1 && n <= u64::MAX as i128 => Ok(n as u64),
+    match num_pages.extract::<u64>() {
+        Ok(n) if n >= 1 => Ok(n),
         _ => Err(invalid(format!(
             "key {key}: num_pages must be an int of at least 1, got {}",
             repr(num_pages)
@@ -263,8 +263,7 @@ impl PyPageAllocator {
         let placed = self
             .lock()
             .reserve(key, num_pages, set)
-            .map_err(alloc_error)?
-            .cloned();
+            .map_err(alloc_error)?;
         Ok(placed.map(|p| self.placement_of(key, p)))
     }
 
@@ -296,17 +295,10 @@ impl PyPageAllocator {
             parsed.push((key, pages_arg(key, &num_pages)?));
         }
         let set = payload_set(&self.payloads, payloads)?;
-        let placements: Vec<Option<Arc<Placement>>> = {
-            let mut alloc = self.lock();
-            let placed = alloc.reserve_many(&parsed, set).map_err(alloc_error)?;
-            parsed
-                .iter()
-                .zip(placed)
-                .map(|(&(key, _), ok)| {
-                    ok.then(|| alloc.placement(key).expect("just reserved").clone())
-                })
-                .collect()
-        };
+        let placements = self
+            .lock()
+            .reserve_many(&parsed, set)
+            .map_err(alloc_error)?;
         Ok(parsed
             .iter()
             .zip(placements)
