@@ -121,9 +121,13 @@ def run(args: argparse.Namespace) -> int:
         p = stats["payloads"][name]
         workload.add(name, pools[name], reserves, stats["misses"], releases, p["used"], p["free_extents"])
 
+    agreement = Table("agreement (every placement, op for op)", ["run", "placements sha256"])
+    for run_name, digest in checksums.items():
+        agreement.add(run_name, digest[:16])
+
     emit(
         "bench allocator",
-        [speed, workload],
+        [speed, workload, agreement],
         args.json,
         seed=args.seed,
         steps=args.steps,
