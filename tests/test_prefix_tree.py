@@ -12,7 +12,7 @@ from cpkv import PrefixTree
 
 
 def test_surface_round_trip():
-    assert PrefixTree.POLICIES == ("lru", "lfu", "fifo", "slru", "horizon")
+    assert PrefixTree.POLICIES == ("lru", "lfu", "fifo", "slru", "ghost")
     tree = PrefixTree(2, policy="slru")
     r = tree.insert(np.array([1, 1, 2, 2, 3]), [10, 11])  # the partial last page is not cached
     assert (r.cached, tree.device_pages, len(tree)) == (0, 2, 2)
@@ -62,7 +62,7 @@ def test_namespaces_are_separate():
 
 
 def _tree_with_state() -> tuple[PrefixTree, int]:
-    tree = PrefixTree(2, "horizon")
+    tree = PrefixTree(2, "ghost")
     node = tree.insert([1, 1, 2, 2], [0, 1]).node
     tree.insert([1, 1, 3, 3], [2, 3])
     tree.lock(node)
@@ -131,7 +131,7 @@ def _replica(rank: int, extra_on_rank: int, out: mp.Queue) -> None:
     """Replays the shared event stream; rank `extra_on_rank` makes one extra access."""
     from cpkv import PrefixTree
 
-    tree = PrefixTree(4, "horizon")
+    tree = PrefixTree(4, "ghost")
     victims = []
     digests = []
     next_page = 0

@@ -10,6 +10,7 @@ mod digest;
 mod error;
 mod events;
 mod evictable;
+mod ghost;
 mod namespace;
 mod node;
 mod policy;

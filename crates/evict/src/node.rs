@@ -54,7 +54,7 @@ pub struct Node {
     pub(crate) locks: u64,
     /// `lock` calls on this very node not yet undone by `unlock`.
     pub(crate) pins: u64,
-    /// Priority for `Policy::Horizon`, fixed at the last access.
+    /// Priority for `Policy::Ghost`, fixed at the last access.
     pub(crate) priority: u64,
     // Bookkeeping (not replicated state of its own): the cached hash of
     // `tokens`, this node's current digest term and its index entry.

@@ -22,25 +22,29 @@ pub enum Policy {
     /// Segmented LRU as the seed defined it: (hits >= 2, last access), so
     /// one-shot prefixes go before reused ones.
     Slru,
-    /// Reuse buys time, measured in the cache's own horizon: a node accessed
-    /// at `now` gets priority `now + horizon * bonus(hits)`, where `horizon`
-    /// is how far back the cache currently reaches (`now` minus the latest
-    /// last-access stamp among device victims) and `bonus` is 0 for a
-    /// one-shot node, 1 once reused and +1/2 per further hit (capped). Unlike
-    /// `slru`, protection ages out, and it scales itself to the capacity and
-    /// traffic with no tuning in wall-clock units. The key changes only on
-    /// access, so the ordered index stays valid between accesses.
-    Horizon,
+    /// Reuse buys time, new content is on probation, and content that
+    /// returns soon after it was dropped keeps its count. A node accessed at
+    /// `now` gets priority `now + horizon * (hits - 1)` once reused and
+    /// `now - probation * horizon` while one-shot, where `horizon` is how far back the
+    /// cache currently reaches (`now` minus the latest last-access stamp
+    /// among device victims): one-shot content (most blocks of a chat trace)
+    /// goes before reused content of the same age, reuse protects in
+    /// proportion to how often it happened, and both scale with the cache and
+    /// the traffic with no wall-clock units. A node dropped from the tree is
+    /// remembered in a bounded ghost history with its hit count; a new leaf
+    /// whose content is found there starts with those hits plus one, so a
+    /// conversation whose turns are farther apart than the cache reaches is
+    /// recognised as reused on its return. `probation` is 1/2 to 1, deeper
+    /// the larger the share of recent reuse that came back from the history
+    /// rather than hitting the cache (reuse outrunning the cache: keep fewer
+    /// newcomers, longer). The key changes only on access
+    /// (or creation), so the ordered index stays valid between accesses.
+    Ghost,
 }
 
-/// `Policy::Horizon` bonus, in sixteenths of a horizon.
-const REUSED_BONUS: u64 = 16;
-const PER_HIT_BONUS: u64 = 8;
-const MAX_COUNTED_HITS: u64 = 64;
-
 impl Policy {
-    pub const ALL: [Policy; 5] = [Self::Lru, Self::Lfu, Self::Fifo, Self::Slru, Self::Horizon];
-    pub const NAMES: [&'static str; 5] = ["lru", "lfu", "fifo", "slru", "horizon"];
+    pub const ALL: [Policy; 5] = [Self::Lru, Self::Lfu, Self::Fifo, Self::Slru, Self::Ghost];
+    pub const NAMES: [&'static str; 5] = ["lru", "lfu", "fifo", "slru", "ghost"];
 
     pub fn name(self) -> &'static str {
         Self::NAMES[Self::ALL.iter().position(|p| *p == self).expect("listed")]
@@ -54,20 +58,25 @@ impl Policy {
             Self::Lfu => PolicyKey([node.hits, node.last_access]),
             Self::Fifo => PolicyKey([node.created, 0]),
             Self::Slru => PolicyKey([u64::from(node.hits >= 2), node.last_access]),
-            Self::Horizon => PolicyKey([node.priority, node.last_access]),
+            Self::Ghost => PolicyKey([node.priority, node.last_access]),
         }
     }
 
-    /// The priority `Policy::Horizon` gives a node accessed at `now` while
-    /// the cache reaches back to `floor`; stored on the node.
-    pub fn priority(self, node: &Node, now: Stamp, floor: Stamp) -> u64 {
-        let bonus = if node.hits >= 2 {
-            REUSED_BONUS + PER_HIT_BONUS * (node.hits - 2).min(MAX_COUNTED_HITS)
-        } else {
-            0
-        };
+    /// The priority `Policy::Ghost` gives a node accessed at `now` while
+    /// the cache reaches back to `floor` and one-shot content goes
+    /// `probation` sixteenths of the horizon behind; stored on the node.
+    pub fn priority(self, node: &Node, now: Stamp, floor: Stamp, probation: u64) -> u64 {
         let horizon = now.saturating_sub(floor);
-        now.saturating_add(horizon.saturating_mul(bonus) / 16)
+        if node.hits >= 2 {
+            now.saturating_add(horizon.saturating_mul(node.hits - 1))
+        } else {
+            now.saturating_sub(horizon.saturating_mul(probation) / 16)
+        }
+    }
+
+    /// Whether the policy keeps a history of content dropped from the tree.
+    pub fn remembers_dropped(self) -> bool {
+        self == Self::Ghost
     }
 }
 

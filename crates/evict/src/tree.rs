@@ -20,6 +20,7 @@ use crate::digest::{namespace_hash, node_hash, tokens_hash, Hasher64};
 use crate::error::EvictError;
 use crate::events::Event;
 use crate::evictable::EvictableIndex;
+use crate::ghost::{content_key, GhostHistory};
 use crate::namespace::Namespace;
 use crate::node::{HostKey, Node, NodeId, PageId, Tier, Token};
 use crate::policy::Policy;
@@ -85,8 +86,10 @@ pub struct PrefixTree {
     host_pages: usize,
     live_nodes: usize,
     /// The latest last-access stamp among device victims: how far back the
-    /// cache currently reaches, which scales `Policy::Horizon`'s protection.
+    /// cache currently reaches, which scales `Policy::Ghost`'s protection.
     floor: Stamp,
+    /// Content dropped from the tree, for policies that remember it.
+    ghost: GhostHistory,
     events: Vec<Event>,
 }
 
@@ -119,6 +122,7 @@ impl PrefixTree {
             host_pages: 0,
             live_nodes: 0,
             floor: 0,
+            ghost: GhostHistory::default(),
             events: Vec::new(),
         })
     }
@@ -146,6 +150,10 @@ impl PrefixTree {
     }
     pub fn host_pages(&self) -> usize {
         self.host_pages
+    }
+    /// Pages of dropped content the ghost history remembers (`Policy::Ghost`).
+    pub fn remembered_pages(&self) -> usize {
+        self.ghost.pages()
     }
     pub fn evictable(&self, tier: Tier) -> usize {
         self.index.len(tier)
@@ -192,6 +200,7 @@ impl PrefixTree {
             )
             .word(self.nodes.len() as u64)
             .word(self.floor)
+            .word(self.ghost.digest())
             .finish()
     }
 
@@ -218,12 +227,16 @@ impl PrefixTree {
             host_node: root,
         };
         let mut on_device = true;
+        let remembers = self.policy.remembers_dropped();
         for step in &steps {
-            let (policy, floor) = (self.policy, self.floor);
+            let (policy, floor, probation) = (self.policy, self.floor, self.ghost.probation());
             self.update(step.id, |n| {
                 n.hits += 1;
-                access(n, policy, now, floor);
+                access(n, policy, now, floor, probation);
             });
+            if remembers && on_device && self.node_ref(step.id).on_device() {
+                self.ghost.note_hit(step.matched);
+            }
             let node = self.node_ref(step.id);
             match (&node.device, on_device) {
                 (Some(pages), true) => {
@@ -283,8 +296,8 @@ impl PrefixTree {
             let span = offset..offset + step.matched;
             if self.node_ref(step.id).on_device() {
                 cached += step.matched;
-                let (policy, floor) = (self.policy, self.floor);
-                self.update(step.id, |n| access(n, policy, now, floor));
+                let (policy, floor, probation) = (self.policy, self.floor, self.ghost.probation());
+                self.update(step.id, |n| access(n, policy, now, floor, probation));
             } else {
                 self.attach(step.id, pages[span.clone()].to_vec(), now);
             }
@@ -555,6 +568,12 @@ impl PrefixTree {
         let p = self.node_ref(parent);
         let depth = p.depth + p.pages(self.page_size);
         let key: Box<[Token]> = tokens[..self.page_size].into();
+        // Content back from the ghost history resumes its hit count.
+        let returned = if self.policy.remembers_dropped() {
+            self.ghost.take_back(content_key(parent, &key)).unwrap_or(0)
+        } else {
+            0
+        };
         let id = self.alloc(Node {
             id: NodeId(0),
             parent: Some(parent),
@@ -566,7 +585,7 @@ impl PrefixTree {
             depth,
             created: now,
             last_access: now,
-            hits: 1,
+            hits: 1 + returned,
             locks: 0,
             pins: 0,
             priority: 0,
@@ -574,8 +593,8 @@ impl PrefixTree {
             digest_term: 0,
             indexed: None,
         });
-        let (policy, floor) = (self.policy, self.floor);
-        self.update(id, |n| access(n, policy, now, floor));
+        let (policy, floor, probation) = (self.policy, self.floor, self.ghost.probation());
+        self.update(id, |n| access(n, policy, now, floor, probation));
         self.live_pages.extend(pages.iter().copied());
         self.update(parent, |p| {
             p.children.insert(key, id);
@@ -648,10 +667,10 @@ impl PrefixTree {
             start,
             pages: pages.clone(),
         });
-        let (policy, floor) = (self.policy, self.floor);
+        let (policy, floor, probation) = (self.policy, self.floor, self.ghost.probation());
         self.update(id, |n| {
             n.device = Some(pages);
-            access(n, policy, now, floor);
+            access(n, policy, now, floor, probation);
         });
         self.update(parent, |p| p.device_children += 1);
     }
@@ -709,7 +728,8 @@ impl PrefixTree {
         }
     }
 
-    /// Takes a childless, device-less node out of the tree.
+    /// Takes a childless, device-less node out of the tree (into the ghost
+    /// history, for policies that keep one).
     fn remove(&mut self, id: NodeId) {
         self.detach(id);
         let node = self.nodes[id.0 as usize].take().expect("live");
@@ -717,6 +737,12 @@ impl PrefixTree {
         let parent = node.parent.expect("roots are never removed");
         let on_device = node.device.is_some();
         let key = &node.tokens[..self.page_size];
+        if self.policy.remembers_dropped() {
+            let pages = node.pages(self.page_size);
+            let cached = self.live_pages.len() + self.host_pages + pages;
+            self.ghost
+                .record(content_key(parent, key), node.hits, pages, cached);
+        }
         self.update(parent, |p| {
             p.children.remove(key);
             if on_device {
@@ -849,6 +875,9 @@ impl PrefixTree {
                 return Err(format!("{tier:?} index differs from recomputation"));
             }
         }
+        if self.ghost.digest() != self.ghost.digest_from_scratch() {
+            return Err("ghost history digest differs from recomputation".into());
+        }
         if self.digest() != self.digest_from_scratch() {
             return Err("incremental digest differs from recomputation".into());
         }
@@ -860,9 +889,9 @@ impl PrefixTree {
 }
 
 /// Stamps an access: the last-access time and the policy's priority.
-fn access(node: &mut Node, policy: Policy, now: Stamp, floor: Stamp) {
+fn access(node: &mut Node, policy: Policy, now: Stamp, floor: Stamp, probation: u64) {
     node.last_access = now;
-    node.priority = policy.priority(node, now, floor);
+    node.priority = policy.priority(node, now, floor, probation);
 }
 
 /// The tier a node is evictable from, if any.

@@ -55,6 +55,73 @@ fn slru_resists_a_scan_and_lru_does_not() {
 }
 
 #[test]
+fn ghost_resists_a_scan_too() {
+    assert!(hot_survives(Policy::Ghost));
+}
+
+#[test]
+fn ghost_puts_one_shot_content_behind_reused_content_of_the_same_age() {
+    let order = |policy| {
+        let mut t = PrefixTree::new(1, policy).unwrap();
+        let reused = t.insert(&[1, 2], &[10, 11], &NS).unwrap().node;
+        let one_shot = t.insert(&[3, 4], &[12, 13], &NS).unwrap().node;
+        t.match_prefix(&[1, 2], &NS);
+        let newer = t.insert(&[5, 6], &[14, 15], &NS).unwrap().node;
+        t.check_invariants().unwrap();
+        (t.eviction_order(Tier::Device), [reused, one_shot, newer])
+    };
+    let (ghost, [reused, one_shot, newer]) = order(Policy::Ghost);
+    // Nothing evicted yet: the horizon is the whole clock (4). One-shot
+    // nodes sit half a horizon behind their access (2 - 2, 4 - 2); the
+    // reused node one horizon ahead (3 + 3).
+    assert_eq!(ghost, [one_shot, newer, reused]);
+    let (lru, _) = order(Policy::Lru);
+    assert_eq!(lru, [one_shot, reused, newer]);
+}
+
+#[test]
+fn ghost_remembers_dropped_content_and_restores_its_count() {
+    let mut t = PrefixTree::new(1, Policy::Ghost).unwrap();
+    t.insert(&[1, 2], &[10, 11], &NS).unwrap();
+    t.match_prefix(&[1, 2], &NS);
+    t.match_prefix(&[1, 2], &NS);
+    assert_eq!(t.evict(2).len(), 1);
+    assert_eq!((t.len(), t.remembered_pages()), (1, 2));
+    let back = t.insert(&[1, 2], &[20, 21], &NS).unwrap().node;
+    assert_eq!(
+        t.node(back).unwrap().hits(),
+        4,
+        "3 remembered + this insert"
+    );
+    assert_eq!(t.remembered_pages(), 0, "taken back");
+    let fresh = t.insert(&[7, 8], &[22, 23], &NS).unwrap().node;
+    assert_eq!(t.node(fresh).unwrap().hits(), 1);
+    assert_eq!(t.eviction_order(Tier::Device), [fresh, back]);
+    t.check_invariants().unwrap();
+
+    let mut lru = PrefixTree::new(1, Policy::Lru).unwrap();
+    lru.insert(&[1, 2], &[10, 11], &NS).unwrap();
+    lru.evict(2);
+    assert_eq!(lru.remembered_pages(), 0, "only ghost keeps a history");
+    assert_eq!(lru.insert(&[1, 2], &[20, 21], &NS).unwrap().cached, 0);
+}
+
+#[test]
+fn the_ghost_history_is_in_the_digest() {
+    let digest = |policy, tokens: [u64; 2]| {
+        let mut t = PrefixTree::new(1, policy).unwrap();
+        t.insert(&tokens, &[10, 11], &NS).unwrap();
+        t.evict(2);
+        t.check_invariants().unwrap();
+        t.digest()
+    };
+    // Both trees end empty with the same clock and ids; only what the ghost
+    // history remembers differs.
+    assert_eq!(digest(Policy::Lru, [1, 2]), digest(Policy::Lru, [3, 4]));
+    assert_ne!(digest(Policy::Ghost, [1, 2]), digest(Policy::Ghost, [3, 4]));
+}
+
+#[test]
 fn lru_evicts_least_recent_leaf_first_and_parents_after_children() {
     let mut t = PrefixTree::new(1, Policy::Lru).unwrap();
     let a = t.insert(&[1, 2], &[10, 11], &NS).unwrap().node;
@@ -150,7 +217,7 @@ fn host_tier_round_trip() {
 #[test]
 fn replicas_agree_and_one_extra_access_is_visible() {
     let run = |extra: bool| {
-        let mut t = PrefixTree::new(1, Policy::Horizon).unwrap();
+        let mut t = PrefixTree::new(1, Policy::Ghost).unwrap();
         let mut next = 0;
         let mut victims = Vec::new();
         for i in 0..300u64 {

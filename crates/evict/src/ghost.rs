@@ -1,0 +1,230 @@
+//! A bounded history of content that recently left the tree, for
+//! `Policy::Ghost` (after ARC's and LIRS's ghost lists).
+//!
+//! Content that comes back soon after it was dropped was dropped too early:
+//! its reuse distance is longer than the cache reaches. Remembering the hit
+//! count it had lets the re-inserted node resume where it left off instead
+//! of restarting as one-shot traffic. Entries are keyed by content (the
+//! parent's id and the first page's tokens: ids are never reused and a split
+//! keeps a node's id on its suffix, so the parent of a dropped node keeps
+//! naming the same prefix) and forgotten first-in first-out once the history
+//! holds more pages than `GHOST_PAGES_PER_CACHED_PAGE` times the most pages
+//! the tree has held (the tree knows no capacity; its high-water mark is
+//! the cache size an engine gives it).
+//!
+//! The history also tells how much reuse the cache is missing: of the reused
+//! pages lately (hits on device, and content coming back from the history),
+//! the share that came back. The more reuse outruns the cache, the deeper the
+//! policy puts one-shot content on probation. Everything here is replicated
+//! state, in the digest, and iterated only in sequence order.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use crate::digest::Hasher64;
+use crate::node::{NodeId, Token};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Entry {
+    seq: u64,
+    hits: u64,
+    pages: usize,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct GhostHistory {
+    entries: BTreeMap<u64, Entry>,
+    /// (seq, key) in recording order; an entry taken back or re-recorded
+    /// leaves a stale item here, skipped when it reaches the front.
+    order: VecDeque<(u64, u64)>,
+    next_seq: u64,
+    pages: usize,
+    /// The most pages (device and host) the tree held when it dropped a node.
+    peak_cached_pages: usize,
+    /// Wrapping sum of the live entries' hashes.
+    digest_sum: u64,
+    /// Reused pages lately: hit on device, and back from the history (both
+    /// halved whenever their sum passes `REUSE_WINDOW_PAGES`).
+    hit_pages: u64,
+    returned_pages: u64,
+}
+
+/// The history's bound, per page of the tree's high-water mark.
+const GHOST_PAGES_PER_CACHED_PAGE: usize = 4;
+/// How many recent reused pages the hit/return mix reflects.
+const REUSE_WINDOW_PAGES: u64 = 1 << 14;
+/// Probation depth, in sixteenths of the horizon: at least half, all of it
+/// once a quarter of the reuse comes back from the history.
+const MIN_PROBATION: u64 = 8;
+const MAX_PROBATION: u64 = 16;
+const RETURNED_SHARE_FOR_MAX: u64 = 4;
+
+/// The content key of a node: its parent and its first page.
+pub fn content_key(parent: NodeId, first_page: &[Token]) -> u64 {
+    Hasher64::default()
+        .word(parent.0)
+        .words(first_page)
+        .finish()
+}
+
+fn entry_hash(key: u64, entry: &Entry) -> u64 {
+    Hasher64::default()
+        .word(key)
+        .word(entry.seq)
+        .word(entry.hits)
+        .word(entry.pages as u64)
+        .finish()
+}
+
+impl GhostHistory {
+    /// Remembers that content `key` of `pages` pages left with `hits` hits
+    /// from a tree that held `cached_pages` pages (it included), then forgets
+    /// the oldest entries until the history is within its bound (in pages
+    /// and in queue items).
+    pub fn record(&mut self, key: u64, hits: u64, pages: usize, cached_pages: usize) {
+        self.peak_cached_pages = self.peak_cached_pages.max(cached_pages);
+        let bound = GHOST_PAGES_PER_CACHED_PAGE * self.peak_cached_pages;
+        self.forget(key);
+        let entry = Entry {
+            seq: self.next_seq,
+            hits,
+            pages,
+        };
+        self.next_seq += 1;
+        self.digest_sum = self.digest_sum.wrapping_add(entry_hash(key, &entry));
+        self.entries.insert(key, entry);
+        self.order.push_back((entry.seq, key));
+        self.pages += pages;
+        while self.pages > bound || self.order.len() > bound.max(1) {
+            let Some((seq, key)) = self.order.pop_front() else {
+                break;
+            };
+            if self.entries.get(&key).is_some_and(|e| e.seq == seq) {
+                self.forget(key);
+            }
+        }
+    }
+
+    /// Content `key` came back: forgets it and returns the hits it had, if
+    /// it was remembered, counting its pages as reuse the cache missed.
+    pub fn take_back(&mut self, key: u64) -> Option<u64> {
+        let (hits, pages) = self.forget(key)?;
+        self.returned_pages += pages as u64;
+        self.rescale();
+        Some(hits)
+    }
+
+    /// Counts `pages` reused pages the cache did hold.
+    pub fn note_hit(&mut self, pages: usize) {
+        self.hit_pages += pages as u64;
+        self.rescale();
+    }
+
+    /// How deep one-shot content goes on probation, in sixteenths of the
+    /// horizon.
+    pub fn probation(&self) -> u64 {
+        let reused = (self.hit_pages + self.returned_pages).max(1);
+        (RETURNED_SHARE_FOR_MAX * MAX_PROBATION * self.returned_pages / reused)
+            .clamp(MIN_PROBATION, MAX_PROBATION)
+    }
+
+    fn rescale(&mut self) {
+        while self.hit_pages + self.returned_pages > REUSE_WINDOW_PAGES {
+            self.hit_pages /= 2;
+            self.returned_pages /= 2;
+        }
+    }
+
+    fn forget(&mut self, key: u64) -> Option<(u64, usize)> {
+        let entry = self.entries.remove(&key)?;
+        self.pages -= entry.pages;
+        self.digest_sum = self.digest_sum.wrapping_sub(entry_hash(key, &entry));
+        Some((entry.hits, entry.pages))
+    }
+
+    pub fn pages(&self) -> usize {
+        self.pages
+    }
+
+    /// O(1): the live entries, the recording counter, the queue length and
+    /// the reuse mix.
+    pub fn digest(&self) -> u64 {
+        self.seal(self.digest_sum)
+    }
+
+    fn seal(&self, sum: u64) -> u64 {
+        Hasher64::default()
+            .word(sum)
+            .word(self.next_seq)
+            .word(self.order.len() as u64)
+            .word(self.pages as u64)
+            .word(self.peak_cached_pages as u64)
+            .word(self.hit_pages)
+            .word(self.returned_pages)
+            .finish()
+    }
+
+    /// The digest recomputed from the entries (for checks).
+    pub fn digest_from_scratch(&self) -> u64 {
+        let sum = self
+            .entries
+            .iter()
+            .map(|(k, e)| entry_hash(*k, e))
+            .fold(0u64, u64::wrapping_add);
+        self.seal(sum)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remembers_takes_back_and_forgets_oldest_first() {
+        let mut g = GhostHistory::default();
+        g.record(1, 3, 4, 2); // bound: 4 * 2 pages held
+        g.record(2, 1, 4, 2);
+        assert_eq!(g.pages(), 8);
+        g.record(3, 2, 4, 2); // 12 > 8: the oldest (1) goes
+        assert_eq!(g.take_back(1), None);
+        assert_eq!(g.take_back(2), Some(1));
+        assert_eq!(g.take_back(2), None);
+        assert_eq!(g.pages(), 4);
+        assert_eq!(g.digest(), g.digest_from_scratch());
+    }
+
+    #[test]
+    fn re_recording_replaces_and_the_digest_tracks_every_change() {
+        let mut g = GhostHistory::default();
+        g.record(7, 1, 2, 25);
+        let once = g.digest();
+        g.record(7, 5, 2, 25);
+        assert_eq!(g.pages(), 2);
+        assert_ne!(g.digest(), once);
+        assert_eq!(g.digest(), g.digest_from_scratch());
+        assert_eq!(g.take_back(7), Some(5));
+    }
+
+    #[test]
+    fn probation_deepens_as_reuse_comes_back_from_the_history() {
+        let mut g = GhostHistory::default();
+        assert_eq!(g.probation(), MIN_PROBATION);
+        g.note_hit(900);
+        g.record(1, 2, 100, 250);
+        let before = g.digest();
+        assert_eq!(g.take_back(1), Some(2)); // 100 of 1000 reused pages came back
+        assert_ne!(g.digest(), before);
+        assert_eq!(g.probation(), MIN_PROBATION); // 4 * 16 / 10 = 6, clamped up
+        g.record(2, 2, 300, 250);
+        g.take_back(2); // 400 of 1300
+        assert_eq!(g.probation(), MAX_PROBATION);
+        // A flood of hits slides the window: old counts halve, and the
+        // probation goes back to its minimum.
+        g.note_hit(REUSE_WINDOW_PAGES as usize);
+        assert_eq!(
+            (g.hit_pages, g.returned_pages),
+            ((900 + REUSE_WINDOW_PAGES) / 2, 200)
+        );
+        assert_eq!(g.probation(), MIN_PROBATION);
+        assert_eq!(g.digest(), g.digest_from_scratch());
+    }
+}
