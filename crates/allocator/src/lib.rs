@@ -5,15 +5,25 @@
 //! talking to the others; `digest()` (O(1), incremental) and
 //! `canonical_digest()` (SHA-256, for audits) make that agreement checkable.
 
+/// `PageAllocator`: reserve, release, commit, split, queries, audit.
 mod allocator;
+/// The incremental order-independent state digest.
 mod digest;
+/// `AllocError`, the one error type.
 mod error;
+/// `Extent`: a run of contiguous pages.
 mod extent;
+/// B+tree of free extents with subtree maxima: O(log F) first fit.
 mod extent_tree;
+/// One payload's free extents: coalescing, page counts, digest share.
 mod free_list;
+/// Payload names, capacities and payload sets.
 mod payload;
+/// `Placement`: an object's extents per payload.
 mod placement;
+/// Versioned snapshots and the canonical serialisation.
 mod snapshot;
+/// Counters and per-payload occupancy.
 mod stats;
 
 pub use allocator::PageAllocator;

@@ -396,7 +396,7 @@ fn run_against_model(
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 1024, ..ProptestConfig::default() })]
 
     #[test]
     fn allocator_matches_model(ops in prop::collection::vec(op(12, 20), 1..120)) {
@@ -423,7 +423,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
     #[test]
     fn allocator_matches_model_with_deep_free_lists(ops in prop::collection::vec(op(700, 6), 200..1200)) {
