@@ -272,13 +272,34 @@ def test_threads_hammering_one_allocator():
         except BaseException as err:  # surfaced in the main thread
             errors.append(err)
 
+    done = threading.Event()
+    audits = [0]
+
+    def audit() -> None:
+        # snapshot/canonical_digest/verify release the GIL while they hold the
+        # allocator's lock: every snapshot taken mid-flight must be consistent.
+        try:
+            while not done.is_set():
+                restored = cpkv.PageAllocator.restore(a.snapshot())
+                restored.verify()
+                a.canonical_digest()
+                audits[0] += 1
+        except BaseException as err:
+            errors.append(err)
+
     threads = [threading.Thread(target=work, args=(t,)) for t in range(n_threads)]
+    auditor = threading.Thread(target=audit)
+    auditor.start()
     for th in threads:
         th.start()
     for th in threads:
         th.join(timeout=120)
         assert not th.is_alive()
+    done.set()
+    auditor.join(timeout=120)
+    assert not auditor.is_alive()
     assert not errors, errors
+    assert audits[0] > 0
     a.verify()
     assert len(a) == 0
     assert (a.digest(), a.canonical_digest()) == start
