@@ -6,8 +6,8 @@
 //! A B+tree: leaves hold up to `CAP` extents sorted by start; internal nodes
 //! hold, per child, the smallest start and the largest length beneath it.
 //! Nodes split above `CAP` and merge or rebalance with a sibling below `MIN`,
-//! so the depth is O(log F) for F extents with a small base (2 levels for a
-//! few hundred extents, 4 for a million) and every node is a short
+//! so the depth is O(log F) for F extents with a large base (3 levels for
+//! ten thousand extents, 5 for a million) and every node is a short
 //! contiguous scan. The shape depends only on the operation sequence, never
 //! on anything random, and no decision reads the shape anyway.
 
