@@ -65,7 +65,10 @@ class PageAllocator:
         """reserves, misses, releases, splits, commits, objects, and ``payloads``:
         {name: {capacity, used, free, free_extents, largest_free_extent}}."""
     def digest(self) -> int:
-        """Order-independent 64-bit digest of the whole state, maintained incrementally (O(1))."""
+        """Order-independent 64-bit digest of the whole state, maintained incrementally (O(1)).
+
+        An int in [0, 2**64); to compare ranks with an int64 MIN/MAX all-reduce,
+        map it with ``d - (1 << 64) if d >= 1 << 63 else d``."""
     def canonical_digest(self) -> bytes:
         """SHA-256 (32 bytes) of the canonical sorted serialisation, for audits."""
     def snapshot(self) -> bytes:
