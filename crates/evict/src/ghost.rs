@@ -23,6 +23,17 @@ use std::collections::{BTreeMap, VecDeque};
 use crate::digest::Hasher64;
 use crate::node::{NodeId, Token};
 
+/// `Policy::Ghost`'s weights, in sixteenths of the horizon: how far behind
+/// its access one-shot content goes, and how far ahead each reuse puts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Weights {
+    pub probation: u64,
+    pub reuse_bonus: u64,
+}
+
+/// One horizon, in the sixteenths `Weights` count in.
+pub const SIXTEENTHS: u64 = 16;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Entry {
     seq: u64,
@@ -52,11 +63,8 @@ pub struct GhostHistory {
 const GHOST_PAGES_PER_CACHED_PAGE: usize = 4;
 /// How many recent reused pages the hit/return mix reflects.
 const REUSE_WINDOW_PAGES: u64 = 1 << 14;
-/// Probation depth, in sixteenths of the horizon: at least half, all of it
-/// once a quarter of the reuse comes back from the history.
-const MIN_PROBATION: u64 = 8;
-const MAX_PROBATION: u64 = 16;
-const RETURNED_SHARE_FOR_MAX: u64 = 4;
+/// One-shot content goes at least half a horizon behind its access.
+const MIN_PROBATION: u64 = SIXTEENTHS / 2;
 
 /// The content key of a node: its parent and its first page.
 pub fn content_key(parent: NodeId, first_page: &[Token]) -> u64 {
@@ -113,18 +121,35 @@ impl GhostHistory {
         Some(hits)
     }
 
-    /// Counts `pages` reused pages the cache did hold.
+    /// Counts `pages` reused pages the cache did hold. Until the tree first
+    /// drops something it holds everything, so hits say nothing yet.
     pub fn note_hit(&mut self, pages: usize) {
+        if self.next_seq == 0 {
+            return;
+        }
         self.hit_pages += pages as u64;
         self.rescale();
     }
 
-    /// How deep one-shot content goes on probation, in sixteenths of the
-    /// horizon.
-    pub fn probation(&self) -> u64 {
-        let reused = (self.hit_pages + self.returned_pages).max(1);
-        (RETURNED_SHARE_FOR_MAX * MAX_PROBATION * self.returned_pages / reused)
-            .clamp(MIN_PROBATION, MAX_PROBATION)
+    /// How `Policy::Ghost` weighs one-shot and reused content now, from
+    /// the share `s` of recent reuse that came back from the history: one-shot
+    /// content goes `clamp(2s, 1/2, 1)` horizons behind its access, each
+    /// reuse puts content `s` horizons ahead. Reuse the cache keeps up with
+    /// (large caches) tends to plain recency; reuse that outruns it keeps
+    /// fewer newcomers, longer. With nothing measured yet: 1/2 and 1.
+    pub fn weights(&self) -> Weights {
+        let reused = self.hit_pages + self.returned_pages;
+        if reused == 0 {
+            return Weights {
+                probation: MIN_PROBATION,
+                reuse_bonus: SIXTEENTHS,
+            };
+        }
+        let share = SIXTEENTHS * self.returned_pages / reused;
+        Weights {
+            probation: (2 * share).clamp(MIN_PROBATION, SIXTEENTHS),
+            reuse_bonus: share,
+        }
     }
 
     fn rescale(&mut self) {
@@ -205,26 +230,43 @@ mod tests {
     }
 
     #[test]
-    fn probation_deepens_as_reuse_comes_back_from_the_history() {
+    fn weights_follow_the_share_of_reuse_that_came_back() {
         let mut g = GhostHistory::default();
-        assert_eq!(g.probation(), MIN_PROBATION);
-        g.note_hit(900);
+        let cold = Weights {
+            probation: MIN_PROBATION,
+            reuse_bonus: SIXTEENTHS,
+        };
+        g.note_hit(50); // nothing dropped yet: hits say nothing
+        assert_eq!(g.weights(), cold);
         g.record(1, 2, 100, 250);
+        g.note_hit(900);
         let before = g.digest();
         assert_eq!(g.take_back(1), Some(2)); // 100 of 1000 reused pages came back
         assert_ne!(g.digest(), before);
-        assert_eq!(g.probation(), MIN_PROBATION); // 4 * 16 / 10 = 6, clamped up
-        g.record(2, 2, 300, 250);
-        g.take_back(2); // 400 of 1300
-        assert_eq!(g.probation(), MAX_PROBATION);
-        // A flood of hits slides the window: old counts halve, and the
-        // probation goes back to its minimum.
+        assert_eq!(
+            g.weights(),
+            Weights {
+                probation: MIN_PROBATION, // 2 * 1, clamped up to 8
+                reuse_bonus: 1,
+            }
+        );
+        g.record(2, 2, 900, 250);
+        g.take_back(2); // 1000 of 1900
+        assert_eq!(
+            g.weights(),
+            Weights {
+                probation: SIXTEENTHS,
+                reuse_bonus: 8,
+            }
+        );
+        // A flood of hits slides the window: old counts halve and the
+        // weights go back towards recency.
         g.note_hit(REUSE_WINDOW_PAGES as usize);
         assert_eq!(
             (g.hit_pages, g.returned_pages),
-            ((900 + REUSE_WINDOW_PAGES) / 2, 200)
+            ((900 + REUSE_WINDOW_PAGES) / 2, 500)
         );
-        assert_eq!(g.probation(), MIN_PROBATION);
+        assert_eq!(g.weights().reuse_bonus, 16 * 500 / (500 + g.hit_pages));
         assert_eq!(g.digest(), g.digest_from_scratch());
     }
 }

@@ -5,6 +5,7 @@ use std::str::FromStr;
 
 use crate::clock::Stamp;
 use crate::error::EvictError;
+use crate::ghost::{Weights, SIXTEENTHS};
 use crate::node::Node;
 
 /// The policy part of an eviction key; the index appends the node id.
@@ -24,21 +25,20 @@ pub enum Policy {
     Slru,
     /// Reuse buys time, new content is on probation, and content that
     /// returns soon after it was dropped keeps its count. A node accessed at
-    /// `now` gets priority `now + horizon * (hits - 1)` once reused and
-    /// `now - probation * horizon` while one-shot, where `horizon` is how far back the
-    /// cache currently reaches (`now` minus the latest last-access stamp
-    /// among device victims): one-shot content (most blocks of a chat trace)
-    /// goes before reused content of the same age, reuse protects in
-    /// proportion to how often it happened, and both scale with the cache and
-    /// the traffic with no wall-clock units. A node dropped from the tree is
+    /// `now` gets priority `now + bonus * horizon * (hits - 1)` once reused
+    /// and `now - probation * horizon` while one-shot. `horizon` is how far
+    /// back the cache currently reaches (`now` minus the latest position
+    /// among device victims), so everything scales with the cache and the
+    /// traffic, in no wall-clock unit. A node dropped from the tree is
     /// remembered in a bounded ghost history with its hit count; a new leaf
     /// whose content is found there starts with those hits plus one, so a
     /// conversation whose turns are farther apart than the cache reaches is
-    /// recognised as reused on its return. `probation` is 1/2 to 1, deeper
-    /// the larger the share of recent reuse that came back from the history
-    /// rather than hitting the cache (reuse outrunning the cache: keep fewer
-    /// newcomers, longer). The key changes only on access
-    /// (or creation), so the ordered index stays valid between accesses.
+    /// recognised as reused on its return. `bonus` and `probation` adapt to
+    /// the share `s` of recent reuse that came back from the history rather
+    /// than hitting the cache: `bonus = s`, `probation = clamp(2s, 1/2, 1)`.
+    /// Reuse the cache keeps up with tends to plain recency; reuse that
+    /// outruns it keeps fewer newcomers, longer. The key changes only on
+    /// access (or creation), so the ordered index stays valid in between.
     Ghost,
 }
 
@@ -63,14 +63,16 @@ impl Policy {
     }
 
     /// The priority `Policy::Ghost` gives a node accessed at `now` while
-    /// the cache reaches back to `floor` and one-shot content goes
-    /// `probation` sixteenths of the horizon behind; stored on the node.
-    pub fn priority(self, node: &Node, now: Stamp, floor: Stamp, probation: u64) -> u64 {
+    /// the cache reaches back to `floor`; stored on the node.
+    pub(crate) fn priority(self, node: &Node, now: Stamp, floor: Stamp, weights: Weights) -> u64 {
         let horizon = now.saturating_sub(floor);
         if node.hits >= 2 {
-            now.saturating_add(horizon.saturating_mul(node.hits - 1))
+            let bonus = horizon
+                .saturating_mul(node.hits - 1)
+                .saturating_mul(weights.reuse_bonus);
+            now.saturating_add(bonus / SIXTEENTHS)
         } else {
-            now.saturating_sub(horizon.saturating_mul(probation) / 16)
+            now.saturating_sub(horizon.saturating_mul(weights.probation) / SIXTEENTHS)
         }
     }
 

@@ -20,7 +20,7 @@ use crate::digest::{namespace_hash, node_hash, tokens_hash, Hasher64};
 use crate::error::EvictError;
 use crate::events::Event;
 use crate::evictable::EvictableIndex;
-use crate::ghost::{content_key, GhostHistory};
+use crate::ghost::{content_key, GhostHistory, Weights};
 use crate::namespace::Namespace;
 use crate::node::{HostKey, Node, NodeId, PageId, Tier, Token};
 use crate::policy::Policy;
@@ -85,8 +85,10 @@ pub struct PrefixTree {
     host_refs: BTreeMap<HostKey, usize>,
     host_pages: usize,
     live_nodes: usize,
-    /// The latest last-access stamp among device victims: how far back the
-    /// cache currently reaches, which scales `Policy::Ghost`'s protection.
+    /// How far back the cache currently reaches, which scales
+    /// `Policy::Ghost`'s weights: the latest position among device victims,
+    /// a victim's position being its priority or, if later, its last access
+    /// (one-shot content sits behind its access, on probation).
     floor: Stamp,
     /// Content dropped from the tree, for policies that remember it.
     ghost: GhostHistory,
@@ -229,10 +231,10 @@ impl PrefixTree {
         let mut on_device = true;
         let remembers = self.policy.remembers_dropped();
         for step in &steps {
-            let (policy, floor, probation) = (self.policy, self.floor, self.ghost.probation());
+            let (policy, floor, weights) = (self.policy, self.floor, self.ghost.weights());
             self.update(step.id, |n| {
                 n.hits += 1;
-                access(n, policy, now, floor, probation);
+                access(n, policy, now, floor, weights);
             });
             if remembers && on_device && self.node_ref(step.id).on_device() {
                 self.ghost.note_hit(step.matched);
@@ -296,8 +298,8 @@ impl PrefixTree {
             let span = offset..offset + step.matched;
             if self.node_ref(step.id).on_device() {
                 cached += step.matched;
-                let (policy, floor, probation) = (self.policy, self.floor, self.ghost.probation());
-                self.update(step.id, |n| access(n, policy, now, floor, probation));
+                let (policy, floor, weights) = (self.policy, self.floor, self.ghost.weights());
+                self.update(step.id, |n| access(n, policy, now, floor, weights));
             } else {
                 self.attach(step.id, pages[span.clone()].to_vec(), now);
             }
@@ -593,8 +595,8 @@ impl PrefixTree {
             digest_term: 0,
             indexed: None,
         });
-        let (policy, floor, probation) = (self.policy, self.floor, self.ghost.probation());
-        self.update(id, |n| access(n, policy, now, floor, probation));
+        let (policy, floor, weights) = (self.policy, self.floor, self.ghost.weights());
+        self.update(id, |n| access(n, policy, now, floor, weights));
         self.live_pages.extend(pages.iter().copied());
         self.update(parent, |p| {
             p.children.insert(key, id);
@@ -667,10 +669,10 @@ impl PrefixTree {
             start,
             pages: pages.clone(),
         });
-        let (policy, floor, probation) = (self.policy, self.floor, self.ghost.probation());
+        let (policy, floor, weights) = (self.policy, self.floor, self.ghost.weights());
         self.update(id, |n| {
             n.device = Some(pages);
-            access(n, policy, now, floor, probation);
+            access(n, policy, now, floor, weights);
         });
         self.update(parent, |p| p.device_children += 1);
     }
@@ -680,7 +682,7 @@ impl PrefixTree {
         let (parent, start, has_host) =
             (node.parent.expect("non-root"), node.depth, node.on_host());
         let pages = node.device.clone().expect("indexed on device");
-        self.floor = self.floor.max(node.last_access);
+        self.floor = self.floor.max(node.last_access.min(node.priority));
         for page in &pages {
             self.live_pages.remove(page);
         }
@@ -889,9 +891,9 @@ impl PrefixTree {
 }
 
 /// Stamps an access: the last-access time and the policy's priority.
-fn access(node: &mut Node, policy: Policy, now: Stamp, floor: Stamp, probation: u64) {
+fn access(node: &mut Node, policy: Policy, now: Stamp, floor: Stamp, weights: Weights) {
     node.last_access = now;
-    node.priority = policy.priority(node, now, floor, probation);
+    node.priority = policy.priority(node, now, floor, weights);
 }
 
 /// The tier a node is evictable from, if any.
