@@ -182,3 +182,17 @@ def test_eight_processes_agree_and_one_extra_access_is_detected():
             assert first_bad == EVENTS // 2, "detected at the very event that diverged"
         else:
             assert diverged[r] == (victims0, digests0)
+
+
+def test_the_ghost_history_is_replicated_state():
+    """Two ghost trees that end alike but dropped different content differ in
+    digest (the history decides later keys); lru keeps no history."""
+
+    def digest(policy: str, tokens: list[int]) -> int:
+        tree = PrefixTree(1, policy)
+        tree.insert(tokens, [10, 11])
+        tree.evict(2)
+        return tree.digest()
+
+    assert digest("lru", [1, 2]) == digest("lru", [3, 4])
+    assert digest("ghost", [1, 2]) != digest("ghost", [3, 4])

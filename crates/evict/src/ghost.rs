@@ -16,9 +16,10 @@
 //! pages lately (hits on device, and content coming back from the history),
 //! the share that came back. The more reuse outruns the cache, the deeper the
 //! policy puts one-shot content on probation. Everything here is replicated
-//! state, in the digest, and iterated only in sequence order.
+//! state, in the digest, and visited in order only through `order`.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::digest::Hasher64;
 use crate::node::{NodeId, Token};
@@ -43,7 +44,9 @@ struct Entry {
 
 #[derive(Debug, Clone, Default)]
 pub struct GhostHistory {
-    entries: BTreeMap<u64, Entry>,
+    /// Looked up by key only, never iterated in any decision (the digest
+    /// sums over it, which is order-free), so its hash order cannot leak.
+    entries: HashMap<u64, Entry, BuildHasherDefault<KeyHasher>>,
     /// (seq, key) in recording order; an entry taken back or re-recorded
     /// leaves a stale item here, skipped when it reaches the front.
     order: VecDeque<(u64, u64)>,
@@ -65,6 +68,24 @@ const GHOST_PAGES_PER_CACHED_PAGE: usize = 4;
 const REUSE_WINDOW_PAGES: u64 = 1 << 14;
 /// One-shot content goes at least half a horizon behind its access.
 const MIN_PROBATION: u64 = SIXTEENTHS / 2;
+
+/// Keys are already well-mixed 64-bit hashes: the map uses them as they are.
+#[derive(Debug, Default)]
+struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+    fn write_u64(&mut self, value: u64) {
+        self.0 = value;
+    }
+}
 
 /// The content key of a node: its parent and its first page.
 pub fn content_key(parent: NodeId, first_page: &[Token]) -> u64 {
