@@ -8,6 +8,7 @@ from typing import Any
 from cpkv.compose.config import compose_config
 from cpkv.compose.debug import check_current, check_plan
 from cpkv.compose.plan import ComposePlan
+from cpkv.compose.timeouts import guarded
 from cpkv.errors import InvalidArgumentError
 from cpkv.kernels.gather import as_byte_rows, gather_indexed, gather_runs, prefer_runs
 
@@ -43,6 +44,36 @@ class ComposeGroup:
             raise InvalidArgumentError(f"expected a ComposePlan, got {type(plan).__name__}")
         if plan.cp_size != self.cp_size:
             raise InvalidArgumentError(f"plan is for cp_size {plan.cp_size}, group has {self.cp_size}")
+
+
+class DistributedGroup(ComposeGroup):
+    """A rank of a ``torch.distributed`` process group (:class:`ShmGroup`, :class:`CudaIpcGroup`).
+
+    Subclasses provide ``_dist``, ``_pg``, ``rank``, ``timeout_s``, ``pool``,
+    ``_payload`` (with ``row_bytes``, ``dtype``, ``page_shape``) and ``_out``.
+    """
+
+    _dist: Any
+    _pg: Any
+    rank: int
+    timeout_s: float
+
+    def compose_allreduce(
+        self, plan: ComposePlan, payload: str, current: Any, *, layer: int = 0, out: Any = None
+    ) -> Any:
+        """The explicit dense baseline: zero, fill the slots this rank owns, all-reduce (uint8 SUM) the buffer."""
+        p = self._payload(payload)  # type: ignore[attr-defined]
+        self._check_plan(plan)
+        pool = check_pool(plan, self.rank, self.pool(payload), payload)  # type: ignore[attr-defined]
+        rows = check_current_rows(plan, self.rank, current, p.row_bytes, plan.staging_rows(self.rank))
+        dense = self._out(plan, p, out).zero_()  # type: ignore[attr-defined]
+        gather_runs(dense, [pool, rows], plan.owned_runs(self.rank))
+        # Exactly one rank contributes each slot and the rest add zeros: the byte sum is exact.
+        guarded("all-reduce", self.rank, layer, self.timeout_s,
+                lambda: self._dist.all_reduce(dense, op=self._dist.ReduceOp.SUM, group=self._pg))
+        self.stats.collectives += 1
+        self.stats.composes += 1
+        return dense.view(p.dtype).view(plan.num_slots, *p.page_shape)
 
 
 def check_pool(plan: ComposePlan, rank: int, pool: Any, payload: str | None = None) -> Any:

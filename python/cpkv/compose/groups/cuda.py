@@ -29,12 +29,12 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from cpkv.compose.groups.base import ComposeGroup, check_current_rows, check_pool
+from cpkv.compose.groups.base import DistributedGroup, check_current_rows, check_pool
 from cpkv.compose.plan import ComposePlan, PlanCache, PlanKey
 from cpkv.compose.spans import SlotSpans
 from cpkv.compose.timeouts import DEFAULT_TIMEOUT_S, as_timedelta, guarded
 from cpkv.errors import FallbackError, InvalidArgumentError
-from cpkv.kernels.gather import gather_runs, gather_triton
+from cpkv.kernels.gather import gather_triton
 
 _ALIGN = 256
 _DESCRIPTOR_CACHE = 64
@@ -56,7 +56,7 @@ class _DevicePayload:
     descriptors: "OrderedDict[tuple[PlanKey, int], tuple[Any, Any]]" = field(default_factory=OrderedDict)
 
 
-class CudaIpcGroup(ComposeGroup):
+class CudaIpcGroup(DistributedGroup):
     """A rank whose peers' device pools are mapped into this process by CUDA IPC."""
 
     def __init__(self, *, process_group: Any = None, timeout_s: float = DEFAULT_TIMEOUT_S, device: Any = None) -> None:
@@ -153,21 +153,6 @@ class CudaIpcGroup(ComposeGroup):
         self.stats.composes += 1
         return dense.view(p.dtype).view(plan.num_slots, *p.page_shape)
 
-    def compose_allreduce(
-        self, plan: ComposePlan, payload: str, current: Any, *, layer: int = 0, out: Any = None
-    ) -> Any:
-        """The explicit dense baseline: zero, fill owned slots, all-reduce (uint8 SUM) the buffer."""
-        p = self._payload(payload)
-        self._check_plan(plan)
-        pool = check_pool(plan, self.rank, self.pool(payload), payload)
-        rows = check_current_rows(plan, self.rank, current, p.row_bytes, plan.staging_rows(self.rank))
-        dense = self._out(plan, p, out).zero_()
-        gather_runs(dense, [pool, rows], plan.owned_runs(self.rank))
-        guarded("all-reduce", self.rank, layer, self.timeout_s,
-                lambda: self._dist.all_reduce(dense, op=self._dist.ReduceOp.SUM, group=self._pg))
-        self.stats.collectives += 1
-        self.stats.composes += 1
-        return dense.view(p.dtype).view(plan.num_slots, *p.page_shape)
 
     def barrier(self, what: str = "barrier", *, layer: int = -1) -> None:
         if self.backend == "nccl":

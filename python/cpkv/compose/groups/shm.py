@@ -32,13 +32,13 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from cpkv.compose.groups.base import ComposeGroup, check_current_rows, check_pool, gather_planned
+from cpkv.compose.groups.base import DistributedGroup, check_current_rows, check_pool, gather_planned
 from cpkv.compose.plan import ComposePlan, PlanCache
 from cpkv.compose.spans import SlotSpans
 from cpkv.compose.segment import SharedSegment
 from cpkv.compose.timeouts import DEFAULT_TIMEOUT_S, as_timedelta, guarded
 from cpkv.errors import FallbackError, InvalidArgumentError
-from cpkv.kernels.gather import gather_runs
+
 
 _ALIGN = 4096
 
@@ -68,7 +68,7 @@ def _round_up(n: int) -> int:
     return -(-n // _ALIGN) * _ALIGN
 
 
-class ShmGroup(ComposeGroup):
+class ShmGroup(DistributedGroup):
     """A rank of a gloo process group whose pools every rank maps through /dev/shm."""
 
     def __init__(
@@ -194,22 +194,6 @@ class ShmGroup(ComposeGroup):
         self.stats.composes += 1
         return dense.view(p.dtype).view(plan.num_slots, *p.page_shape)
 
-    def compose_allreduce(
-        self, plan: ComposePlan, payload: str, current: Any, *, layer: int = 0, out: Any = None
-    ) -> Any:
-        """The dense baseline: zero, fill the slots this rank owns, all-reduce (uint8 SUM) the whole buffer."""
-        p = self._payload(payload)
-        self._check_plan(plan)
-        pool = check_pool(plan, self.rank, self.pool(payload), payload)
-        rows = check_current_rows(plan, self.rank, current, p.row_bytes, plan.staging_rows(self.rank))
-        dense = self._out(plan, p, out).zero_()
-        gather_runs(dense, [pool, rows], plan.owned_runs(self.rank))
-        # Exactly one rank contributes each slot and the rest add zeros: the byte sum is exact.
-        guarded("all-reduce", self.rank, layer, self.timeout_s,
-                lambda: self._dist.all_reduce(dense, op=self._dist.ReduceOp.SUM, group=self._pg))
-        self.stats.collectives += 1
-        self.stats.composes += 1
-        return dense.view(p.dtype).view(plan.num_slots, *p.page_shape)
 
     def barrier(self, what: str = "barrier", *, layer: int = -1) -> None:
         """A gloo barrier with this group's timeout; failure names this rank and the layer."""
