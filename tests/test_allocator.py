@@ -83,6 +83,30 @@ def test_reserve_many_and_release_many(alloc):
     assert state(alloc)[:3] == before[:3]
 
 
+def test_reserve_batch_matches_reserve_many(alloc):
+    twin = cpkv.PageAllocator.restore(alloc.snapshot())
+    requests = [(20, 4), (21, 100), (22, 2), (23, 30)]
+    expected = twin.reserve_many(requests, ["kv"])
+    batch = alloc.reserve_batch(np.array([k for k, _ in requests], dtype=np.uint64), [n for _, n in requests], ["kv"])
+    assert state(alloc) == state(twin)
+    assert len(batch) == 4 and list(batch) == expected and batch[-1] == expected[-1]
+    assert batch.keys.dtype == np.uint64 and batch.keys.tolist() == [20, 21, 22, 23]
+    assert batch.hits.tolist() == [p is not None for p in expected]
+    first = batch.first_pages("kv")
+    assert first.dtype == np.int64
+    assert first.tolist() == [p.extents("kv")[0][0] if p else -1 for p in expected]
+    assert batch.first_pages("index").tolist() == [-1] * 4  # kv only
+    with pytest.raises(IndexError):
+        batch[4]
+    with pytest.raises(UnknownPayloadError):
+        batch.first_pages("values")
+    # The batch holds its placements: releasing the objects does not change it.
+    alloc.release_many(np.array([20, 22], dtype=np.int64))
+    assert batch[0] == expected[0] and batch[0].pages("kv").tolist() == expected[0].pages("kv").tolist()
+    assert repr(batch) == "PlacementBatch(items=4, hits=3)"
+    assert len(alloc.reserve_batch([], [])) == 0
+
+
 def test_reserve_release_restores_digest_exactly(alloc):
     before = state(alloc)
     alloc.reserve(99, 5)
@@ -127,6 +151,25 @@ BAD_INPUTS = [
     ("batch with a repeated key", lambda a: a.reserve_many([(50, 1), (50, 1)]), DuplicateKeyError),
     ("batch with a bad item", lambda a: a.reserve_many([(50, 1), (51,)]), InvalidArgumentError),
     ("batch with a bad payload", lambda a: a.reserve_many([(50, 1)], ["x"]), UnknownPayloadError),
+    ("batch arrays of unequal length", lambda a: a.reserve_batch([50, 51], [1]), InvalidArgumentError),
+    ("batch array with a zero count", lambda a: a.reserve_batch(np.array([50, 51]), np.array([1, 0])),
+     InvalidArgumentError),
+    ("batch array with a negative key", lambda a: a.reserve_batch(np.array([50, -1]), np.array([1, 1])),
+     InvalidArgumentError),
+    ("batch array with a negative count", lambda a: a.reserve_batch([50], np.array([-2], dtype=np.int8)),
+     InvalidArgumentError),
+    ("batch array of floats", lambda a: a.reserve_batch(np.array([50.0]), [1]), InvalidArgumentError),
+    ("batch array 2-D", lambda a: a.reserve_batch(np.zeros((1, 1), dtype=np.uint64), [1]), InvalidArgumentError),
+    ("batch keys a str", lambda a: a.reserve_batch("50", [1]), InvalidArgumentError),
+    ("batch keys not iterable", lambda a: a.reserve_batch(50, 1), InvalidArgumentError),
+    ("batch array with a live key", lambda a: a.reserve_batch(np.array([50, 3], dtype=np.uint64), [1, 1]),
+     DuplicateKeyError),
+    ("batch array with a repeated key", lambda a: a.reserve_batch(np.array([50, 50]), [1, 1]), DuplicateKeyError),
+    ("batch array with a bad payload", lambda a: a.reserve_batch([50], [1], ["x"]), UnknownPayloadError),
+    ("release_many array with unknown", lambda a: a.release_many(np.array([3, 50], dtype=np.uint64)),
+     UnknownKeyError),
+    ("release_many array negative", lambda a: a.release_many(np.array([3, -1])), InvalidArgumentError),
+    ("release_many array of floats", lambda a: a.release_many(np.array([3.0])), InvalidArgumentError),
     ("release unknown", lambda a: a.release(50), UnknownKeyError),
     ("release key beyond u64", lambda a: a.release(2**70), InvalidArgumentError),
     ("release_many with unknown", lambda a: a.release_many([3, 50]), UnknownKeyError),

@@ -20,9 +20,10 @@ def test_bench_allocator_writes_json(tmp_path, capsys):
     speed = data["tables"][0]["rows"]
     assert {row["calls"] for row in speed} == {"single", "batched"}
     assert all(row["ops/s"] > 0 and row["speedup"] > 0 for row in speed)
-    assert set(data["speedups"]["pool64k"]) == {"single", "batched"}
+    assert set(data["speedups"]["pool64k"]) == {"single", "batched", "arrays"}
+    assert len(speed) == 5  # reference and cpkv single; reference, reserve_many and reserve_batch
     checksums = {row["placements sha256"] for row in data["tables"][2]["rows"]}
-    assert len(checksums) == 1  # reference, single and batched placed identically
+    assert len(checksums) == 1 and len(data["tables"][2]["rows"]) == 4  # all four placed identically
     assert "speedup" in capsys.readouterr().out
 
 
@@ -42,3 +43,9 @@ def test_reference_allocator_matches_cpkv_on_a_tight_stream():
     ]
     for name in names:
         assert alloc.free_extents(name) == reference.free_extents(name)
+    arrays = cpkv.PageAllocator(pools)
+    batches = stream_mod.replay_arrays(arrays, stream_mod.as_arrays(stream))
+    assert [stream_mod.placement_record(k, p, names) for k, p in zip(keys, stream_mod.placements(batches))] == [
+        stream_mod.placement_record(k, p, names) for k, p in zip(keys, got)
+    ]
+    assert arrays.digest() == alloc.digest()

@@ -71,6 +71,38 @@ class AllocatorMachine(RuleBasedStateMachine):
             for (key, _), placement, exp in zip(requests, placements, expected):
                 self.check_placement(key, placement, exp)
 
+    @rule(requests=st.lists(st.tuples(keys, page_counts), max_size=5), payloads=payload_choices)
+    def reserve_batch(self, requests, payloads):
+        # The lean form: int64 arrays in (negatives must be refused), reserve_many's semantics.
+        keys_in = np.array([k for k, _ in requests], dtype=np.int64)
+        pages_in = np.array([n for _, n in requests], dtype=np.int64)
+        try:
+            expected = self.model.reserve_many(requests, payloads)
+        except CpkvError as err:
+            before = observe(self.alloc)
+            with pytest.raises(type(err)):
+                self.alloc.reserve_batch(keys_in, pages_in, payloads)
+            assert observe(self.alloc) == before
+            return
+        batch = self.alloc.reserve_batch(keys_in, pages_in, payloads)
+        assert len(batch) == len(requests)
+        assert batch.keys.tolist() == [k for k, _ in requests]
+        assert batch.hits.tolist() == [e is not None for e in expected]
+        for i, ((key, _), exp) in enumerate(zip(requests, expected)):
+            self.check_placement(key, batch[i], exp)
+
+    @rule(keys=st.lists(keys, max_size=4))
+    def release_many_array(self, keys):
+        try:
+            self.model.release_many(keys)
+        except CpkvError as err:
+            before = observe(self.alloc)
+            with pytest.raises(type(err)):
+                self.alloc.release_many(np.array(keys, dtype=np.uint64))
+            assert observe(self.alloc) == before
+            return
+        self.alloc.release_many(np.array(keys, dtype=np.uint64))
+
     @rule(key=keys)
     def release(self, key):
         self.both("release", key)

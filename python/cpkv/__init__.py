@@ -9,7 +9,7 @@ from cpkv.errors import *  # noqa: F403  (the exception hierarchy is public API)
 from cpkv.errors import __all__ as _error_names
 
 # Shared host (L2) page allocator -- crates/allocator
-from cpkv._cpkv import PageAllocator, Placement  # noqa: E402,F401
+from cpkv._cpkv import PageAllocator, Placement, PlacementBatch  # noqa: E402,F401
 # Replicated prefix tree and eviction -- crates/evict
 from cpkv._cpkv import PrefixTree, MatchResult, InsertResult, DeviceVictim, HostVictim, TreeEvent  # noqa: E402,F401,E501
 # CP compose path -- cpkv.compose

@@ -4,7 +4,7 @@ __version__: str
 
 # --- Shared host (L2) page allocator (crates/allocator, crates/cpkv-py/src/allocator.rs) ---
 
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -25,6 +25,24 @@ class Placement:
         """Object position -> physical page."""
     def __eq__(self, other: object) -> bool: ...
 
+class PlacementBatch:
+    """``PageAllocator.reserve_batch``'s result: per item, in request order, a
+    ``Placement`` or None (a miss). Holds the placements themselves, so later
+    calls never change it; a ``Placement`` object is built only when read."""
+
+    def __len__(self) -> int: ...
+    def __getitem__(self, index: int) -> Placement | None:
+        """Negative indices count from the end; IndexError past either end."""
+    def __iter__(self) -> Iterator[Placement | None]: ...
+    @property
+    def keys(self) -> npt.NDArray[np.uint64]:
+        """The requested keys, in request order."""
+    @property
+    def hits(self) -> npt.NDArray[np.bool_]:
+        """Which items were placed (False: a capacity miss)."""
+    def first_pages(self, payload: str) -> npt.NDArray[np.int64]:
+        """Each item's first physical page in ``payload``; -1 for a miss or no pages there."""
+
 class PageAllocator:
     """Deterministic first-fit page allocator, one pool per payload; thread safe.
 
@@ -40,8 +58,16 @@ class PageAllocator:
         self, requests: Iterable[tuple[int, int]], payloads: Sequence[str] | None = None
     ) -> list[Placement | None]:
         """Each (key, num_pages) in order, all or nothing per item; an invalid item rejects the batch."""
+    def reserve_batch(
+        self,
+        keys: npt.ArrayLike,
+        num_pages: npt.ArrayLike,
+        payloads: Sequence[str] | None = None,
+    ) -> PlacementBatch:
+        """The lean batched reserve: ``keys[i]`` gets ``num_pages[i]`` pages (1-D numpy integer
+        arrays or sequences of ints, one length), with ``reserve_many``'s semantics."""
     def release(self, key: int) -> None: ...
-    def release_many(self, keys: Iterable[int]) -> None:
+    def release_many(self, keys: Iterable[int] | npt.NDArray[np.integer]) -> None:
         """All keys or none (unknown or repeated key: nothing is released)."""
     def mark_committed(self, key: int) -> None:
         """Idempotent; UnknownKeyError if ``key`` is not live."""

@@ -7,32 +7,23 @@
 //! anything, so a call that returns an error leaves state and digest as they
 //! were.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::hash_map::Entry;
 
 use crate::digest::{committed_element, config_element, free_element, StateDigest};
 use crate::error::{AllocError, Result};
 use crate::extent::Extent;
 use crate::free_list::FreeList;
+use crate::object_map::{sorted, Object, ObjectMap};
 use crate::payload::{PayloadId, PayloadSet, Payloads};
 use crate::placement::Placement;
 use crate::stats::{Counters, PayloadStats, Stats};
-
-/// A live object: its placement and whether its contents are committed.
-/// Placements are immutable once made (a split makes two new ones), so they
-/// are shared: handing one to a caller is a reference-count increment.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Object {
-    pub(crate) placement: Arc<Placement>,
-    pub(crate) committed: bool,
-}
 
 #[derive(Clone, Debug)]
 pub struct PageAllocator {
     pub(crate) payloads: Payloads,
     /// One per payload, indexed by `PayloadId`.
     pub(crate) free: Vec<FreeList>,
-    pub(crate) objects: BTreeMap<u64, Object>,
+    pub(crate) objects: ObjectMap,
     /// Configuration, object extents and committed keys; the free extents'
     /// part lives in each `FreeList` and is added on read.
     pub(crate) digest: StateDigest,
@@ -49,7 +40,7 @@ impl PageAllocator {
         Ok(Self::from_parts(
             payloads,
             free,
-            BTreeMap::new(),
+            ObjectMap::default(),
             Counters::default(),
         ))
     }
@@ -59,7 +50,7 @@ impl PageAllocator {
     pub(crate) fn from_parts(
         payloads: Payloads,
         free: Vec<FreeList>,
-        objects: BTreeMap<u64, Object>,
+        objects: ObjectMap,
         counters: Counters,
     ) -> Self {
         let digest = base_digest(&payloads, &objects);
@@ -93,7 +84,7 @@ impl PageAllocator {
         key: u64,
         num_pages: u64,
         payloads: PayloadSet,
-    ) -> Result<Option<Arc<Placement>>> {
+    ) -> Result<Option<&Placement>> {
         self.check_payloads(payloads)?;
         self.check_new(key, num_pages)?;
         Ok(self.reserve_checked(key, num_pages, payloads))
@@ -107,16 +98,31 @@ impl PageAllocator {
         &mut self,
         requests: &[(u64, u64)],
         payloads: PayloadSet,
-    ) -> Result<Vec<Option<Arc<Placement>>>> {
+    ) -> Result<Vec<Option<Placement>>> {
+        let mut placements = Vec::with_capacity(requests.len());
+        self.reserve_each(requests, payloads, |_, placement| {
+            placements.push(placement.cloned())
+        })?;
+        Ok(placements)
+    }
+
+    /// `reserve_many` that hands each item's placement (`None`: a miss) to
+    /// `each` as it is made, in order, instead of collecting copies.
+    pub fn reserve_each(
+        &mut self,
+        requests: &[(u64, u64)],
+        payloads: PayloadSet,
+        mut each: impl FnMut(u64, Option<&Placement>),
+    ) -> Result<()> {
         self.check_payloads(payloads)?;
         for &(key, num_pages) in requests {
             self.check_new(key, num_pages)?;
         }
         check_distinct(requests.iter().map(|&(key, _)| key))?;
-        Ok(requests
-            .iter()
-            .map(|&(key, num_pages)| self.reserve_checked(key, num_pages, payloads))
-            .collect())
+        for &(key, num_pages) in requests {
+            each(key, self.reserve_checked(key, num_pages, payloads));
+        }
+        Ok(())
     }
 
     /// Frees every page of `key`, coalescing with free neighbours.
@@ -137,7 +143,8 @@ impl PageAllocator {
         }
         check_distinct(keys.iter().copied())?;
         for &key in keys {
-            self.release(key).expect("validated above");
+            let object = self.objects.remove(&key).expect("validated above");
+            self.forget(key, object);
         }
         Ok(())
     }
@@ -195,7 +202,7 @@ impl PageAllocator {
             self.objects.insert(
                 half_key,
                 Object {
-                    placement: Arc::new(placement),
+                    placement,
                     committed: true,
                 },
             );
@@ -204,7 +211,7 @@ impl PageAllocator {
         Ok(())
     }
 
-    pub fn placement(&self, key: u64) -> Result<&Arc<Placement>> {
+    pub fn placement(&self, key: u64) -> Result<&Placement> {
         Ok(&self.object(key)?.placement)
     }
 
@@ -226,8 +233,10 @@ impl PageAllocator {
     }
 
     /// Live keys in ascending order.
-    pub fn keys(&self) -> impl Iterator<Item = u64> + '_ {
-        self.objects.keys().copied()
+    pub fn keys(&self) -> Vec<u64> {
+        let mut keys: Vec<u64> = self.objects.keys().copied().collect();
+        keys.sort_unstable();
+        keys
     }
 
     pub fn free_pages(&self, payload: PayloadId) -> u64 {
@@ -276,7 +285,7 @@ impl PageAllocator {
     /// each pool exactly, placements consistent. Returns what is wrong.
     pub fn verify(&self) -> Result<(), String> {
         let mut used: Vec<Vec<Extent>> = vec![Vec::new(); self.payloads.len()];
-        for (&key, object) in &self.objects {
+        for (key, object) in sorted(&self.objects) {
             let placement = &object.placement;
             let mut previous = None;
             if placement.parts().next().is_none() {
@@ -345,13 +354,13 @@ impl PageAllocator {
         Ok(())
     }
 
-    /// Reserves a validated request; false (a miss) if any payload lacks room.
+    /// Reserves a validated request; `None` (a miss) if any payload lacks room.
     fn reserve_checked(
         &mut self,
         key: u64,
         num_pages: u64,
         payloads: PayloadSet,
-    ) -> Option<Arc<Placement>> {
+    ) -> Option<&Placement> {
         if payloads
             .iter()
             .any(|id| self.free[id].free_pages() < num_pages)
@@ -368,16 +377,18 @@ impl PageAllocator {
             });
         }
         placement.elements(key).for_each(|e| self.digest.add(e));
-        let placement = Arc::new(placement);
-        self.objects.insert(
-            key,
-            Object {
-                placement: Arc::clone(&placement),
-                committed: false,
-            },
-        );
         self.counters.reserves += 1;
-        Some(placement)
+        let Entry::Vacant(slot) = self.objects.entry(key) else {
+            unreachable!("check_new found key {key} not live");
+        };
+        Some(
+            &slot
+                .insert(Object {
+                    placement,
+                    committed: false,
+                })
+                .placement,
+        )
     }
 
     fn forget(&mut self, key: u64, object: Object) {
@@ -399,7 +410,7 @@ impl PageAllocator {
 
 /// The digest of configuration, object extents and committed keys (the
 /// free extents' part is kept by each `FreeList`).
-fn base_digest(payloads: &Payloads, objects: &BTreeMap<u64, Object>) -> StateDigest {
+fn base_digest(payloads: &Payloads, objects: &ObjectMap) -> StateDigest {
     let mut digest = StateDigest::default();
     digest.add(config_element(payloads));
     for (&key, object) in objects {

@@ -7,8 +7,9 @@
 
 use crate::digest::{free_element, StateDigest};
 use crate::extent::Extent;
-use crate::extent_tree::ExtentTree;
+use crate::extent_tree::{ExtentTree, GiveBack};
 use crate::payload::PayloadId;
+use crate::placement::ExtentVec;
 
 #[derive(Clone, Debug)]
 pub struct FreeList {
@@ -85,7 +86,7 @@ impl FreeList {
     /// Takes the lowest-addressed `len` free pages (no more than are free):
     /// whole extents in address order, the last one from its start; appends
     /// them to `taken`.
-    pub fn take_prefix(&mut self, len: u64, taken: &mut Vec<Extent>) {
+    pub(crate) fn take_prefix(&mut self, len: u64, taken: &mut ExtentVec) {
         assert!(
             len <= self.free_pages,
             "only {} pages free",
@@ -104,23 +105,29 @@ impl FreeList {
     /// Returns `extent` (not overlapping any free extent) to the pool, merging
     /// it with the free extents that touch it on either side.
     pub fn give_back(&mut self, extent: Extent) {
-        let before = self
-            .tree
-            .last_before(extent.start)
-            .filter(|p| p.end() == extent.start);
-        let after = self
-            .tree
-            .first_after(extent.start)
-            .filter(|n| n.start == extent.end());
-        match (before, after) {
-            (Some(p), Some(n)) => {
-                self.remove(n.start);
-                self.replace(p, Extent::new(p.start, p.len + extent.len + n.len));
+        let id = self.payload;
+        self.free_pages += extent.len;
+        let merged = match self.tree.give_back(extent) {
+            GiveBack::Inserted => {
+                self.extents += 1;
+                extent
             }
-            (Some(p), None) => self.replace(p, Extent::new(p.start, p.len + extent.len)),
-            (None, Some(n)) => self.replace(n, Extent::new(extent.start, extent.len + n.len)),
-            (None, None) => self.insert(extent),
-        }
+            GiveBack::MergedBefore(p) => {
+                self.digest.remove(free_element(id, p));
+                Extent::new(p.start, p.len + extent.len)
+            }
+            GiveBack::MergedAfter(n) => {
+                self.digest.remove(free_element(id, n));
+                Extent::new(extent.start, extent.len + n.len)
+            }
+            GiveBack::Joined(p, n) => {
+                self.extents -= 1;
+                self.digest.remove(free_element(id, p));
+                self.digest.remove(free_element(id, n));
+                Extent::new(p.start, p.len + extent.len + n.len)
+            }
+        };
+        self.digest.add(free_element(id, merged));
     }
 
     /// Adds a free extent as is, without coalescing (restore, which validated
@@ -219,10 +226,10 @@ mod tests {
         assert_eq!(list.take_first_fit(3), Some(Extent::new(10, 3)));
         assert_eq!(list.take_first_fit(1), Some(Extent::new(0, 1)));
         assert_eq!(list.largest(), 5);
-        let mut taken = vec![];
+        let mut taken = ExtentVec::default();
         list.take_prefix(6, &mut taken);
         assert_eq!(
-            taken,
+            taken.as_slice(),
             vec![Extent::new(1, 1), Extent::new(13, 2), Extent::new(20, 3)]
         );
         assert_eq!(list.extents(), vec![Extent::new(36, 2), Extent::new(50, 5)]);

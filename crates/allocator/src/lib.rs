@@ -17,6 +17,8 @@ mod extent;
 mod extent_tree;
 /// One payload's free extents: coalescing, page counts, digest share.
 mod free_list;
+/// The live objects by key (hash lookup; walked only in key order).
+mod object_map;
 /// Payload names, capacities and payload sets.
 mod payload;
 /// `Placement`: an object's extents per payload.

@@ -10,28 +10,97 @@ use crate::payload::PayloadId;
 pub struct Placement {
     num_pages: u64,
     /// Per payload in construction order: a header `(payload id, extent
-    /// count)` followed by that many extents in position order, so a whole
-    /// placement is one allocation.
-    encoded: Vec<Extent>,
+    /// count)` followed by that many extents in position order.
+    encoded: ExtentVec,
+}
+
+/// Entries kept in place before an `ExtentVec` moves to the heap: a header
+/// and one extent for each of two payloads, the common placement.
+const INLINE: usize = 4;
+
+/// A vector of extents that holds up to `INLINE` in place, so the common
+/// placement costs no allocation to make, copy or drop.
+#[derive(Clone, Debug)]
+pub(crate) enum ExtentVec {
+    Inline { len: usize, items: [Extent; INLINE] },
+    Heap(Vec<Extent>),
+}
+
+impl Default for ExtentVec {
+    fn default() -> Self {
+        ExtentVec::Inline {
+            len: 0,
+            items: [Extent::new(0, 0); INLINE],
+        }
+    }
+}
+
+impl PartialEq for ExtentVec {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_slice() == other.as_slice()
+    }
+}
+
+impl Eq for ExtentVec {}
+
+impl ExtentVec {
+    pub(crate) fn as_slice(&self) -> &[Extent] {
+        match self {
+            ExtentVec::Inline { len, items } => &items[..*len],
+            ExtentVec::Heap(v) => v,
+        }
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [Extent] {
+        match self {
+            ExtentVec::Inline { len, items } => &mut items[..*len],
+            ExtentVec::Heap(v) => v,
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.as_slice().len()
+    }
+
+    pub(crate) fn push(&mut self, extent: Extent) {
+        match self {
+            ExtentVec::Inline { len, items } if *len < INLINE => {
+                items[*len] = extent;
+                *len += 1;
+            }
+            ExtentVec::Inline { len, items } => {
+                let mut heap = Vec::with_capacity(2 * INLINE);
+                heap.extend_from_slice(&items[..*len]);
+                heap.push(extent);
+                *self = ExtentVec::Heap(heap);
+            }
+            ExtentVec::Heap(v) => v.push(extent),
+        }
+    }
+
+    pub(crate) fn extend_from_slice(&mut self, extents: &[Extent]) {
+        extents.iter().for_each(|&e| self.push(e));
+    }
 }
 
 impl Placement {
     pub(crate) fn new(num_pages: u64) -> Self {
         Placement {
             num_pages,
-            encoded: Vec::with_capacity(4),
+            encoded: ExtentVec::default(),
         }
     }
 
     /// Appends the extents of `payload` (after those of lower payload ids),
     /// written by `fill`.
-    pub(crate) fn push_part(&mut self, payload: PayloadId, fill: impl FnOnce(&mut Vec<Extent>)) {
+    pub(crate) fn push_part(&mut self, payload: PayloadId, fill: impl FnOnce(&mut ExtentVec)) {
         let header = self.encoded.len();
         self.encoded.push(Extent::new(payload as u64, 0));
         fill(&mut self.encoded);
-        self.encoded[header].len = (self.encoded.len() - header - 1) as u64;
+        let count = (self.encoded.len() - header - 1) as u64;
+        self.encoded.as_mut_slice()[header].len = count;
         debug_assert!(
-            self.encoded[header + 1..]
+            self.encoded.as_slice()[header + 1..]
                 .iter()
                 .map(|e| e.len)
                 .sum::<u64>()

@@ -16,15 +16,13 @@
 //! canonical digest. Restore checks everything before building anything:
 //! header, checksum, then that the extents tile every pool exactly.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
-
 use sha2::{Digest, Sha256};
 
-use crate::allocator::{check_partition, Object, PageAllocator};
+use crate::allocator::{check_partition, PageAllocator};
 use crate::error::{AllocError, Result};
 use crate::extent::Extent;
 use crate::free_list::FreeList;
+use crate::object_map::{sorted, Object, ObjectMap};
 use crate::payload::Payloads;
 use crate::placement::Placement;
 use crate::stats::Counters;
@@ -122,7 +120,7 @@ fn write_state(alloc: &PageAllocator, out: &mut Vec<u8>) {
         extents.into_iter().for_each(|e| put_extent(out, e));
     }
     put_u64(out, alloc.objects.len() as u64);
-    for (&key, object) in &alloc.objects {
+    for (key, object) in sorted(&alloc.objects) {
         put_u64(out, key);
         out.push(u8::from(object.committed));
         put_u64(out, object.placement.num_pages());
@@ -170,7 +168,7 @@ fn read_body(r: &mut Reader<'_>) -> Result<PageAllocator> {
     }
 
     let object_count = r.count_u64(8 + 1 + 8 + 4 + 4 + 4 + 16, "objects")?;
-    let mut objects = BTreeMap::new();
+    let mut objects = ObjectMap::default();
     let mut used: Vec<Vec<Extent>> = vec![Vec::new(); payload_count];
     let mut previous_key = None;
     for _ in 0..object_count {
@@ -228,7 +226,7 @@ fn read_body(r: &mut Reader<'_>) -> Result<PageAllocator> {
         objects.insert(
             key,
             Object {
-                placement: Arc::new(placement),
+                placement,
                 committed,
             },
         );

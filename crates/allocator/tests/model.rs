@@ -352,6 +352,7 @@ fn check_against_model(alloc: &PageAllocator, model: &Model) {
         );
         let used: u64 = alloc
             .keys()
+            .into_iter()
             .filter_map(|k| {
                 alloc
                     .placement(k)

@@ -4,11 +4,13 @@
 //! between Python threads. Arguments are converted (and rejected with a cpkv
 //! error naming the value) before the lock is taken, and Python objects are
 //! built after it is released, so no Python code ever runs under the lock.
+//! `reserve_batch` is the lean batched form: key and page arrays in, one
+//! `PlacementBatch` out, which builds a `Placement` only when one is asked for.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use cpkv_allocator::{PageAllocator, PayloadId, PayloadSet, Payloads, Placement};
-use numpy::PyArray1;
+use numpy::{PyArray1, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes, PyDict, PyString};
 
@@ -17,6 +19,7 @@ use crate::errors::{alloc_error, cpkv_error};
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyPageAllocator>()?;
     m.add_class::<PyPlacement>()?;
+    m.add_class::<PyPlacementBatch>()?;
     Ok(())
 }
 
@@ -46,6 +49,65 @@ fn pages_arg(key: u64, num_pages: &Bound<'_, PyAny>) -> PyResult<u64> {
             repr(num_pages)
         ))),
     }
+}
+
+/// A 1-D numpy integer array or an iterable of ints, each in `[0, 2**64)`;
+/// `what` names the argument in errors. numpy `uint64`/`int64` arrays are
+/// read in place, without a Python object per element.
+fn u64_vector(values: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u64>> {
+    if let Ok(array) = values.cast::<PyArray1<u64>>() {
+        return Ok(array.readonly().as_array().to_vec());
+    }
+    if let Ok(array) = values.cast::<PyArray1<i64>>() {
+        let array = array.readonly();
+        return array
+            .as_array()
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| {
+                u64::try_from(v)
+                    .map_err(|_| invalid(format!("{what}[{i}] = {v} must be an int in [0, 2**64)")))
+            })
+            .collect();
+    }
+    if let Ok(array) = values.cast::<PyUntypedArray>() {
+        let kind = array.dtype().kind();
+        if array.ndim() != 1 || !matches!(kind, b'i' | b'u') {
+            return Err(invalid(format!(
+                "{what} must be a 1-D integer array, got {} dimension(s) of dtype {}",
+                array.ndim(),
+                array.dtype().str()?
+            )));
+        }
+        let wide =
+            values.call_method1("astype", (if kind == b'u' { "uint64" } else { "int64" },))?;
+        return u64_vector(&wide, what);
+    }
+    if values.is_instance_of::<PyString>() {
+        return Err(invalid(format!(
+            "{what} must be ints, got the str {}",
+            repr(values)
+        )));
+    }
+    values
+        .try_iter()
+        .map_err(|_| {
+            invalid(format!(
+                "{what} must be an iterable of ints, got {}",
+                repr(values)
+            ))
+        })?
+        .enumerate()
+        .map(|(i, item)| {
+            let item = item?;
+            item.extract::<u64>().map_err(|_| {
+                invalid(format!(
+                    "{what}[{i}] = {} must be an int in [0, 2**64)",
+                    repr(&item)
+                ))
+            })
+        })
+        .collect()
 }
 
 fn payload_name(name: &Bound<'_, PyAny>) -> PyResult<String> {
@@ -89,7 +151,7 @@ fn payload_set(payloads: &Payloads, names: Option<&Bound<'_, PyAny>>) -> PyResul
 #[pyclass(name = "Placement", module = "cpkv._cpkv", frozen)]
 pub(crate) struct PyPlacement {
     key: u64,
-    placement: Arc<Placement>,
+    placement: Placement,
     payloads: Arc<Payloads>,
 }
 
@@ -209,7 +271,7 @@ impl PyPageAllocator {
             .expect("allocator lock poisoned by a panic")
     }
 
-    fn placement_of(&self, key: u64, placement: Arc<Placement>) -> PyPlacement {
+    fn placement_of(&self, key: u64, placement: Placement) -> PyPlacement {
         PyPlacement {
             key,
             placement,
@@ -263,7 +325,8 @@ impl PyPageAllocator {
         let placed = self
             .lock()
             .reserve(key, num_pages, set)
-            .map_err(alloc_error)?;
+            .map_err(alloc_error)?
+            .cloned();
         Ok(placed.map(|p| self.placement_of(key, p)))
     }
 
@@ -306,6 +369,47 @@ impl PyPageAllocator {
             .collect())
     }
 
+    /// The lean batched reserve: `keys[i]` gets `num_pages[i]` pages (numpy
+    /// integer arrays or sequences of ints of one length), with
+    /// `reserve_many`'s semantics (in order, all or nothing per item, the
+    /// whole batch validated first). Returns a `PlacementBatch`.
+    #[pyo3(signature = (keys, num_pages, payloads = None))]
+    fn reserve_batch(
+        &self,
+        keys: &Bound<'_, PyAny>,
+        num_pages: &Bound<'_, PyAny>,
+        payloads: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyPlacementBatch> {
+        let keys = u64_vector(keys, "keys")?;
+        let pages = u64_vector(num_pages, "num_pages")?;
+        if keys.len() != pages.len() {
+            return Err(invalid(format!(
+                "keys and num_pages differ in length: {} and {}",
+                keys.len(),
+                pages.len()
+            )));
+        }
+        if let Some(i) = pages.iter().position(|&n| n == 0) {
+            return Err(invalid(format!(
+                "key {}: num_pages must be an int of at least 1, got 0",
+                keys[i]
+            )));
+        }
+        let requests: Vec<(u64, u64)> = keys.iter().copied().zip(pages).collect();
+        let set = payload_set(&self.payloads, payloads)?;
+        let mut placements = Vec::with_capacity(requests.len());
+        self.lock()
+            .reserve_each(&requests, set, |_, placement| {
+                placements.push(placement.cloned())
+            })
+            .map_err(alloc_error)?;
+        Ok(PyPlacementBatch {
+            keys,
+            placements,
+            payloads: Arc::clone(&self.payloads),
+        })
+    }
+
     /// Frees every page of `key`, coalescing with free neighbours.
     fn release(&self, key: &Bound<'_, PyAny>) -> PyResult<()> {
         let key = key_arg(key)?;
@@ -313,17 +417,9 @@ impl PyPageAllocator {
     }
 
     /// Releases every key; a batch with an unknown or repeated key releases nothing.
+    /// `keys`: an iterable of ints or a 1-D numpy integer array.
     fn release_many(&self, keys: &Bound<'_, PyAny>) -> PyResult<()> {
-        let keys: Vec<u64> = keys
-            .try_iter()
-            .map_err(|_| {
-                invalid(format!(
-                    "keys must be an iterable of ints, got {}",
-                    repr(keys)
-                ))
-            })?
-            .map(|k| key_arg(&k?))
-            .collect::<PyResult<_>>()?;
+        let keys = u64_vector(keys, "keys")?;
         self.lock().release_many(&keys).map_err(alloc_error)
     }
 
@@ -374,7 +470,7 @@ impl PyPageAllocator {
 
     /// Live keys, ascending.
     fn keys(&self) -> Vec<u64> {
-        self.lock().keys().collect()
+        self.lock().keys()
     }
 
     /// Payload names in construction order.
@@ -494,6 +590,80 @@ impl PyPageAllocator {
             "PageAllocator({{{}}}, objects={})",
             pools.join(", "),
             self.lock().len()
+        )
+    }
+}
+
+/// The result of `PageAllocator.reserve_batch`: per item, in request order,
+/// its placement or `None` (a miss). Holds the placements themselves (not a
+/// view of the allocator), so later calls never change it; a `Placement`
+/// object is built only when an item is read.
+#[pyclass(name = "PlacementBatch", module = "cpkv._cpkv", frozen, sequence)]
+pub(crate) struct PyPlacementBatch {
+    keys: Vec<u64>,
+    placements: Vec<Option<Placement>>,
+    payloads: Arc<Payloads>,
+}
+
+#[pymethods]
+impl PyPlacementBatch {
+    fn __len__(&self) -> usize {
+        self.placements.len()
+    }
+
+    /// Item `index` (negative counts from the end): a `Placement` or `None`.
+    fn __getitem__(&self, index: isize) -> PyResult<Option<PyPlacement>> {
+        let len = self.placements.len() as isize;
+        let at = if index < 0 { index + len } else { index };
+        if !(0..len).contains(&at) {
+            return Err(pyo3::exceptions::PyIndexError::new_err(format!(
+                "batch index {index} out of range for {len} items"
+            )));
+        }
+        let at = at as usize;
+        Ok(self.placements[at].clone().map(|placement| PyPlacement {
+            key: self.keys[at],
+            placement,
+            payloads: Arc::clone(&self.payloads),
+        }))
+    }
+
+    /// uint64 array of the requested keys, in request order.
+    #[getter]
+    fn keys<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<u64>> {
+        PyArray1::from_slice(py, &self.keys)
+    }
+
+    /// bool array: which items were placed (False: a capacity miss).
+    #[getter]
+    fn hits<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<bool>> {
+        PyArray1::from_iter(py, self.placements.iter().map(Option::is_some))
+    }
+
+    /// int64 array: each item's first physical page in `payload`, -1 for a
+    /// miss or an item with no pages there.
+    fn first_pages<'py>(
+        &self,
+        py: Python<'py>,
+        payload: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyArray1<i64>>> {
+        let id = payload_id(&self.payloads, payload)?;
+        // Pages are below MAX_CAPACITY = i64::MAX, so the casts are exact.
+        Ok(PyArray1::from_iter(
+            py,
+            self.placements.iter().map(|p| {
+                p.as_ref()
+                    .and_then(|p| p.extents(id))
+                    .map_or(-1, |extents| extents[0].start as i64)
+            }),
+        ))
+    }
+
+    fn __repr__(&self) -> String {
+        let hits = self.placements.iter().filter(|p| p.is_some()).count();
+        format!(
+            "PlacementBatch(items={}, hits={hits})",
+            self.placements.len()
         )
     }
 }

@@ -84,6 +84,45 @@ def checksum(records: Iterable[tuple]) -> str:
     return h.hexdigest()
 
 
+@dataclass(frozen=True)
+class ArrayStep:
+    """A `Step` as the numpy arrays a batching caller (a scheduler) holds."""
+
+    payloads: tuple[str, ...] | None
+    keys: Any  # uint64[n]
+    num_pages: Any  # uint64[n]
+    releases: Any  # uint64[m]
+
+
+def as_arrays(stream: Sequence[Step]) -> list[ArrayStep]:
+    import numpy as np
+
+    return [
+        ArrayStep(
+            step.payloads,
+            np.array([k for k, _ in step.reserves], dtype=np.uint64),
+            np.array([n for _, n in step.reserves], dtype=np.uint64),
+            np.array(step.releases, dtype=np.uint64),
+        )
+        for step in stream
+    ]
+
+
+def replay_arrays(alloc: Any, steps: Sequence[ArrayStep]) -> list:
+    """Runs array steps through ``reserve_batch``/``release_many``; returns
+    one ``PlacementBatch`` per step (see `placements`)."""
+    batches: list = []
+    for step in steps:
+        batches.append(alloc.reserve_batch(step.keys, step.num_pages, step.payloads))
+        alloc.release_many(step.releases)
+    return batches
+
+
+def placements(batches: Iterable) -> list:
+    """Every placement (or None) of `replay_arrays`' batches, in request order."""
+    return [placement for batch in batches for placement in batch]
+
+
 def replay(alloc: Any, stream: Sequence[Step], batched: bool = False) -> list:
     """Runs `stream` through a cpkv ``PageAllocator``; returns the placements."""
     results: list = []
