@@ -3,11 +3,15 @@
 //!
 //! Targets: reserve+release under 1 us at 100k objects / 10k free extents;
 //! `digest()` read under 1 us at 1M objects.
+//!
+//! `stream/pool64k`: the core alone on a churn stream shaped like `cpkv bench
+//! allocator`'s (batches of 32 reserves of 1..=64 pages in both payloads, 10%
+//! in the first only, releases back to 90% occupancy), per operation.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use cpkv_allocator::PageAllocator;
+use cpkv_allocator::{PageAllocator, PayloadSet};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 
 const SIZES: [usize; 3] = [1_000, 100_000, 1_000_000];
@@ -29,6 +33,67 @@ fn fragmented(objects: usize) -> PageAllocator {
     }
     assert_eq!(alloc.len(), objects);
     alloc
+}
+
+/// One step of a churn stream: a payload set, reserves, then releases.
+type Step = (PayloadSet, Vec<(u64, u64)>, Vec<u64>);
+
+/// A seeded churn stream over two pools of `capacity` pages; releases are
+/// chosen by replaying it, so every one names a live key.
+fn churn_stream(capacity: u64, steps: usize) -> Vec<Step> {
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut below = move |n: u64| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state % n
+    };
+    let mut alloc = PageAllocator::new(&[("kv", capacity), ("index", capacity)]).unwrap();
+    let (all, first) = (alloc.payloads().all(), alloc.select(Some(&["kv"])).unwrap());
+    let (mut live, mut key, mut stream) = (Vec::new(), 0u64, Vec::new());
+    for _ in 0..steps {
+        let set = if below(10) == 0 { first } else { all };
+        let mut reserves = Vec::new();
+        for _ in 0..32 {
+            let pages = 1 + below(64);
+            reserves.push((key, pages));
+            if alloc.reserve(key, pages, set).unwrap().is_some() {
+                live.push(key);
+            }
+            key += 1 + below(1000);
+        }
+        let mut releases = Vec::new();
+        while !live.is_empty() && capacity - alloc.free_pages(0) > capacity / 10 * 9 {
+            let k = live.swap_remove(below(live.len() as u64) as usize);
+            alloc.release(k).unwrap();
+            releases.push(k);
+        }
+        stream.push((set, reserves, releases));
+    }
+    stream
+}
+
+fn stream_bench(c: &mut Criterion) {
+    let stream = churn_stream(65_536, 600);
+    let ops: usize = stream.iter().map(|(_, r, k)| r.len() + k.len()).sum();
+    let mut group = c.benchmark_group("stream");
+    group.sample_size(10);
+    group.throughput(criterion::Throughput::Elements(ops as u64));
+    group.bench_function("pool64k_reserve_many_release_many", |b| {
+        b.iter(|| {
+            let mut alloc = PageAllocator::new(&[("kv", 65_536), ("index", 65_536)]).unwrap();
+            for (set, reserves, releases) in &stream {
+                alloc
+                    .reserve_each(reserves, *set, |_, p| {
+                        black_box(p);
+                    })
+                    .unwrap();
+                alloc.release_many(releases).unwrap();
+            }
+            alloc
+        })
+    });
+    group.finish();
 }
 
 fn benches(c: &mut Criterion) {
@@ -81,5 +146,5 @@ fn benches(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(allocator, benches);
+criterion_group!(allocator, benches, stream_bench);
 criterion_main!(allocator);

@@ -56,15 +56,20 @@ fn pages_arg(key: u64, num_pages: &Bound<'_, PyAny>) -> PyResult<u64> {
 /// read in place, without a Python object per element.
 fn u64_vector(values: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u64>> {
     if let Ok(array) = values.cast::<PyArray1<u64>>() {
-        return Ok(array.readonly().as_array().to_vec());
+        // A contiguous array is copied out in one go, without taking a
+        // borrow (numpy's borrow tracking costs more than the copy).
+        return Ok(array
+            .to_vec()
+            .unwrap_or_else(|_| array.readonly().as_array().to_vec()));
     }
     if let Ok(array) = values.cast::<PyArray1<i64>>() {
-        let array = array.readonly();
-        return array
-            .as_array()
-            .iter()
+        let signed = array
+            .to_vec()
+            .unwrap_or_else(|_| array.readonly().as_array().to_vec());
+        return signed
+            .into_iter()
             .enumerate()
-            .map(|(i, &v)| {
+            .map(|(i, v)| {
                 u64::try_from(v)
                     .map_err(|_| invalid(format!("{what}[{i}] = {v} must be an int in [0, 2**64)")))
             })

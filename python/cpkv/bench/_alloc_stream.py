@@ -112,9 +112,10 @@ def replay_arrays(alloc: Any, steps: Sequence[ArrayStep]) -> list:
     """Runs array steps through ``reserve_batch``/``release_many``; returns
     one ``PlacementBatch`` per step (see `placements`)."""
     batches: list = []
+    reserve_batch, release_many = alloc.reserve_batch, alloc.release_many
     for step in steps:
-        batches.append(alloc.reserve_batch(step.keys, step.num_pages, step.payloads))
-        alloc.release_many(step.releases)
+        batches.append(reserve_batch(step.keys, step.num_pages, step.payloads))
+        release_many(step.releases)
     return batches
 
 
@@ -124,25 +125,34 @@ def placements(batches: Iterable) -> list:
 
 
 def replay(alloc: Any, stream: Sequence[Step], batched: bool = False) -> list:
-    """Runs `stream` through a cpkv ``PageAllocator``; returns the placements."""
+    """Runs `stream` through a cpkv ``PageAllocator``; returns the placements.
+
+    This loop and `replay_reference`'s are written alike (bound methods looked
+    up once), so the harness costs both sides the same."""
     results: list = []
+    if batched:
+        reserve_many, release_many = alloc.reserve_many, alloc.release_many
+        for step in stream:
+            results += reserve_many(step.reserves, step.payloads)
+            release_many(step.releases)
+        return results
+    reserve, release, append = alloc.reserve, alloc.release, results.append
     for step in stream:
-        if batched:
-            results += alloc.reserve_many(step.reserves, step.payloads)
-            alloc.release_many(step.releases)
-        else:
-            for key, pages in step.reserves:
-                results.append(alloc.reserve(key, pages, step.payloads))
-            for key in step.releases:
-                alloc.release(key)
+        payloads = step.payloads
+        for key, pages in step.reserves:
+            append(reserve(key, pages, payloads))
+        for key in step.releases:
+            release(key)
     return results
 
 
 def replay_reference(alloc: ReferenceAllocator, stream: Sequence[Step]) -> list:
     results: list = []
+    reserve, release, append = alloc.reserve, alloc.release, results.append
     for step in stream:
+        payloads = step.payloads
         for key, pages in step.reserves:
-            results.append(alloc.reserve(key, pages, step.payloads))
+            append(reserve(key, pages, payloads))
         for key in step.releases:
-            alloc.release(key)
+            release(key)
     return results
