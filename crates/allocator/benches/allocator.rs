@@ -4,7 +4,7 @@
 //! Targets: reserve+release under 1 us at 100k objects / 10k free extents;
 //! `digest()` read under 1 us at 1M objects.
 //!
-//! `stream/pool64k`: the core alone on a churn stream shaped like `cpkv bench
+//! `stream/*`: the core alone on a churn stream shaped like `cpkv bench
 //! allocator`'s (batches of 32 reserves of 1..=64 pages in both payloads, 10%
 //! in the first only, releases back to 90% occupancy), per operation.
 
@@ -74,25 +74,29 @@ fn churn_stream(capacity: u64, steps: usize) -> Vec<Step> {
 }
 
 fn stream_bench(c: &mut Criterion) {
-    let stream = churn_stream(65_536, 600);
-    let ops: usize = stream.iter().map(|(_, r, k)| r.len() + k.len()).sum();
     let mut group = c.benchmark_group("stream");
     group.sample_size(10);
-    group.throughput(criterion::Throughput::Elements(ops as u64));
-    group.bench_function("pool64k_reserve_many_release_many", |b| {
-        b.iter(|| {
-            let mut alloc = PageAllocator::new(&[("kv", 65_536), ("index", 65_536)]).unwrap();
-            for (set, reserves, releases) in &stream {
+    // The bench command's two workloads: the pools and a 1M-page host pool.
+    for (name, capacity, steps) in [("pool64k", 65_536, 600), ("pool1m", 1 << 20, 1_500)] {
+        let stream = churn_stream(capacity, steps);
+        let ops: usize = stream.iter().map(|(_, r, k)| r.len() + k.len()).sum();
+        group.throughput(criterion::Throughput::Elements(ops as u64));
+        group.bench_function(format!("{name}_reserve_many_release_many"), |b| {
+            b.iter(|| {
+                let mut alloc =
+                    PageAllocator::new(&[("kv", capacity), ("index", capacity)]).unwrap();
+                for (set, reserves, releases) in &stream {
+                    alloc
+                        .reserve_each(reserves, *set, |_, p| {
+                            black_box(p);
+                        })
+                        .unwrap();
+                    alloc.release_many(releases).unwrap();
+                }
                 alloc
-                    .reserve_each(reserves, *set, |_, p| {
-                        black_box(p);
-                    })
-                    .unwrap();
-                alloc.release_many(releases).unwrap();
-            }
-            alloc
-        })
-    });
+            })
+        });
+    }
     group.finish();
 }
 
