@@ -138,15 +138,33 @@ impl PageAllocator {
     /// Releases every key; validated first (all live, none repeated), so a
     /// rejected batch releases nothing.
     pub fn release_many(&mut self, keys: &[u64]) -> Result<()> {
+        // Taking the objects out validates the batch in the same pass: a key
+        // that is missing is unknown or repeated. Free lists and digest are
+        // touched only once every key was found.
+        let mut taken = Vec::with_capacity(keys.len());
         for &key in keys {
-            self.object(key)?;
+            let Some(object) = self.objects.remove(&key) else {
+                for (key, object) in taken {
+                    self.objects.insert(key, object);
+                }
+                return Err(self.release_many_error(keys));
+            };
+            taken.push((key, object));
         }
-        check_distinct(keys.iter().copied())?;
-        for &key in keys {
-            let object = self.objects.remove(&key).expect("validated above");
+        for (key, object) in taken {
             self.forget(key, object);
         }
         Ok(())
+    }
+
+    /// The error of a rejected `release_many`: the first unknown key, else
+    /// the first repeated one.
+    fn release_many_error(&self, keys: &[u64]) -> AllocError {
+        let checked = keys
+            .iter()
+            .try_for_each(|&key| self.object(key).map(|_| ()))
+            .and_then(|()| check_distinct(keys.iter().copied()));
+        checked.expect_err("a key of the batch was missing")
     }
 
     /// Marks `key` committed (its pages hold valid data); idempotent.
