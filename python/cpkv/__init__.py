@@ -1,20 +1,56 @@
 """cpkv: context-parallel ranks sharing one KV cache without talking on the hot path.
 
 Identical inputs give identical decisions on every rank, so no broadcast,
-gather or vote is needed to agree on where KV goes.
+gather or vote is needed to agree on where KV goes. The package, by concept:
+
+- shared host (L2) page allocator (``crates/allocator``): :class:`PageAllocator`;
+- replicated prefix tree and eviction (``crates/evict``): :class:`PrefixTree`;
+- the CP compose path (:mod:`cpkv.compose`, kernels in :mod:`cpkv.kernels`);
+- batch admission for CP prefill (:mod:`cpkv.scheduling`);
+- the exception hierarchy (:mod:`cpkv.errors`) and the ``cpkv`` command line (:mod:`cpkv.cli`).
+
+``import cpkv`` does not import torch; the compose groups import it when used.
 """
 
-from cpkv._cpkv import __version__
+from cpkv import scheduling
+from cpkv._cpkv import (
+    DeviceVictim,
+    HostVictim,
+    InsertResult,
+    MatchResult,
+    PageAllocator,
+    Placement,
+    PlacementBatch,
+    PrefixTree,
+    TreeEvent,
+    __version__,
+)
+from cpkv.compose import ComposePlan, CpLayout, CudaIpcGroup, LocalGroup, PlanCache, ShmGroup, SlotSpans
 from cpkv.errors import *  # noqa: F403  (the exception hierarchy is public API)
 from cpkv.errors import __all__ as _error_names
 
-# Shared host (L2) page allocator -- crates/allocator
-from cpkv._cpkv import PageAllocator, Placement, PlacementBatch  # noqa: E402,F401
-# Replicated prefix tree and eviction -- crates/evict
-from cpkv._cpkv import PrefixTree, MatchResult, InsertResult, DeviceVictim, HostVictim, TreeEvent  # noqa: E402,F401,E501
-# CP compose path -- cpkv.compose
-from cpkv.compose import CpLayout, SlotSpans, ComposePlan, PlanCache, LocalGroup, ShmGroup, CudaIpcGroup  # noqa: E402,F401,E501
-# Batch admission -- cpkv.scheduling
-from cpkv import scheduling  # noqa: E402,F401  (form_batch, AffinityPolicy, BudgetConfig, backup_range)
-
-__all__ = ["__version__", *_error_names]
+__all__ = [
+    "__version__",
+    # allocator
+    "PageAllocator",
+    "Placement",
+    "PlacementBatch",
+    # prefix tree
+    "PrefixTree",
+    "MatchResult",
+    "InsertResult",
+    "DeviceVictim",
+    "HostVictim",
+    "TreeEvent",
+    # compose
+    "CpLayout",
+    "SlotSpans",
+    "ComposePlan",
+    "PlanCache",
+    "LocalGroup",
+    "ShmGroup",
+    "CudaIpcGroup",
+    # batch admission
+    "scheduling",
+    *_error_names,
+]

@@ -1,14 +1,28 @@
 """Type stubs for the Rust extension ``cpkv._cpkv``."""
 
-__version__: str
-
-# --- Shared host (L2) page allocator (crates/allocator, crates/cpkv-py/src/allocator.rs) ---
-
-from typing import Iterable, Iterator, Mapping, Sequence
+from typing import Iterable, Mapping, Sequence, final
 
 import numpy as np
 import numpy.typing as npt
 
+__all__ = [
+    "__version__",
+    "PageAllocator",
+    "Placement",
+    "PlacementBatch",
+    "PrefixTree",
+    "MatchResult",
+    "InsertResult",
+    "DeviceVictim",
+    "HostVictim",
+    "TreeEvent",
+]
+
+__version__: str
+
+# ---- Shared host (L2) page allocator (crates/allocator) ----------------------
+
+@final
 class Placement:
     """Where one object's pages live: per payload, extents in object-position order."""
 
@@ -23,17 +37,17 @@ class Placement:
         """``[(start, length), ...]`` in position order; UnknownPayloadError if absent."""
     def pages(self, payload: str) -> npt.NDArray[np.int64]:
         """Object position -> physical page."""
-    def __eq__(self, other: object) -> bool: ...
+    def __eq__(self, other: object, /) -> bool: ...
 
+@final
 class PlacementBatch:
     """``PageAllocator.reserve_batch``'s result: per item, in request order, a
     ``Placement`` or None (a miss). Holds the placements themselves, so later
     calls never change it; a ``Placement`` object is built only when read."""
 
     def __len__(self) -> int: ...
-    def __getitem__(self, index: int) -> Placement | None:
+    def __getitem__(self, index: int, /) -> Placement | None:
         """Negative indices count from the end; IndexError past either end."""
-    def __iter__(self) -> Iterator[Placement | None]: ...
     @property
     def keys(self) -> npt.NDArray[np.uint64]:
         """The requested keys, in request order."""
@@ -43,6 +57,7 @@ class PlacementBatch:
     def first_pages(self, payload: str) -> npt.NDArray[np.int64]:
         """Each item's first physical page in ``payload``; -1 for a miss or no pages there."""
 
+@final
 class PageAllocator:
     """Deterministic first-fit page allocator, one pool per payload; thread safe.
 
@@ -50,7 +65,7 @@ class PageAllocator:
     leaves state and digest exactly as they were. Keys are ints in [0, 2**64).
     """
 
-    def __init__(self, pools: Mapping[str, int]) -> None:
+    def __new__(cls, pools: Mapping[str, int]) -> PageAllocator:
         """``PageAllocator({"kv": 65536, "index": 65536})``: capacities in pages, in order."""
     def reserve(self, key: int, num_pages: int, payloads: Sequence[str] | None = None) -> Placement | None:
         """First-fit in each payload (default all); None on a capacity miss (nothing changes)."""
@@ -75,7 +90,7 @@ class PageAllocator:
         """Committed ``key`` -> ``left_key`` [0, at) and ``right_key`` [at, len), same pages, both committed."""
     def placement(self, key: int) -> Placement: ...
     def is_committed(self, key: int) -> bool: ...
-    def __contains__(self, key: object) -> bool: ...
+    def __contains__(self, key: object, /) -> bool: ...
     def __len__(self) -> int: ...
     def keys(self) -> list[int]:
         """Live keys, ascending."""
@@ -107,19 +122,17 @@ class PageAllocator:
 
 # ---- Replicated prefix tree and eviction (crates/evict) ----------------------
 
-import numpy as _np
-import numpy.typing as _npt
-
-_IntVector = _npt.ArrayLike  # a 1-D sequence of non-negative ints (list, tuple or numpy integer array)
+_IntVector = npt.ArrayLike  # a 1-D sequence of non-negative ints (list, tuple or numpy integer array)
 _Namespace = int | str | None
 
+@final
 class MatchResult:
     """What ``PrefixTree.match`` found."""
 
     @property
     def length(self) -> int: ...  # tokens matched on device
     @property
-    def device_pages(self) -> _npt.NDArray[_np.int64]: ...
+    def device_pages(self) -> npt.NDArray[np.int64]: ...
     @property
     def host_length(self) -> int: ...  # tokens matched counting host-only nodes
     @property
@@ -127,18 +140,21 @@ class MatchResult:
     @property
     def host_node(self) -> int: ...  # deepest matched node, host-only included
 
+@final
 class InsertResult:
     @property
     def node(self) -> int: ...
     @property
     def cached(self) -> int: ...  # leading pages already on device: free your copies
 
+@final
 class DeviceVictim:
     @property
     def node(self) -> int: ...
     @property
-    def pages(self) -> _npt.NDArray[_np.int64]: ...
+    def pages(self) -> npt.NDArray[np.int64]: ...
 
+@final
 class HostVictim:
     @property
     def node(self) -> int: ...
@@ -149,6 +165,7 @@ class HostVictim:
     @property
     def released(self) -> bool: ...  # no other node shares the object: release it
 
+@final
 class TreeEvent:
     @property
     def kind(self) -> str: ...  # "stored" | "removed"
@@ -161,15 +178,16 @@ class TreeEvent:
     @property
     def num_pages(self) -> int: ...
     @property
-    def pages(self) -> _npt.NDArray[_np.int64]: ...  # device page ids (empty for host events)
+    def pages(self) -> npt.NDArray[np.int64]: ...  # device page ids (empty for host events)
     @property
     def object_key(self) -> int | None: ...
 
+@final
 class PrefixTree:
     """Replicated page-granular prefix tree; every call is one event of the logical clock."""
 
     POLICIES: tuple[str, ...]
-    def __init__(self, page_size: int, policy: str = "lru") -> None: ...
+    def __new__(cls, page_size: int, policy: str = "lru") -> PrefixTree: ...
     def match(self, tokens: _IntVector, namespace: _Namespace = None) -> MatchResult: ...
     def insert(self, tokens: _IntVector, pages: _IntVector, namespace: _Namespace = None) -> InsertResult: ...
     def lock(self, node: int) -> None: ...
