@@ -5,6 +5,8 @@
 //! a node changes, so reading it is O(1) and two ranks agree iff (with
 //! overwhelming probability) their trees, clocks, stamps, counts and tiers do.
 
+use std::hash::{BuildHasherDefault, Hasher};
+
 use crate::namespace::Namespace;
 use crate::node::Node;
 
@@ -87,4 +89,27 @@ pub fn node_hash(node: &Node, tokens_hash: u64) -> u64 {
 
 pub fn tokens_hash(tokens: &[u64]) -> u64 {
     Hasher64::default().words(tokens).finish()
+}
+
+/// Hashes one 64-bit word with `mix`, for the tree's own hash tables (page
+/// ids, ghost keys): cheaper than SipHash, and fixed, though nothing ever
+/// depends on those tables' order (they are looked up, never iterated in a
+/// decision).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct WordHasher(u64);
+
+pub type WordHashing = BuildHasherDefault<WordHasher>;
+
+impl Hasher for WordHasher {
+    fn finish(&self) -> u64 {
+        mix(self.0)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+    fn write_u64(&mut self, value: u64) {
+        self.0 = value;
+    }
 }

@@ -18,10 +18,10 @@
 //! policy puts one-shot content on probation. Everything here is replicated
 //! state, in the digest, and visited in order only through `order`.
 
+use std::collections::hash_map::Entry as Slot;
 use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasherDefault, Hasher};
 
-use crate::digest::Hasher64;
+use crate::digest::{Hasher64, WordHashing};
 use crate::node::{NodeId, Token};
 
 /// `Policy::Ghost`'s weights, in sixteenths of the horizon: how far behind
@@ -46,7 +46,7 @@ struct Entry {
 pub struct GhostHistory {
     /// Looked up by key only, never iterated in any decision (the digest
     /// sums over it, which is order-free), so its hash order cannot leak.
-    entries: HashMap<u64, Entry, BuildHasherDefault<KeyHasher>>,
+    entries: HashMap<u64, Entry, WordHashing>,
     /// (seq, key) in recording order; an entry taken back or re-recorded
     /// leaves a stale item here, skipped when it reaches the front.
     order: VecDeque<(u64, u64)>,
@@ -68,24 +68,6 @@ const GHOST_PAGES_PER_CACHED_PAGE: usize = 4;
 const REUSE_WINDOW_PAGES: u64 = 1 << 14;
 /// One-shot content goes at least half a horizon behind its access.
 const MIN_PROBATION: u64 = SIXTEENTHS / 2;
-
-/// Keys are already well-mixed 64-bit hashes: the map uses them as they are.
-#[derive(Debug, Default)]
-struct KeyHasher(u64);
-
-impl Hasher for KeyHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
-        }
-    }
-    fn write_u64(&mut self, value: u64) {
-        self.0 = value;
-    }
-}
 
 /// The content key of a node: its parent and its first page.
 pub fn content_key(parent: NodeId, first_page: &[Token]) -> u64 {
@@ -112,7 +94,6 @@ impl GhostHistory {
     pub fn record(&mut self, key: u64, hits: u64, pages: usize, cached_pages: usize) {
         self.peak_cached_pages = self.peak_cached_pages.max(cached_pages);
         let bound = GHOST_PAGES_PER_CACHED_PAGE * self.peak_cached_pages;
-        self.forget(key);
         let entry = Entry {
             seq: self.next_seq,
             hits,
@@ -120,15 +101,22 @@ impl GhostHistory {
         };
         self.next_seq += 1;
         self.digest_sum = self.digest_sum.wrapping_add(entry_hash(key, &entry));
-        self.entries.insert(key, entry);
-        self.order.push_back((entry.seq, key));
         self.pages += pages;
+        // One lookup: a re-recorded key replaces its entry.
+        if let Some(old) = self.entries.insert(key, entry) {
+            self.discount(key, &old);
+        }
+        self.order.push_back((entry.seq, key));
         while self.pages > bound || self.order.len() > bound.max(1) {
             let Some((seq, key)) = self.order.pop_front() else {
                 break;
             };
-            if self.entries.get(&key).is_some_and(|e| e.seq == seq) {
-                self.forget(key);
+            // Stale items (taken back or re-recorded since) name no entry.
+            if let Slot::Occupied(slot) = self.entries.entry(key) {
+                if slot.get().seq == seq {
+                    let old = slot.remove();
+                    self.discount(key, &old);
+                }
             }
         }
     }
@@ -182,9 +170,14 @@ impl GhostHistory {
 
     fn forget(&mut self, key: u64) -> Option<(u64, usize)> {
         let entry = self.entries.remove(&key)?;
-        self.pages -= entry.pages;
-        self.digest_sum = self.digest_sum.wrapping_sub(entry_hash(key, &entry));
+        self.discount(key, &entry);
         Some((entry.hits, entry.pages))
+    }
+
+    /// Takes a removed entry out of the page count and the digest.
+    fn discount(&mut self, key: u64, entry: &Entry) {
+        self.pages -= entry.pages;
+        self.digest_sum = self.digest_sum.wrapping_sub(entry_hash(key, entry));
     }
 
     pub fn pages(&self) -> usize {

@@ -5,6 +5,7 @@
 //! id, so all context-parallel ranks that replay the same calls evict the same
 //! victims without exchanging a word. `digest` makes that checkable.
 
+mod child_key;
 mod clock;
 mod digest;
 mod error;

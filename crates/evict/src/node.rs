@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use crate::child_key::ChildKey;
 use crate::clock::Stamp;
 
 /// A token id.
@@ -38,7 +39,7 @@ pub struct Node {
     /// Whole pages of tokens (empty for roots).
     pub(crate) tokens: Vec<Token>,
     /// Children keyed by the tokens of their first page (ordered: no hash order).
-    pub(crate) children: BTreeMap<Box<[Token]>, NodeId>,
+    pub(crate) children: BTreeMap<ChildKey, NodeId>,
     /// Device page ids, one per page, when the node is on device.
     pub(crate) device: Option<Vec<PageId>>,
     /// Host object key, when the node has a host copy.

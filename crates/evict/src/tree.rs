@@ -15,8 +15,9 @@
 
 use std::collections::{BTreeMap, HashSet};
 
+use crate::child_key::{ChildKey, Page, PageKey};
 use crate::clock::{LogicalClock, Stamp};
-use crate::digest::{namespace_hash, node_hash, tokens_hash, Hasher64};
+use crate::digest::{namespace_hash, node_hash, tokens_hash, Hasher64, WordHashing};
 use crate::error::EvictError;
 use crate::events::Event;
 use crate::evictable::EvictableIndex;
@@ -80,7 +81,7 @@ pub struct PrefixTree {
     digest_sum: u64,
     /// Device pages held by the tree: a membership set only, never iterated,
     /// so its hash order cannot leak into any decision.
-    live_pages: HashSet<PageId>,
+    live_pages: HashSet<PageId, WordHashing>,
     /// Nodes referring to each host object.
     host_refs: BTreeMap<HostKey, usize>,
     host_pages: usize,
@@ -119,7 +120,7 @@ impl PrefixTree {
             roots: BTreeMap::new(),
             index: EvictableIndex::default(),
             digest_sum: 0,
-            live_pages: HashSet::new(),
+            live_pages: HashSet::default(),
             host_refs: BTreeMap::new(),
             host_pages: 0,
             live_nodes: 0,
@@ -487,7 +488,7 @@ impl PrefixTree {
         let (mut at, mut done) = (root, 0);
         while done < total {
             let key = &tokens[done * ps..(done + 1) * ps];
-            let Some(&child) = self.node_ref(at).children.get(key) else {
+            let Some(&child) = self.node_ref(at).children.get(&Page(key) as &dyn PageKey) else {
                 break;
             };
             let node = self.node_ref(child);
@@ -569,10 +570,12 @@ impl PrefixTree {
     ) -> NodeId {
         let p = self.node_ref(parent);
         let depth = p.depth + p.pages(self.page_size);
-        let key: Box<[Token]> = tokens[..self.page_size].into();
+        let key = ChildKey::new(&tokens[..self.page_size]);
         // Content back from the ghost history resumes its hit count.
         let returned = if self.policy.remembers_dropped() {
-            self.ghost.take_back(content_key(parent, &key)).unwrap_or(0)
+            self.ghost
+                .take_back(content_key(parent, &tokens[..self.page_size]))
+                .unwrap_or(0)
         } else {
             0
         };
@@ -624,7 +627,7 @@ impl PrefixTree {
             parent: Some(parent),
             tokens_hash: tokens_hash(&upper_tokens),
             tokens: upper_tokens,
-            children: BTreeMap::from([(node.tokens[cut..cut + ps].into(), id)]),
+            children: BTreeMap::from([(ChildKey::new(&node.tokens[cut..cut + ps]), id)]),
             device: node.device.as_ref().map(|d| d[..at].to_vec()),
             host: node.host,
             device_children: usize::from(node.device.is_some()),
@@ -640,7 +643,7 @@ impl PrefixTree {
             digest_term: 0,
             indexed: None,
         };
-        let key: Box<[Token]> = node.tokens[..ps].into();
+        let key = ChildKey::new(&node.tokens[..ps]);
         if let Some(host) = node.host {
             *self.host_refs.get_mut(&host).expect("recorded") += 1;
         }
@@ -681,26 +684,34 @@ impl PrefixTree {
         let node = self.node_ref(id);
         let (parent, start, has_host) =
             (node.parent.expect("non-root"), node.depth, node.on_host());
-        let pages = node.device.clone().expect("indexed on device");
         self.floor = self.floor.max(node.last_access.min(node.priority));
-        for page in &pages {
+        // Pages leave the live set first: the ghost history sizes itself by
+        // what the tree holds once the victim is gone.
+        let device = self.nodes[id.0 as usize]
+            .as_ref()
+            .and_then(|n| n.device.as_ref());
+        for page in device.expect("indexed on device") {
             self.live_pages.remove(page);
         }
-        self.events.push(Event::DeviceRemoved {
-            node: id,
-            start,
-            pages: pages.clone(),
-        });
-        if has_host {
-            self.update(id, |n| n.device = None);
+        // The node's own page list becomes the victim's (no copy).
+        let pages = if has_host {
+            let mut pages = None;
+            self.update(id, |n| pages = n.device.take());
             self.update(parent, |p| p.device_children -= 1);
+            pages
         } else {
             debug_assert!(
                 self.node_ref(id).children.is_empty(),
                 "host set is closed to the root"
             );
-            self.remove(id);
+            self.remove(id).device
         }
+        .expect("indexed on device");
+        self.events.push(Event::DeviceRemoved {
+            node: id,
+            start,
+            pages: pages.clone(),
+        });
         pages
     }
 
@@ -730,9 +741,9 @@ impl PrefixTree {
         }
     }
 
-    /// Takes a childless, device-less node out of the tree (into the ghost
-    /// history, for policies that keep one).
-    fn remove(&mut self, id: NodeId) {
+    /// Takes a childless node out of the tree (into the ghost history, for
+    /// policies that keep one) and hands it back.
+    fn remove(&mut self, id: NodeId) -> Node {
         self.detach(id);
         let node = self.nodes[id.0 as usize].take().expect("live");
         self.live_nodes -= 1;
@@ -746,11 +757,12 @@ impl PrefixTree {
                 .record(content_key(parent, key), node.hits, pages, cached);
         }
         self.update(parent, |p| {
-            p.children.remove(key);
+            p.children.remove(&Page(key) as &dyn PageKey);
             if on_device {
                 p.device_children -= 1;
             }
         });
+        node
     }
 
     /// The one way nodes change: take the node out of the digest and the
@@ -786,7 +798,7 @@ impl PrefixTree {
     pub fn check_invariants(&self) -> Result<(), String> {
         let ps = self.page_size;
         let mut expected: BTreeMap<Tier, Vec<(crate::PolicyKey, NodeId)>> = BTreeMap::new();
-        let mut pages_seen = HashSet::new();
+        let mut pages_seen = HashSet::with_hasher(WordHashing::default());
         let mut host_refs: BTreeMap<HostKey, usize> = BTreeMap::new();
         let mut host_pages = 0;
         for node in self.nodes() {
@@ -814,7 +826,7 @@ impl PrefixTree {
                 let c = self
                     .node(*child)
                     .ok_or(format!("node {id}: dead child {child}"))?;
-                if c.parent != Some(id) || c.tokens[..ps] != key[..] {
+                if c.parent != Some(id) || !key.names(&c.tokens[..ps]) {
                     return Err(format!("node {id}: child {child} miskeyed"));
                 }
                 if c.depth != node.depth + node.pages(ps) {
