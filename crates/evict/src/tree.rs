@@ -207,9 +207,12 @@ impl PrefixTree {
             .finish()
     }
 
-    /// Drains the residency events since the last call.
+    /// Drains the residency events since the last call. The next buffer
+    /// starts as large as this one, so a steady stream of calls between
+    /// drains pushes its events without regrowing it.
     pub fn take_events(&mut self) -> Vec<Event> {
-        std::mem::take(&mut self.events)
+        let room = Vec::with_capacity(self.events.len());
+        std::mem::replace(&mut self.events, room)
     }
 
     // ---- the engine's calls --------------------------------------------
