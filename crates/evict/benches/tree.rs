@@ -71,7 +71,9 @@ fn bench(c: &mut Criterion) {
             &mut fresh,
             &mut next_page,
         );
-        // The ghost policy also records each victim in its ghost history.
+        // The ghost policy also records each victim in its ghost history
+        // (bounded at 4x the tree's peak pages: at 1M it does not fill within
+        // a run, so its first-in first-out expiry is timed at 10k and 100k).
         let (mut ghost, mut ghost_next_page) = build(n, Policy::Ghost);
         let mut ghost_fresh = n;
         evict_one_victim(
