@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 from cpkv.compose.config import compose_config
 from cpkv.compose.debug import check_current, check_plan
-from cpkv.compose.plan import ComposePlan
+from cpkv.compose.plan import ComposePlan, PlanCache
+from cpkv.compose.spans import SlotSpans
 from cpkv.compose.timeouts import guarded
 from cpkv.errors import InvalidArgumentError
 from cpkv.kernels.gather import as_byte_rows, gather_indexed, gather_runs, prefer_runs
@@ -49,14 +50,22 @@ class ComposeGroup:
 class DistributedGroup(ComposeGroup):
     """A rank of a ``torch.distributed`` process group (:class:`ShmGroup`, :class:`CudaIpcGroup`).
 
-    Subclasses provide ``_dist``, ``_pg``, ``rank``, ``timeout_s``, ``pool``,
-    ``_payload`` (with ``row_bytes``, ``dtype``, ``page_shape``) and ``_out``.
+    Subclasses provide ``_dist``, ``_pg``, ``rank``, ``timeout_s``, ``plans``,
+    ``device``, ``pool``, ``_payload`` (with ``rows``, ``row_bytes``, ``dtype``,
+    ``page_shape``) and ``_out``.
     """
 
     _dist: Any
     _pg: Any
     rank: int
     timeout_s: float
+    plans: PlanCache
+    device: Any
+
+    def plan(self, payload: str, page_size: int, requests: Sequence[SlotSpans], num_slots: int) -> ComposePlan:
+        """The batch's plan for ``payload``, from this group's cache (keyed by everything it depends on)."""
+        return self.plans.get(self.cp_size, page_size, requests, num_slots, device=str(self.device),
+                              payload=payload, pool_rows=self._payload(payload).rows)  # type: ignore[attr-defined]
 
     def compose_allreduce(
         self, plan: ComposePlan, payload: str, current: Any, *, layer: int = 0, out: Any = None

@@ -31,7 +31,6 @@ from typing import Any, Sequence
 
 from cpkv.compose.groups.base import DistributedGroup, check_current_rows, check_pool
 from cpkv.compose.plan import ComposePlan, PlanCache, PlanKey
-from cpkv.compose.spans import SlotSpans
 from cpkv.compose.timeouts import DEFAULT_TIMEOUT_S, as_timedelta, guarded
 from cpkv.errors import FallbackError, InvalidArgumentError
 from cpkv.kernels.gather import gather_triton
@@ -122,11 +121,6 @@ class CudaIpcGroup(DistributedGroup):
     def pool(self, payload: str) -> Any:
         p = self._payload(payload)
         return p.pools[self.rank].view(p.dtype).view(p.rows, *p.page_shape)
-
-    def plan(self, payload: str, page_size: int, requests: Sequence[SlotSpans], num_slots: int) -> ComposePlan:
-        """The batch's plan for ``payload``, from this group's cache (keyed by everything it depends on)."""
-        return self.plans.get(self.cp_size, page_size, requests, num_slots, device=str(self.device), payload=payload,
-                              pool_rows=self._payload(payload).rows)
 
     def compose(self, plan: ComposePlan, payload: str, current: Any, *, layer: int = 0, out: Any = None) -> Any:
         """This rank's dense buffer: stage, one barrier, one Triton gather through the address table."""

@@ -34,7 +34,6 @@ from typing import Any, Sequence
 
 from cpkv.compose.groups.base import DistributedGroup, check_current_rows, check_pool, gather_planned
 from cpkv.compose.plan import ComposePlan, PlanCache
-from cpkv.compose.spans import SlotSpans
 from cpkv.compose.segment import SharedSegment
 from cpkv.compose.timeouts import DEFAULT_TIMEOUT_S, as_timedelta, guarded
 from cpkv.errors import FallbackError, InvalidArgumentError
@@ -70,6 +69,8 @@ def _round_up(n: int) -> int:
 
 class ShmGroup(DistributedGroup):
     """A rank of a gloo process group whose pools every rank maps through /dev/shm."""
+
+    device = "cpu"
 
     def __init__(
         self,
@@ -167,11 +168,6 @@ class ShmGroup(DistributedGroup):
         """This rank's pool for ``payload``, ``[rows, *page_shape]`` of its dtype (writes go to shared memory)."""
         p = self._payload(payload)
         return p.pools[self.rank].view(p.dtype).view(p.rows, *p.page_shape)
-
-    def plan(self, payload: str, page_size: int, requests: Sequence[SlotSpans], num_slots: int) -> ComposePlan:
-        """The batch's plan for ``payload``, from this group's cache (keyed by everything it depends on)."""
-        return self.plans.get(self.cp_size, page_size, requests, num_slots, device="cpu", payload=payload,
-                              pool_rows=self._payload(payload).rows)
 
     # -- the hot path ---------------------------------------------------------------------
 
