@@ -20,6 +20,7 @@ __all__ = [
     "NotCommittedError",
     "SnapshotError",
     "UnknownPolicyError",
+    "TraceError",
     "LockError",
     "SpanError",
     "CollectiveTimeoutError",
@@ -74,6 +75,10 @@ class SnapshotError(CpkvValueError):
 
 class UnknownPolicyError(CpkvValueError):
     """An eviction policy name that does not exist."""
+
+
+class TraceError(CpkvValueError):
+    """A request trace that cannot be read or breaks the format; the message names path and line."""
 
 
 class LockError(CpkvValueError):

@@ -2,6 +2,10 @@
 
 One record per line: ``timestamp`` (ms), ``input_length``, ``output_length``,
 ``hash_ids``. Equal ids at position ``i`` mean equal prefixes up to block ``i``.
+
+:func:`load_trace` checks every record it reads, because a replay over a bad
+trace does not fail, it silently reports wrong hit rates: every problem is a
+:class:`~cpkv.errors.TraceError` with a one-line message ``PATH:LINE: what``.
 """
 
 from __future__ import annotations
@@ -9,6 +13,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from cpkv.errors import InvalidArgumentError, TraceError
+
+__all__ = ["BLOCK_TOKENS", "TraceRequest", "load_trace", "blocks_for"]
 
 BLOCK_TOKENS = 512
 
@@ -21,24 +30,95 @@ class TraceRequest:
     hash_ids: tuple[int, ...]
 
 
+def blocks_for(input_length: int) -> int:
+    """Blocks a prompt of ``input_length`` tokens spans (the last one usually partial)."""
+    return -(-input_length // BLOCK_TOKENS)
+
+
+def _is_int(value: Any) -> bool:
+    # JSON true/false load as bool, which is an int subclass; a flag is not a count.
+    return type(value) is int
+
+
+def _record(rec: Any, prev_ts: int) -> TraceRequest:
+    """One record, checked; raises ``ValueError`` with what is wrong (no location)."""
+    if not isinstance(rec, dict):
+        raise ValueError(f"record is a JSON {type(rec).__name__}, not an object")
+    missing = [k for k in ("timestamp", "input_length", "output_length", "hash_ids") if k not in rec]
+    if missing:
+        raise ValueError(f"missing key(s) {', '.join(missing)}")
+    ts, inp, out, ids = rec["timestamp"], rec["input_length"], rec["output_length"], rec["hash_ids"]
+    if not _is_int(ts) or ts < 0:
+        raise ValueError(f"timestamp must be a non-negative integer (ms), got {ts!r}")
+    if ts < prev_ts:
+        raise ValueError(f"timestamp {ts} is before the previous record's {prev_ts} (must be non-decreasing)")
+    if not _is_int(inp) or inp < 1:
+        raise ValueError(f"input_length must be a positive integer, got {inp!r}")
+    if not _is_int(out) or out < 0:
+        raise ValueError(f"output_length must be a non-negative integer, got {out!r}")
+    if not isinstance(ids, list) or not all(_is_int(h) and h >= 0 for h in ids):
+        raise ValueError("hash_ids must be a list of non-negative integers")
+    if len(ids) != blocks_for(inp):
+        raise ValueError(
+            f"{len(ids)} hash_ids for input_length {inp}, expected ceil({inp}/{BLOCK_TOKENS}) = {blocks_for(inp)}"
+        )
+    return TraceRequest(ts, inp, out, tuple(ids))
+
+
 def load_trace(path: str | Path, limit: int | None = None) -> list[TraceRequest]:
-    """Reads a trace; raises ``ValueError`` naming the line of a bad record."""
+    """Reads the first ``limit`` (default all) records of a trace, checking each.
+
+    Raises :class:`TraceError` for a file that cannot be read, one with no
+    records, and the first bad record: bad JSON or UTF-8, a missing key, a
+    count that is not a non-negative integer, ``len(hash_ids) !=
+    ceil(input_length / 512)``, a timestamp before the previous one, or a
+    block id that breaks the chain (it followed another id earlier in the
+    file, so "equal id means equal prefix" would not hold).
+    """
+    if limit is not None and (not _is_int(limit) or limit < 1):
+        raise InvalidArgumentError(f"limit must be a positive integer or None, got {limit!r}")
+    p = Path(path)
+    if p.is_dir():
+        raise TraceError(f"{path}: is a directory, not a trace file")
     requests: list[TraceRequest] = []
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if limit is not None and len(requests) >= limit:
-                break
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-                req = TraceRequest(
-                    int(rec["timestamp"]),
-                    int(rec["input_length"]),
-                    int(rec["output_length"]),
-                    tuple(int(h) for h in rec["hash_ids"]),
-                )
-            except (ValueError, KeyError, TypeError) as exc:
-                raise ValueError(f"{path}:{line_no}: bad trace record: {exc}") from exc
-            requests.append(req)
+    parent: dict[int, int] = {}  # block id -> the id before it (-1 at position 0)
+    prev_ts = 0
+    try:
+        f = open(p, "rb")
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read trace: {exc.strerror or exc}") from exc
+    with f:
+        line_no = 0
+        try:
+            for line_no, raw in enumerate(f, 1):
+                if limit is not None and len(requests) >= limit:
+                    break
+                try:
+                    line = raw.decode("utf-8")
+                    if not line.strip():
+                        continue
+                    req = _record(json.loads(line), prev_ts)
+                    before = -1
+                    for h in req.hash_ids:
+                        seen = parent.setdefault(h, before)
+                        if seen != before:
+                            raise ValueError(
+                                f"block id {h} follows {before if before >= 0 else 'the start'} here but "
+                                f"{seen if seen >= 0 else 'the start'} earlier (ids must be chained)"
+                            )
+                        before = h
+                except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError too
+                    raise TraceError(f"{path}:{line_no}: bad trace record: {_one_line(exc)}") from exc
+                prev_ts = req.timestamp_ms
+                requests.append(req)
+        except OSError as exc:  # e.g. EIO mid-file
+            raise TraceError(f"{path}:{line_no + 1}: cannot read trace: {exc.strerror or exc}") from exc
+    if not requests:
+        raise TraceError(f"{path}: no trace records (the file is empty)")
     return requests
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__
+
