@@ -1,0 +1,65 @@
+//! `TierConfig`: the cache's shape, validated once. Every rank must build
+//! its cache from the same config (the digest covers it).
+
+use cpkv_evict::Policy;
+
+use crate::error::{Result, TierError};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TierConfig {
+    /// Tokens per page.
+    pub page_size: usize,
+    /// CP ranks; logical device page `p` lives on rank `p % cp_size`.
+    pub cp_size: u64,
+    /// Logical device (L1) pages over all ranks.
+    pub device_pages: u64,
+    /// Host (L2) slab pages, shared by the node's ranks.
+    pub host_pages: u64,
+    /// Eviction policy of both tiers.
+    pub policy: Policy,
+    /// Free host pages that admission evicts toward, best effort, once a
+    /// backup does not fit; a backup that fits never evicts.
+    pub host_free_target: u64,
+}
+
+impl TierConfig {
+    pub fn validate(&self) -> Result<()> {
+        let bad = |field, reason: String| Err(TierError::Config { field, reason });
+        if self.page_size == 0 {
+            return bad("page_size", "must be at least 1".into());
+        }
+        if self.cp_size == 0 || self.cp_size > 1 << 16 {
+            return bad("cp_size", format!("{} is not in 1..=65536", self.cp_size));
+        }
+        if self.device_pages < self.cp_size || self.device_pages > 1 << 40 {
+            return bad(
+                "device_pages",
+                format!(
+                    "{} must hold at least one page per rank ({}) and at most 2^40",
+                    self.device_pages, self.cp_size
+                ),
+            );
+        }
+        if self.host_pages == 0 || self.host_pages > 1 << 40 {
+            return bad(
+                "host_pages",
+                format!("{} is not in 1..=2^40", self.host_pages),
+            );
+        }
+        if self.host_free_target > self.host_pages {
+            return bad(
+                "host_free_target",
+                format!(
+                    "{} exceeds host_pages {}",
+                    self.host_free_target, self.host_pages
+                ),
+            );
+        }
+        Ok(())
+    }
+
+    /// The rank that owns logical device page `page`.
+    pub fn owner(&self, page: u64) -> u64 {
+        page % self.cp_size
+    }
+}

@@ -1,0 +1,54 @@
+//! The two-tier CP KV cache's decisions: which node to back up, where its
+//! host copy goes, what to evict in both tiers, what to load back and what
+//! to admit, as a pure function of the replicated call sequence.
+//!
+//! `TierCache` owns one `PrefixTree` (both tiers' residency and policy),
+//! one `PageAllocator` (the shared host slab's placement) and the device
+//! page pool, and exposes one combined digest. Python
+//! (`cpkv.tier.CacheController`) only moves bytes, runs collectives and
+//! keeps time around it.
+//!
+//! One forward, from the engine's side (`C` marks the only collectives):
+//! 1. `lookup` each request (device hit, host hit; the path is locked);
+//!    `plan_load` the host-only part: device pages to fill from slab rows;
+//!    `allocate` pages for the new tokens.
+//! 2. Per layer: each rank copies the slab rows of the load pages it owns,
+//!    the model runs, each rank copies the pages of pending backups it owns
+//!    into the slab (write-through, overlapping the forward).
+//! 3. `insert` each request: the tree adopts its pages; backups are
+//!    reserved for the path's nodes without a host copy, evicting host
+//!    objects in policy order on a capacity miss, skipping on every rank
+//!    alike if even that cannot make room.
+//! 4. C: one all-reduce MIN of each rank's completed-backup frontier, then
+//!    `commit(frontier)`: finished objects become host copies.
+//! 5. C, every k forwards: one all-reduce MIN/MAX of `digest()`.
+//!
+//! Nothing else needs a collective: every rank replays the same calls on
+//! the same state, so it reaches the same decisions; the frontier is the
+//! only input that differs per rank, and it is made common by the MIN
+//! before any decision reads it.
+
+/// `TierCache`: the engine-level operations.
+mod cache;
+/// `TierConfig`: the cache's shape.
+mod config;
+/// `DevicePool`: logical device pages, free / held by the caller / cached.
+mod device_pool;
+/// `TierError`, the one error type.
+mod error;
+/// The fixed-seed mixer behind the digest terms.
+mod mix;
+/// Plain results: lookups, load plans, backups, commits.
+mod plan;
+/// Host segments: tree host keys into allocator objects.
+mod segments;
+/// Counters.
+mod stats;
+
+pub use cache::TierCache;
+pub use config::TierConfig;
+pub use cpkv_evict::{Namespace, NodeId, PageId, Policy};
+pub use device_pool::DevicePool;
+pub use error::{Result, TierError};
+pub use plan::{Backup, CommitOutcome, InsertOutcome, LoadPlan, LoadRun, Lookup};
+pub use stats::TierStats;
