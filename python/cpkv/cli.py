@@ -3,6 +3,10 @@
 Each command lives in its own module exposing ``configure(parser)`` and
 ``run(args) -> int``; modules are imported only when their command runs, so
 ``cpkv bench allocator`` never pays for importing torch.
+
+Bad input never ends in a traceback: a command's ``CpkvError``, ``OSError``
+or ``ValueError`` is printed as one line ``cpkv: error: ...`` and exits 2
+(argparse's own errors exit 2 too); Ctrl-C exits 130 with one line.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ import importlib
 import sys
 from typing import Sequence
 
+from cpkv.errors import CpkvError
+
 # (command words, module, one-line help)
 COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("bench", "allocator"), "cpkv.bench.allocator", "PageAllocator against the pure-Python reference"),
@@ -20,6 +26,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("schedsim",), "cpkv.scheduling.sim", "Replay a trace through the prefill batch-admission policies"),
     (("bench", "compose"), "cpkv.bench.compose", "Staged single-gather CP compose against the all-reduce compose"),
     (("bench", "compose-gpu"), "cpkv.bench.compose_gpu", "The compose on one GPU: 1..8 ranks, CUDA IPC + Triton gather"),
+    (("sweep",), "cpkv.sweep", "Hit rate over a grid of capacities x policies, Belady as the ceiling: PNG + CSV"),
 ]
 
 
@@ -45,9 +52,28 @@ def _configure(parser: argparse.ArgumentParser, module: str) -> None:
     importlib.import_module(module).configure(parser)
 
 
+def error_line(exc: BaseException) -> str:
+    """The one line shown for ``exc``: its message with newlines folded, never empty."""
+    if isinstance(exc, OSError) and exc.strerror:
+        where = exc.filename if exc.filename is not None else ""
+        text = f"{where}: {exc.strerror}" if where else exc.strerror
+    else:
+        text = str(exc)
+    text = " ".join(text.split())
+    return text or type(exc).__name__
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    return int(importlib.import_module(args._module).run(args) or 0)
+    try:
+        args = _parser().parse_args(argv)  # argparse reports its own errors (exit 2)
+        try:
+            return int(importlib.import_module(args._module).run(args) or 0)
+        except (CpkvError, OSError, ValueError) as exc:
+            print(f"cpkv: error: {error_line(exc)}", file=sys.stderr)
+            return 2
+    except KeyboardInterrupt:
+        print("cpkv: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -67,21 +67,19 @@ def replay(requests: list[tuple[int, ...]], capacity: int, policy: str) -> tuple
 
 def run(args: argparse.Namespace) -> int:
     from cpkv import PrefixTree
+    from cpkv._args import output_file, policy_list, positive_int, positive_ints
     from cpkv._report import Table, emit
     from cpkv.belady import belady_hits
-    from cpkv.errors import InvalidArgumentError, UnknownPolicyError
     from cpkv.traces import load_trace
 
-    capacities = [int(c) for c in args.capacity.split(",") if c]
-    if not capacities or min(capacities) < 1:
-        raise InvalidArgumentError(f"--capacity needs positive page counts, got {args.capacity!r}")
-    policies = [p for p in args.policy.split(",") if p]
-    for p in policies:
-        if p not in PrefixTree.POLICIES:
-            raise UnknownPolicyError(f"unknown eviction policy {p!r} (known: {', '.join(PrefixTree.POLICIES)})")
+    capacities = positive_ints(args.capacity, "--capacity")
+    policies = policy_list(args.policy, PrefixTree.POLICIES)
+    positive_int(args.limit, "--limit")
+    output_file(args.json, "--json")
+    # Every trace is read (and checked) before any replay, so a bad last one fails at once.
+    loaded = [(path, [r.hash_ids for r in load_trace(path, limit=args.limit)]) for path in args.trace]
     tables = []
-    for path in args.trace:
-        requests = [r.hash_ids for r in load_trace(path, limit=args.limit)]
+    for path, requests in loaded:
         columns = ["capacity", *policies]
         if not args.no_belady:
             columns += ["belady", *(f"{p} gap closed" for p in policies if p != "lru" and "lru" in policies)]

@@ -107,7 +107,11 @@ def load_trace(path: str | Path, limit: int | None = None) -> list[TraceRequest]
                                 f"{seen if seen >= 0 else 'the start'} earlier (ids must be chained)"
                             )
                         before = h
-                except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError too
+                except json.JSONDecodeError as exc:  # its own "line 1" would read as the file's line
+                    raise TraceError(f"{path}:{line_no}: bad JSON at column {exc.colno}: {exc.msg}") from exc
+                except UnicodeDecodeError as exc:
+                    raise TraceError(f"{path}:{line_no}: not UTF-8 text (byte {exc.start + 1})") from exc
+                except (ValueError, RecursionError) as exc:
                     raise TraceError(f"{path}:{line_no}: bad trace record: {_one_line(exc)}") from exc
                 prev_ts = req.timestamp_ms
                 requests.append(req)

@@ -296,10 +296,9 @@ impl TierCache {
     /// inserts them. An empty plan (a counted miss) when the device has no
     /// room even after eviction.
     pub fn plan_load(&mut self, node: NodeId) -> Result<LoadPlan> {
-        let n = self
-            .tree
-            .node(node)
-            .ok_or(TierError::Tree(cpkv_evict::EvictError::UnknownNode(node)))?;
+        if self.tree.node(node).is_none() {
+            return Err(TierError::Tree(cpkv_evict::EvictError::UnknownNode(node)));
+        }
         if !self.lookup_locks.contains_key(&node) {
             return Err(TierError::NotLocked(node));
         }

@@ -45,6 +45,21 @@ def _unlink_owned() -> None:
     _owned.clear()
 
 
+def unlink_at_exit(path: str) -> None:
+    """Remembers a file this process just created, so that a normal exit (atexit or a
+    multiprocessing child's finalizers) unlinks it if :func:`unlink_now` never ran."""
+    _track(path)
+
+
+def unlink_now(path: str) -> None:
+    """Removes the name now and forgets it (idempotent; mappings of the file stay valid)."""
+    _owned.discard(path)
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
 class SharedSegment:
     def __init__(self, name: str, nbytes: int, *, create: bool) -> None:
         if "/" in name or not name:
@@ -64,7 +79,7 @@ class SharedSegment:
         finally:
             os.close(fd)
         if create:
-            _track(self.path)
+            unlink_at_exit(self.path)
         self._tensor: Any = None
 
     @property
@@ -78,11 +93,7 @@ class SharedSegment:
 
     def unlink(self) -> None:
         """Removes the name (idempotent); existing mappings stay valid until closed."""
-        _owned.discard(self.path)
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
+        unlink_now(self.path)
 
     def close(self) -> None:
         self._tensor = None
