@@ -6,6 +6,7 @@
 mod allocator;
 mod errors;
 mod prefix_tree;
+mod tier;
 
 use pyo3::prelude::*;
 
@@ -14,5 +15,6 @@ fn _cpkv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     allocator::register(m)?;
     prefix_tree::register(m)?;
+    tier::register(m)?;
     Ok(())
 }

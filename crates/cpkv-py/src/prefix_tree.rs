@@ -23,13 +23,13 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     Ok(())
 }
 
-fn invalid(message: String) -> PyErr {
+pub(crate) fn invalid(message: String) -> PyErr {
     cpkv_error("InvalidArgumentError", message)
 }
 
 /// A 1-D sequence of non-negative integers (numpy integer array or a
 /// list/tuple of ints); floats, bools, nesting and negatives are refused.
-fn int_vector(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u64>> {
+pub(crate) fn int_vector(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u64>> {
     if let Ok(array) = obj.cast::<PyUntypedArray>() {
         if array.ndim() != 1 {
             return Err(invalid(format!(
@@ -108,7 +108,7 @@ fn node_id(value: i64) -> PyResult<NodeId> {
     })
 }
 
-fn namespace(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Namespace> {
+pub(crate) fn namespace(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Namespace> {
     let Some(obj) = obj.filter(|o| !o.is_none()) else {
         return Ok(Namespace::Default);
     };
@@ -125,7 +125,7 @@ fn namespace(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Namespace> {
     )))
 }
 
-fn pages_array(py: Python<'_>, pages: &[u64]) -> Py<PyArray1<i64>> {
+pub(crate) fn pages_array(py: Python<'_>, pages: &[u64]) -> Py<PyArray1<i64>> {
     // Page ids came in as non-negative int64 values, so they fit.
     PyArray1::from_vec(py, pages.iter().map(|p| *p as i64).collect()).unbind()
 }
