@@ -384,6 +384,11 @@ impl TierCache {
         Ok(d)
     }
 
+    /// The prefix tree's logical clock.
+    #[getter]
+    fn clock(&self) -> u64 {
+        self.core.tree().clock()
+    }
     #[getter]
     fn issued(&self) -> u64 {
         self.core.issued()

@@ -1,51 +1,13 @@
-"""The compose path's configuration, read from the environment once.
+"""The compose path's view of :mod:`cpkv.config` (one mechanism for every setting).
 
-``CPKV_DEBUG_COMPOSE=1`` turns on the plan and staging checks of
-:mod:`cpkv.compose.debug`. The hot path reads the cached :class:`ComposeConfig`
-(never ``os.environ``); tests and tools change it with :func:`override_config`
-and go back to the environment with :func:`invalidate_config`.
+``CPKV_DEBUG_COMPOSE=1`` turns on the plan and staging checks of :mod:`cpkv.compose.debug`.
 """
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
+from cpkv.config import DEBUG_ENV, CpkvConfig, invalidate_config, override_config
+from cpkv.config import config as compose_config
 
-DEBUG_ENV = "CPKV_DEBUG_COMPOSE"
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"", "0", "false", "no", "off"}
+ComposeConfig = CpkvConfig
 
-
-@dataclass(frozen=True)
-class ComposeConfig:
-    debug: bool = False
-
-    @classmethod
-    def from_env(cls) -> "ComposeConfig":
-        raw = os.environ.get(DEBUG_ENV, "").strip().lower()
-        if raw not in _TRUE | _FALSE:
-            raise ValueError(f"{DEBUG_ENV}={raw!r}: expected one of {sorted(_TRUE | _FALSE)}")
-        return cls(debug=raw in _TRUE)
-
-
-_current: ComposeConfig | None = None
-
-
-def compose_config() -> ComposeConfig:
-    """The active configuration (read from the environment on first use only)."""
-    global _current
-    if _current is None:
-        _current = ComposeConfig.from_env()
-    return _current
-
-
-def override_config(config: ComposeConfig) -> None:
-    """Replaces the active configuration until :func:`invalidate_config`."""
-    global _current
-    _current = config
-
-
-def invalidate_config() -> None:
-    """Forgets the active configuration; the next use re-reads the environment."""
-    global _current
-    _current = None
+__all__ = ["DEBUG_ENV", "ComposeConfig", "compose_config", "invalidate_config", "override_config"]

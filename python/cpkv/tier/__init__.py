@@ -1,0 +1,14 @@
+"""The two-tier cache's bytes, processes and time around the Rust decisions (``crates/tier``).
+
+- :class:`HostSlab`: the node's shared host (L2) region, one per payload, mapped by every rank;
+- :class:`CacheController`: one rank's engine-facing cache (lookup, load-back, insert,
+  write-through backup, the MIN commit and the digest agreement check); its module docstring
+  walks through one forward and says which calls are collective;
+- :class:`RateLimitedLog`: one fallback warning per kind per interval.
+"""
+
+from cpkv.tier.controller import CacheController, LoadHandle
+from cpkv.tier.slab import HostSlab, SlabSpec
+from cpkv.tier.warnings import RateLimitedLog
+
+__all__ = ["CacheController", "HostSlab", "LoadHandle", "RateLimitedLog", "SlabSpec"]
