@@ -1,0 +1,80 @@
+"""``cpkv replay``'s options, parsed and checked once (every bad value is a one-line error)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from cpkv.errors import InvalidArgumentError
+
+DEFAULT_PAYLOADS = "kv:8x16:float8_e4m3fn,index:32:bfloat16"
+
+
+@dataclass(frozen=True)
+class ReplayOptions:
+    ranks: int = 2
+    page_size: int = 16
+    layers: int = 2
+    payloads: Any = None  # dict[str, SlabSpec]
+    device_pages: int = 512
+    host_pages: int = 2048
+    policy: str = "lru"
+    check_every: int = 4
+    admission: bool = True
+    batch: int = 4
+    timeout_s: float = 60.0
+    progress: bool = True
+
+
+def parse_payloads(text: str) -> dict[str, Any]:
+    """``name:AxB:dtype,...`` into SlabSpecs, e.g. ``kv:8x16:float8_e4m3fn,index:32:bfloat16``."""
+    import torch
+
+    from cpkv.tier import SlabSpec
+
+    specs: dict[str, Any] = {}
+    for item in (part.strip() for part in text.split(",") if part.strip()):
+        fields = item.split(":")
+        if len(fields) != 3 or not fields[0]:
+            raise InvalidArgumentError(f"--payloads: {item!r} is not name:SHAPE:dtype (e.g. kv:8x16:bfloat16)")
+        name, shape_text, dtype_name = fields
+        try:
+            shape = tuple(int(d) for d in shape_text.split("x"))
+        except ValueError:
+            raise InvalidArgumentError(f"--payloads: {item!r}: shape {shape_text!r} is not like 8x16") from None
+        dtype = getattr(torch, dtype_name, None)
+        if not isinstance(dtype, torch.dtype):
+            raise InvalidArgumentError(f"--payloads: {item!r}: unknown dtype {dtype_name!r}")
+        if name in specs:
+            raise InvalidArgumentError(f"--payloads: payload {name!r} is given twice")
+        specs[name] = SlabSpec(shape, dtype)
+    if not specs:
+        raise InvalidArgumentError("--payloads needs at least one payload")
+    return specs
+
+
+def check(options: ReplayOptions, longest_request_pages: int) -> None:
+    """Everything that makes no sense, before any process starts."""
+    from cpkv import PrefixTree
+
+    for name in ("ranks", "page_size", "layers", "device_pages", "host_pages", "check_every", "batch"):
+        value = getattr(options, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InvalidArgumentError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
+    if options.ranks > 16:
+        raise InvalidArgumentError(f"--ranks {options.ranks}: at most 16 CP ranks on one node")
+    if not math.isfinite(options.timeout_s) or options.timeout_s <= 0:
+        raise InvalidArgumentError(f"--timeout must be a finite number of seconds > 0, got {options.timeout_s!r}")
+    if options.policy not in PrefixTree.POLICIES:
+        from cpkv.errors import UnknownPolicyError
+
+        raise UnknownPolicyError(f"--policy: unknown eviction policy {options.policy!r} "
+                                 f"(known: {', '.join(PrefixTree.POLICIES)})")
+    if options.device_pages < max(options.ranks, longest_request_pages + 1):
+        raise InvalidArgumentError(
+            f"--device-pages {options.device_pages} cannot hold one request: the longest has "
+            f"{longest_request_pages} pages (need at least {max(options.ranks, longest_request_pages + 1)})")
+    if options.host_pages < longest_request_pages:
+        raise InvalidArgumentError(f"--host-pages {options.host_pages} cannot hold one request: the longest has "
+                                   f"{longest_request_pages} pages")

@@ -1,0 +1,229 @@
+"""One CP rank of ``cpkv replay``: an engine loop through cpkv's public API only.
+
+Per forward: batch admission (:func:`cpkv.scheduling.form_batch` over the waiting requests'
+matches), replicated lookups and load-back of host hits, new pages allocated, then per layer:
+wait for the load, compose every request's dense KV (:class:`~cpkv.compose.ShmGroup`), check
+every composed byte, write the new KV into the owners' pools, write-through backup; then insert,
+release, and the commit point (:meth:`~cpkv.tier.CacheController.end_forward`).
+
+The KV of a page is a pure function of (its block id, layer, payload): block ids chain (equal
+ids mean equal prefixes), so the expected bytes of every page of every request are known.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from cpkv.replay.options import ReplayOptions
+
+# Test hook (set inside a rank process by a test): called with (forward, payload, layer, dense u8 rows)
+# after each compose, before the check, so a test can corrupt one composed byte.
+after_compose: Callable[[int, str, int, Any], None] | None = None
+
+
+def kv_rows(block_ids: np.ndarray, layer: int, payload: int, row_bytes: int) -> np.ndarray:
+    """The expected bytes of pages holding ``block_ids``: ``[len(block_ids), row_bytes]`` uint8."""
+    base = (block_ids.astype(np.uint64) * np.uint64(2654435761) + np.uint64(layer * 97 + payload * 13 + 1)) \
+        % np.uint64(1 << 32)
+    ramp = np.arange(row_bytes, dtype=np.uint64) * np.uint64(131)
+    return ((base[:, None] + ramp[None, :]) % np.uint64(251)).astype(np.uint8)
+
+
+@dataclass
+class _Running:
+    """One admitted request inside a forward."""
+
+    index: int
+    tokens: np.ndarray
+    blocks: np.ndarray
+    hit: Any
+    load: Any
+    pages: np.ndarray  # every page of the request, in token order
+    cached: int  # leading pages read from the cache (prefix)
+
+
+def replay_rank(rank: int, world: int, options: ReplayOptions, requests: list[tuple[int, ...]]) -> dict:
+    import torch
+
+    from cpkv.compose import CpLayout, ShmGroup, SlotSpans
+    from cpkv.config import config, override_config
+    from cpkv.scheduling import AffinityPolicy, BudgetConfig, Candidate, ScanState, form_batch
+    from cpkv.tier import CacheController
+
+    torch.set_num_threads(1)
+    settings = override_config(config(), check_every=options.check_every,
+                               collective_timeout_s=options.timeout_s, transfer_timeout_s=options.timeout_s)
+    page = options.page_size
+    layout = CpLayout(world, rank, page)
+    rows = -(-options.device_pages // world)
+    payload_names = list(options.payloads)
+    started = time.perf_counter()
+    counters = {"blocks": 0, "device_hit_blocks": 0, "host_hit_blocks": 0, "forwards": 0, "composed_bytes": 0, "verified_bytes": 0, "verification_failures": 0,
+                "requests_uncached": 0, "compose_barriers": 0}
+    with ShmGroup(timeout_s=options.timeout_s) as group:
+        pools = {name: [group.register_pool(f"{name}@{layer}", rows, spec.page_shape, spec.dtype, 0)
+                        for layer in range(options.layers)]
+                 for name, spec in options.payloads.items()}
+        ctl = CacheController(layout=layout, device_pages=options.device_pages, host_pages=options.host_pages,
+                              payloads=options.payloads, device_pools=pools, policy=options.policy,
+                              process_group=None, settings=settings)
+        try:
+            policy = AffinityPolicy(floor_tokens=2 * page, cp_mode=True, enabled=options.admission)
+            longest = max(len(r) for r in requests) * page
+            cap = -(-longest * options.batch // page) * page
+            budget = BudgetConfig(page_size=page, extend_cap=cap, cached_cap=1 << 40,
+                                  staging_pages=cap // page + 1, chunking=False)
+            state = ScanState()
+            waiting: list[int] = []
+            next_request = 0
+            progress = _Progress(len(requests), enabled=rank == 0 and options.progress)
+            while next_request < len(requests) or waiting:
+                while len(waiting) < options.batch and next_request < len(requests):
+                    waiting.append(next_request)
+                    next_request += 1
+                candidates, hits = [], {}
+                for index in waiting:
+                    blocks = np.asarray(requests[index], dtype=np.int64)
+                    hit = ctl.lookup(_tokens(blocks, page))
+                    hits[index] = hit
+                    usable = min(hit.host_tokens // page, len(blocks) - 1)
+                    device = min(hit.device_tokens // page, usable)
+                    candidates.append(Candidate(index, device * page, (usable - device) * page,
+                                                (len(blocks) - usable) * page))
+                step = form_batch(candidates, state, policy, budget)
+                state = step.state
+                admitted = [a.request_id for a in step.batch]
+                for index in waiting:
+                    if index not in admitted:
+                        ctl.release(hits[index])
+                waiting = [i for i in waiting if i not in admitted]
+                running = _admit(ctl, requests, admitted, hits, page, counters)
+                _forward(ctl, group, running, options, payload_names, counters, layout, SlotSpans)
+                for r in running:
+                    ctl.insert(r.tokens, r.pages)
+                for index in admitted:
+                    ctl.release(hits[index])
+                ctl.end_forward()
+                counters["forwards"] += 1
+                progress.update(len(admitted))
+            ctl.flush_backups()
+            ctl.end_forward()
+            ctl.check_agreement()
+            progress.close()
+            stats = ctl.stats()
+        finally:
+            ctl.close()
+        counters["compose_barriers"] = group.stats.barriers
+    stats.update(counters)
+    stats["digest"] = ctl.digest()
+    stats["wall_s"] = time.perf_counter() - started
+    return stats
+
+
+def _tokens(blocks: np.ndarray, page: int) -> np.ndarray:
+    """``page`` tokens per block, determined by the block id (ids chain, so tokens do too)."""
+    return (blocks[:, None] * page + np.arange(page)[None, :]).reshape(-1)
+
+
+def _admit(ctl: Any, requests: list[tuple[int, ...]], admitted: list[int], hits: dict, page: int,
+           counters: dict) -> list[_Running]:
+    """Load-back and new pages for each admitted request (every call replicated)."""
+    running = []
+    for index in admitted:
+        blocks = np.asarray(requests[index], dtype=np.int64)
+        hit = hits[index]
+        counters["blocks"] += len(blocks)
+        counters["device_hit_blocks"] += hit.device_tokens // page
+        counters["host_hit_blocks"] += (hit.host_tokens - hit.device_tokens) // page
+        load = ctl.load(hit)
+        cached = np.concatenate([hit.device_pages, load.pages]).astype(np.int64)
+        if len(cached) >= len(blocks):  # fully cached: the last page is recomputed, as engines do
+            extra = cached[len(blocks) - 1:]
+            ctl.free([p for p in extra if p in set(load.pages.tolist())])
+            cached = cached[: len(blocks) - 1]
+        fresh = ctl.allocate(len(blocks) - len(cached))
+        if fresh is None:  # the device is full of locked pages: run it uncached
+            counters["requests_uncached"] += 1
+            load.wait_all()
+            ctl.free([p for p in cached if p in set(load.pages.tolist())])
+            continue
+        running.append(_Running(index, _tokens(blocks, page), blocks, hit, load,
+                                np.concatenate([cached, fresh]).astype(np.int64), len(cached)))
+    return running
+
+
+def _forward(ctl: Any, group: Any, running: list[_Running], options: ReplayOptions, payload_names: list[str],
+             counters: dict, layout: Any, SlotSpans: Any) -> None:
+    import torch
+
+    if not running:
+        for layer in range(options.layers):  # a forward with no request still backs up, like any other
+            ctl.backup_layer(layer)
+        return
+    # New KV goes straight into its owner's pool, so every page of a request is read from the pools
+    # (the compose barrier orders these writes before any peer's gather).
+    spans, slot = [], 0
+    for r in running:
+        spans.append(SlotSpans(_merge([(slot + i, int(p), 1) for i, p in enumerate(r.pages)]), []))
+        slot += len(r.pages)
+    blocks = np.concatenate([r.blocks for r in running])
+    new_pages = np.concatenate([r.pages[r.cached:] for r in running])
+    new_blocks = np.concatenate([r.blocks[r.cached:] for r in running])
+    owned = new_pages % layout.cp_size == layout.rank
+    owned_rows = torch.from_numpy(new_pages[owned] // layout.cp_size)
+    forward = counters["forwards"]
+    for layer in range(options.layers):
+        for r in running:
+            r.load.wait(layer)
+        for p, name in enumerate(payload_names):
+            key = f"{name}@{layer}"
+            row_bytes = options.payloads[name].row_bytes
+            pool = group.pool(key).view(torch.uint8).view(-1, row_bytes)
+            pool.index_copy_(0, owned_rows, torch.from_numpy(kv_rows(new_blocks[owned], layer, p, row_bytes)))
+            plan = group.plan(key, options.page_size, spans, slot)
+            no_current = torch.empty(0, *options.payloads[name].page_shape, dtype=options.payloads[name].dtype)
+            dense = group.compose(plan, key, no_current, layer=layer)
+            got = dense.view(torch.uint8).view(slot, row_bytes)
+            if after_compose is not None:
+                after_compose(forward, name, layer, got)
+            expected = torch.from_numpy(kv_rows(blocks, layer, p, row_bytes))
+            counters["composed_bytes"] += got.numel()
+            bad = int((got != expected).any(dim=1).sum())
+            counters["verification_failures"] += bad
+            counters["verified_bytes"] += got.numel() - bad * row_bytes
+        ctl.backup_layer(layer)
+
+
+def _merge(spans: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """Adjacent (slot, page, 1) spans with consecutive slots and pages become one span."""
+    merged: list[list[int]] = []
+    for s, p, c in spans:
+        if merged and merged[-1][0] + merged[-1][2] == s and merged[-1][1] + merged[-1][2] == p:
+            merged[-1][2] += c
+        else:
+            merged.append([s, p, c])
+    return [tuple(m) for m in merged]  # type: ignore[misc]
+
+
+class _Progress:
+    """A live bar on stderr (tqdm), only on a terminal and unless --quiet."""
+
+    def __init__(self, total: int, *, enabled: bool) -> None:
+        self._bar = None
+        if enabled and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total, unit="req", file=sys.stderr, desc="replay")
+
+    def update(self, n: int) -> None:
+        if self._bar is not None:
+            self._bar.update(n)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()

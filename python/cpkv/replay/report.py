@@ -1,0 +1,57 @@
+"""The replay's report: one table, the same numbers as JSON, exit code 1 on a wrong byte."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cpkv.replay.options import ReplayOptions
+
+
+def report(options: ReplayOptions, requests: list[tuple[int, ...]], results: list[dict], wall_s: float,
+           json_path: str | None) -> int:
+    from cpkv._report import Table, emit
+    from cpkv.hitrate import replay as tree_only
+
+    first = results[0]
+    digests = {r["digest"] for r in results}
+    failures = sum(r["verification_failures"] for r in results)
+    blocks = first["blocks"]
+    no_host_hits, total = tree_only(requests, options.device_pages, options.policy)
+    forwards = max(first["forwards"], 1)
+    tokens = blocks * options.page_size
+
+    def total_of(key: str) -> int:
+        return sum(r[key] for r in results)
+
+    table = Table(f"cpkv replay: {options.ranks} ranks, {len(requests):,} requests, policy {options.policy}, "
+                  f"{options.device_pages} device / {options.host_pages} host pages", ["metric", "value"])
+    rows: list[tuple[str, Any]] = [
+        ("requests", len(requests)),
+        ("blocks (pages) / tokens", f"{blocks:,} / {tokens:,}"),
+        ("forwards", first["forwards"]),
+        ("prefix hit rate: device", first["device_hit_blocks"] / blocks),
+        ("prefix hit rate: host", first["host_hit_blocks"] / blocks),
+        ("prefix hit rate: total", (first["device_hit_blocks"] + first["host_hit_blocks"]) / blocks),
+        ("prefix hit rate with no host tier", no_host_hits / total),
+        ("device evictions (victims / pages)", f"{first['device_victims']:,} / {first['device_evicted_pages']:,}"),
+        ("host evictions (victims / pages)", f"{first['host_victims']:,} / {first['host_evicted_pages']:,}"),
+        ("backups committed / skipped", f"{first['backups_committed']:,} / {first['backups_skipped']:,}"),
+        ("MB composed (all ranks)", total_of("composed_bytes") / 1e6),
+        ("MB backed up (all ranks)", total_of("bytes_backed_up") / 1e6),
+        ("MB loaded (all ranks)", total_of("bytes_loaded") / 1e6),
+        ("collectives per forward (commit + check)", first["collectives"] / forwards),
+        ("compose barriers per forward", first["compose_barriers"] / forwards),
+        ("agreement checks passed", first["agreement_checks"]),
+        ("verification failures (pages)", failures),
+        ("final digest", f"{first['digest']:#018x}" + ("" if len(digests) == 1 else " (ranks differ!)")),
+        ("wall time (s)", wall_s),
+        ("requests / s", len(requests) / wall_s),
+        ("tokens / s", tokens / wall_s),
+    ]
+    for name, value in rows:
+        table.add(name, value)
+    numbers = {name: value for name, value in rows}
+    numbers["verified_bytes"] = total_of("verified_bytes")
+    numbers["composed_bytes"] = total_of("composed_bytes")
+    emit("replay", [table], json_path, report=numbers, per_rank=results)
+    return 1 if failures or len(digests) != 1 else 0
