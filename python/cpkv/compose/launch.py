@@ -10,6 +10,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue as queue_module
+import signal
 import socket
 import time
 import traceback
@@ -78,6 +79,12 @@ def run_ranks(
             except queue_module.Empty:
                 if all(not p.is_alive() for p in procs) and queue.empty():
                     break
+    except BaseException:
+        # Interrupted (Ctrl-C) or failed here: ask every rank to stop; SIGTERM runs their cleanup.
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        raise
     finally:
         for p in procs:
             p.join(timeout=max(0.0, min(5.0, deadline - time.monotonic())))
@@ -85,6 +92,7 @@ def run_ranks(
                 p.kill()
                 p.join(timeout=5)
         queue.close()
+        _remove_segments_of([p.pid for p in procs if p.pid is not None])
     if expect_failures:
         return [results[r][1] if r in results else None for r in range(world_size)]
     missing = [r for r in range(world_size) if r not in results]
@@ -95,6 +103,28 @@ def run_ranks(
     return [results[r][1] for r in range(world_size)]
 
 
+def _remove_segments_of(pids: list[int]) -> None:
+    """Removes shared-memory names created by these (now dead) ranks: a rank killed before its
+    cleanup ran leaves its names, which carry its pid (``cpkv-<pid>-...``, ``cpkv-slab-<pid>-...``)."""
+    from cpkv.compose.segment import SHM_DIR
+
+    prefixes = tuple(f"{stem}{pid}-" for pid in pids for stem in ("cpkv-", "cpkv-slab-"))
+    try:
+        names = os.listdir(SHM_DIR)
+    except OSError:
+        return
+    for name in names:
+        if name.startswith(prefixes):
+            try:
+                os.unlink(os.path.join(SHM_DIR, name))
+            except FileNotFoundError:
+                pass
+
+
+def _stop_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
 def _rank_main(fn: Callable[..., Any], rank: int, world: int, port: int, timeout_s: float,
                env: dict[str, str], queue: Any, args: tuple) -> None:
     import torch
@@ -102,6 +132,7 @@ def _rank_main(fn: Callable[..., Any], rank: int, world: int, port: int, timeout
 
     from cpkv.compose.config import invalidate_config
 
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)  # a stop runs the context managers' cleanup
     os.environ.update(env)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     invalidate_config()

@@ -1,0 +1,137 @@
+"""``cpkv replay``: the whole system end to end, its failure modes and its command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cpkv.compose.launch import run_ranks
+from cpkv.replay import ReplayOptions
+from cpkv.replay.options import parse_payloads
+from cpkv.workload import generate
+
+pytestmark = pytest.mark.slow
+
+
+def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cpkv", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def _shm_names() -> set[str]:
+    return {n for n in os.listdir("/dev/shm") if n.startswith("cpkv")}
+
+
+def test_the_default_replay_end_to_end(tmp_path: Path) -> None:
+    before = _shm_names()
+    out = tmp_path / "report.json"
+    done = _cli("replay", "--limit", "120", "--device-pages", "96", "--host-pages", "400", "--quiet",
+                "--json", str(out))
+    assert done.returncode == 0, done.stderr
+    report = json.loads(out.read_text())["report"]
+    assert report["verification failures (pages)"] == 0
+    assert report["verified_bytes"] == report["composed_bytes"] > 0
+    assert report["agreement checks passed"] > 0
+    assert 0 <= report["prefix hit rate: total"] <= 1
+    assert report["prefix hit rate: host"] > 0, "the run should exercise the host tier"
+    assert "ranks differ" not in report["final digest"]
+    again = _cli("replay", "--limit", "120", "--device-pages", "96", "--host-pages", "400", "--quiet")
+    assert report["final digest"] in again.stdout, "same seed and options, same digest"
+    assert _shm_names() <= before
+
+
+def _options(**changes) -> ReplayOptions:
+    base = dict(payloads=parse_payloads("kv:4x8:float8_e4m3fn,index:16:bfloat16"), device_pages=64, host_pages=256,
+                check_every=1, progress=False, timeout_s=20.0)
+    base.update(changes)
+    return ReplayOptions(**base)
+
+
+def _corrupting_rank(rank: int, world: int, options: ReplayOptions, requests: list) -> dict:
+    from cpkv.replay import rank as replay_rank_module
+
+    def corrupt(forward: int, payload: str, layer: int, dense) -> None:
+        if rank == 1 and forward == 3 and payload == "index" and layer == 1:
+            dense[0, 5] ^= 0xFF  # one byte of one composed page
+
+    replay_rank_module.after_compose = corrupt
+    return replay_rank_module.replay_rank(rank, world, options, requests)
+
+
+def test_a_corrupted_page_is_reported_as_a_verification_failure() -> None:
+    from cpkv.replay.report import report
+
+    requests = [r.hash_ids for r in generate(40, 3)]
+    options = _options()
+    results = run_ranks(_corrupting_rank, 2, options, requests, timeout_s=120)
+    assert [r["verification_failures"] for r in results] == [0, 1]
+    assert results[1]["verified_bytes"] < results[1]["composed_bytes"]
+    assert report(options, requests, results, 1.0, None) == 1  # the command's exit code
+
+
+def test_one_rank_on_another_workload_is_stopped_by_the_agreement_check() -> None:
+    from cpkv.replay import run_replay
+
+    ours = [r.hash_ids for r in generate(40, 1)]
+    theirs = [r.hash_ids for r in generate(40, 2)]
+    started = time.monotonic()
+    results = run_replay(_options(), [ours, theirs])
+    assert time.monotonic() - started < 60, "not a hang"
+    assert all(isinstance(r, str) and r.startswith("DivergenceError") for r in results), results
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--trace", "/nonexistent/trace.jsonl"], "nonexistent"),
+    (["--trace", "/tmp"], "directory"),
+    (["--ranks", "0"], "--ranks"),
+    (["--device-pages", "4"], "cannot hold one request"),
+    (["--host-pages", "2"], "cannot hold one request"),
+    (["--policy", "nope"], "nope"),
+    (["--payloads", "kv:8x16:float9"], "float9"),
+    (["--payloads", "kv:8xq:bfloat16"], "shape"),
+    (["--timeout", "nan"], "--timeout"),
+    (["--limit", "-3"], "--limit"),
+    (["--json", "/nonexistent/dir/out.json"], "does not exist"),
+])
+def test_bad_input_is_one_line_and_exit_code_2(args: list[str], message: str) -> None:
+    done = _cli("replay", "--quiet", *args, timeout=120)
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert message in lines[0]
+
+
+def test_empty_and_malformed_traces(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"timestamp": 0, "input_length": 600, "output_length": 1, "hash_ids": [0, 1]}\n{oops\n')
+    for path, message in ((empty, "no"), (bad, ":2")):
+        done = _cli("replay", "--quiet", "--trace", str(path), timeout=120)
+        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert message in done.stderr
+
+
+def test_ctrl_c_stops_every_rank_and_leaves_no_shared_memory() -> None:
+    before = _shm_names()
+    proc = subprocess.Popen([sys.executable, "-m", "cpkv", "replay", "--quiet", "--requests", "5000"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(8)  # the ranks are up and replaying
+    proc.send_signal(signal.SIGINT)
+    try:
+        _, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    deadline = time.monotonic() + 10
+    while _shm_names() - before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _shm_names() <= before
