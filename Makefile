@@ -31,8 +31,8 @@ venv: $(DEPS) ## Create .venv with the Python dependencies
 develop: $(BUILT) ## Build the extension (release) into .venv
 
 .PHONY: run
-run: $(BUILT) ## The main job on built-in defaults
-	$(PY) -m cpkv bench allocator
+run: $(BUILT) ## The main job on built-in defaults: cpkv replay
+	$(PY) -m cpkv replay
 
 .PHONY: test
 test: test-rust test-python ## Every test: cargo (all crates), then pytest

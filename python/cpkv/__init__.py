@@ -7,6 +7,9 @@ gather or vote is needed to agree on where KV goes. The package, by concept:
 - replicated prefix tree and eviction (``crates/evict``): :class:`PrefixTree`;
 - the CP compose path (:mod:`cpkv.compose`, kernels in :mod:`cpkv.kernels`);
 - batch admission for CP prefill (:mod:`cpkv.scheduling`);
+- the two-tier cache (``crates/tier`` + :mod:`cpkv.tier`): :class:`CacheController` over a shared
+  :class:`HostSlab`, its decisions in :class:`TierCache`; settings in :mod:`cpkv.config`;
+- ``cpkv replay`` (:mod:`cpkv.replay`): the whole system on a trace, every byte verified;
 - the exception hierarchy (:mod:`cpkv.errors`) and the ``cpkv`` command line (:mod:`cpkv.cli`).
 
 ``import cpkv`` does not import torch; the compose groups import it when used.
@@ -22,10 +25,12 @@ from cpkv._cpkv import (
     Placement,
     PlacementBatch,
     PrefixTree,
+    TierCache,
     TreeEvent,
     __version__,
 )
 from cpkv.compose import ComposePlan, CpLayout, CudaIpcGroup, LocalGroup, PlanCache, ShmGroup, SlotSpans
+from cpkv.tier import CacheController, HostSlab, SlabSpec
 from cpkv.errors import *  # noqa: F403  (the exception hierarchy is public API)
 from cpkv.errors import __all__ as _error_names
 
@@ -50,6 +55,11 @@ __all__ = [
     "LocalGroup",
     "ShmGroup",
     "CudaIpcGroup",
+    # the two-tier cache
+    "TierCache",
+    "CacheController",
+    "HostSlab",
+    "SlabSpec",
     # batch admission
     "scheduling",
     *_error_names,

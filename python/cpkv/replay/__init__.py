@@ -25,7 +25,7 @@ __all__ = ["ReplayOptions", "configure", "run", "run_replay"]
 def configure(parser: argparse.ArgumentParser) -> None:
     d = ReplayOptions()
     parser.add_argument("--trace", metavar="PATH", help="a Mooncake-format JSONL trace (default: a generated one)")
-    parser.add_argument("--requests", type=int, default=240, help="requests to generate (default %(default)s)")
+    parser.add_argument("--requests", type=int, default=800, help="requests to generate (default %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the generated workload (default %(default)s)")
     parser.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
     parser.add_argument("--ranks", type=int, default=d.ranks, help="CP ranks (processes) (default %(default)s)")

@@ -17,8 +17,8 @@ class ReplayOptions:
     page_size: int = 16
     layers: int = 2
     payloads: Any = None  # dict[str, SlabSpec]
-    device_pages: int = 512
-    host_pages: int = 2048
+    device_pages: int = 192
+    host_pages: int = 1536
     policy: str = "lru"
     check_every: int = 4
     admission: bool = True
