@@ -45,7 +45,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         "(default %(default)s)")
     parser.add_argument("--requests", type=int, default=2_000, help="trace requests for the decision "
                         "replay (default %(default)s)")
-    parser.add_argument("--device-fraction", type=float, default=0.25, help="device pages as a fraction of the "
+    parser.add_argument("--device-fraction", type=float, default=0.0625, help="device pages as a fraction of the "
                         "trace's distinct pages in the decision replay; host = 4x device (default %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="workload seed (default %(default)s)")
     parser.add_argument("--page-size", type=int, default=16, help="tokens per page (default %(default)s)")
