@@ -60,6 +60,14 @@ class _PendingBackup:
     layers_done: set[int] = field(default_factory=set)
 
 
+def _merged(copies: list[_Copy]) -> _Copy:
+    if len(copies) == 1:
+        return copies[0]
+    import torch
+
+    return _Copy(torch.cat([c.pool_rows for c in copies]), torch.cat([c.slab_rows for c in copies]))
+
+
 def _word_dtype(row_bytes: int) -> Any:
     import torch
 
@@ -133,7 +141,9 @@ class CacheController:
         if (world, rank) != (layout.cp_size, layout.rank):
             raise InvalidArgumentError(f"layout says rank {layout.rank} of {layout.cp_size}, the process group "
                                        f"says rank {rank} of {world}")
-        host_free = int(self.settings.host_free_target * host_pages) if isinstance(host_pages, int) else 0
+        # A bad host_pages is rejected (with its name) by TierCache itself.
+        valid_host = type(host_pages) is int and host_pages > 0
+        host_free = int(self.settings.host_free_target * host_pages) if valid_host else 0
         self.core = TierCache(page_size=layout.page_size, cp_size=layout.cp_size, device_pages=device_pages,
                               host_pages=host_pages, policy=policy, host_free_target=host_free)
         if not payloads:
@@ -245,10 +255,12 @@ class CacheController:
         self._check_open()
         if not 0 <= layer < self.num_layers:
             raise InvalidArgumentError(f"layer {layer} is not in [0, {self.num_layers})")
-        for backup in self._backups:
-            if layer in backup.layers_done:
-                continue
-            self._copy_layer(layer, backup.copy, to_slab=True)
+        due = [b for b in self._backups if layer not in b.layers_done]
+        if not due:
+            return
+        # One gather and one scatter per payload for all of them, not one per backup.
+        self._copy_layer(layer, _merged([b.copy for b in due]), to_slab=True)
+        for backup in due:
             backup.layers_done.add(layer)
 
     def flush_backups(self) -> None:
@@ -263,12 +275,11 @@ class CacheController:
         commits what every rank finished, or aborts every transfer in flight on every rank when
         one rank's ran out of time. Every ``check_every`` forwards, C: the digest agreement check."""
         self._check_open()
-        done = [b for b in self._backups if len(b.layers_done) == self.num_layers]
-        unfinished = [b.ticket for b in self._backups if len(b.layers_done) < self.num_layers]
-        frontier = min(unfinished) - 1 if unfinished else self.core.issued
+        unfinished = [b for b in self._backups if len(b.layers_done) < self.num_layers]
+        # Tickets are issued in order, so the frontier is just below the oldest unfinished one.
+        frontier = min(b.ticket for b in unfinished) - 1 if unfinished else self.core.issued
         now = time.monotonic()
-        overdue = any(now - b.started > self.settings.transfer_timeout_s for b in self._backups
-                      if b.ticket in unfinished)
+        overdue = any(now - b.started > self.settings.transfer_timeout_s for b in unfinished)
         healthy = 0 if overdue or self._load_failed or any(h.error is not None for h in self._loads) else 1
         frontier_min, healthy_min = self._all_reduce_min([frontier, healthy], "commit frontier")
         self._loads = [h for h in self._loads if not h.done()]
@@ -280,12 +291,12 @@ class CacheController:
             self.warnings.warn("aborted_transfer", f"a transfer ran out of time on some rank: aborted "
                                f"{len(aborted)} backups on every rank")
         else:
-            committed, aborted = self.core.commit(frontier_min)
-            finished = set(committed) | set(aborted)
-            for b in done:
-                if b.ticket in finished:
-                    self.counters["bytes_backed_up"] += self._copy_bytes(b.copy)
-            self._backups = [b for b in self._backups if b.ticket not in finished]
+            committed, _ = self.core.commit(frontier_min)
+            committed_set = set(committed)
+            self.counters["bytes_backed_up"] += sum(self._copy_bytes(b.copy) for b in self._backups
+                                                    if b.ticket in committed_set)
+            # Every ticket up to the frontier is committed or released now.
+            self._backups = [b for b in self._backups if b.ticket > frontier_min]
         self.core.take_events()
         self.forwards += 1
         if self.forwards % self.settings.check_every == 0:
