@@ -14,6 +14,7 @@ use numpy::{PyArray1, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray, PyUnt
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes, PyDict, PyString};
 
+use crate::convert::invalid;
 use crate::errors::{alloc_error, cpkv_error};
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -21,10 +22,6 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyPlacement>()?;
     m.add_class::<PyPlacementBatch>()?;
     Ok(())
-}
-
-fn invalid(message: String) -> PyErr {
-    cpkv_error("InvalidArgumentError", message)
 }
 
 fn repr(value: &Bound<'_, PyAny>) -> String {

@@ -4,6 +4,7 @@
 //! Python exception hierarchy defined in `cpkv.errors`, in one place.
 
 mod allocator;
+mod convert;
 mod errors;
 mod prefix_tree;
 mod tier;

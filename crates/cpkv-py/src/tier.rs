@@ -11,10 +11,10 @@ use cpkv_tier::{
 };
 use numpy::PyArray1;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict, PyInt};
+use pyo3::types::PyDict;
 
+use crate::convert::{int_vector, invalid, namespace as namespace_arg, pages_array, uint};
 use crate::errors::{alloc_error, cpkv_error, evict_error};
-use crate::prefix_tree::{int_vector, invalid, namespace as namespace_arg, pages_array};
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<TierCache>()?;
@@ -37,18 +37,6 @@ pub(crate) fn tier_error(err: TierError) -> PyErr {
         | TierError::FutureTicket { .. } => "InvalidArgumentError",
     };
     cpkv_error(class, err.to_string())
-}
-
-/// A non-negative int that fits in u64 (bools and floats refused).
-fn uint(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
-    if obj.is_instance_of::<PyBool>() || !obj.is_instance_of::<PyInt>() {
-        let type_name = obj.get_type().name()?;
-        return Err(invalid(format!("{what} must be an int, got {type_name}")));
-    }
-    let value: i128 = obj
-        .extract()
-        .map_err(|_| invalid(format!("{what} = {obj} is out of range")))?;
-    u64::try_from(value).map_err(|_| invalid(format!("{what} = {value} is out of range")))
 }
 
 fn node_arg(obj: &Bound<'_, PyAny>) -> PyResult<NodeId> {

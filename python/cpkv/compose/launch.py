@@ -16,6 +16,7 @@ import time
 import traceback
 from typing import Any, Callable
 
+from cpkv.compose.segment import unlink_created_by
 from cpkv.compose.timeouts import as_timedelta
 
 _context: Any = None
@@ -92,7 +93,7 @@ def run_ranks(
                 p.kill()
                 p.join(timeout=5)
         queue.close()
-        _remove_segments_of([p.pid for p in procs if p.pid is not None])
+        unlink_created_by([p.pid for p in procs if p.pid is not None])
     if expect_failures:
         return [results[r][1] if r in results else None for r in range(world_size)]
     missing = [r for r in range(world_size) if r not in results]
@@ -101,24 +102,6 @@ def run_ranks(
         detail = "; ".join(f"rank {r}: {v}" for r, v in sorted(failed.items()))
         raise LaunchError(f"ranks {missing} gave no result within {timeout_s:g} s; {detail}".strip("; "))
     return [results[r][1] for r in range(world_size)]
-
-
-def _remove_segments_of(pids: list[int]) -> None:
-    """Removes shared-memory names created by these (now dead) ranks: a rank killed before its
-    cleanup ran leaves its names, which carry its pid (``cpkv-<pid>-...``, ``cpkv-slab-<pid>-...``)."""
-    from cpkv.compose.segment import SHM_DIR
-
-    prefixes = tuple(f"{stem}{pid}-" for pid in pids for stem in ("cpkv-", "cpkv-slab-"))
-    try:
-        names = os.listdir(SHM_DIR)
-    except OSError:
-        return
-    for name in names:
-        if name.startswith(prefixes):
-            try:
-                os.unlink(os.path.join(SHM_DIR, name))
-            except FileNotFoundError:
-                pass
 
 
 def _stop_on_sigterm(signum: int, frame: Any) -> None:

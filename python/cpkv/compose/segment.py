@@ -60,6 +60,19 @@ def unlink_now(path: str) -> None:
         pass
 
 
+def unlink_created_by(pids: list[int]) -> None:
+    """Removes the names that processes ``pids`` (now dead) created and had no chance to remove:
+    every cpkv name carries its run id, which starts with the creating rank's pid."""
+    prefixes = tuple(f"{stem}{pid}-" for pid in pids for stem in ("cpkv-", "cpkv-slab-"))
+    try:
+        names = os.listdir(SHM_DIR)
+    except OSError:
+        return
+    for name in names:
+        if name.startswith(prefixes):
+            unlink_now(os.path.join(SHM_DIR, name))
+
+
 class SharedSegment:
     def __init__(self, name: str, nbytes: int, *, create: bool) -> None:
         if "/" in name or not name:

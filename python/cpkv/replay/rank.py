@@ -38,10 +38,8 @@ def kv_rows(block_ids: np.ndarray, layer: int, payload: int, row_bytes: int) -> 
 class _Running:
     """One admitted request inside a forward."""
 
-    index: int
     tokens: np.ndarray
     blocks: np.ndarray
-    hit: Any
     load: Any
     pages: np.ndarray  # every page of the request, in token order
     cached: int  # leading pages read from the cache (prefix)
@@ -50,7 +48,7 @@ class _Running:
 def replay_rank(rank: int, world: int, options: ReplayOptions, requests: list[tuple[int, ...]]) -> dict:
     import torch
 
-    from cpkv.compose import CpLayout, ShmGroup, SlotSpans
+    from cpkv.compose import CpLayout, ShmGroup
     from cpkv.config import config, override_config
     from cpkv.scheduling import AffinityPolicy, BudgetConfig, Candidate, ScanState, form_batch
     from cpkv.tier import CacheController
@@ -63,8 +61,8 @@ def replay_rank(rank: int, world: int, options: ReplayOptions, requests: list[tu
     rows = -(-options.device_pages // world)
     payload_names = list(options.payloads)
     started = time.perf_counter()
-    counters = {"blocks": 0, "device_hit_blocks": 0, "host_hit_blocks": 0, "forwards": 0, "composed_bytes": 0, "verified_bytes": 0, "verification_failures": 0,
-                "requests_uncached": 0, "compose_barriers": 0}
+    counters = {"blocks": 0, "device_hit_blocks": 0, "host_hit_blocks": 0, "forwards": 0, "composed_bytes": 0,
+                "verified_bytes": 0, "verification_failures": 0, "requests_uncached": 0, "compose_barriers": 0}
     with ShmGroup(timeout_s=options.timeout_s) as group:
         pools = {name: [group.register_pool(f"{name}@{layer}", rows, spec.page_shape, spec.dtype, 0)
                         for layer in range(options.layers)]
@@ -103,7 +101,7 @@ def replay_rank(rank: int, world: int, options: ReplayOptions, requests: list[tu
                         ctl.release(hits[index])
                 waiting = [i for i in waiting if i not in admitted]
                 running = _admit(ctl, requests, admitted, hits, page, counters)
-                _forward(ctl, group, running, options, payload_names, counters, layout, SlotSpans)
+                _forward(ctl, group, running, options, payload_names, counters, layout)
                 for r in running:
                     ctl.insert(r.tokens, r.pages)
                 for index in admitted:
@@ -142,40 +140,48 @@ def _admit(ctl: Any, requests: list[tuple[int, ...]], admitted: list[int], hits:
         counters["host_hit_blocks"] += (hit.host_tokens - hit.device_tokens) // page
         load = ctl.load(hit)
         cached = np.concatenate([hit.device_pages, load.pages]).astype(np.int64)
-        if len(cached) >= len(blocks):  # fully cached: the last page is recomputed, as engines do
-            extra = cached[len(blocks) - 1:]
-            ctl.free([p for p in extra if p in set(load.pages.tolist())])
-            cached = cached[: len(blocks) - 1]
-        fresh = ctl.allocate(len(blocks) - len(cached))
+        # Fully cached: the last page is recomputed, as engines do.
+        keep = min(len(cached), len(blocks) - 1)
+        fresh = ctl.allocate(len(blocks) - keep)
         if fresh is None:  # the device is full of locked pages: run it uncached
             counters["requests_uncached"] += 1
-            load.wait_all()
-            ctl.free([p for p in cached if p in set(load.pages.tolist())])
-            continue
-        running.append(_Running(index, _tokens(blocks, page), blocks, hit, load,
-                                np.concatenate([cached, fresh]).astype(np.int64), len(cached)))
+            keep = 0
+        dropped = cached[keep:]
+        if len(dropped):
+            load.wait_all()  # the copier must be done with a page before it can be given back
+            ctl.free(dropped[np.isin(dropped, load.pages)])
+        if fresh is not None:
+            running.append(_Running(_tokens(blocks, page), blocks, load,
+                                    np.concatenate([cached[:keep], fresh]).astype(np.int64), keep))
     return running
 
 
 def _forward(ctl: Any, group: Any, running: list[_Running], options: ReplayOptions, payload_names: list[str],
-             counters: dict, layout: Any, SlotSpans: Any) -> None:
+             counters: dict, layout: Any) -> None:
     import torch
+
+    from cpkv.compose import ComposePlan, SlotSpans
 
     if not running:
         for layer in range(options.layers):  # a forward with no request still backs up, like any other
             ctl.backup_layer(layer)
         return
     # New KV goes straight into its owner's pool, so every page of a request is read from the pools
-    # (the compose barrier orders these writes before any peer's gather).
+    # (the compose barrier orders these writes before any peer's gather). One plan serves every
+    # layer and payload of the batch.
     spans, slot = [], 0
     for r in running:
-        spans.append(SlotSpans(_merge([(slot + i, int(p), 1) for i, p in enumerate(r.pages)]), []))
+        spans.append(SlotSpans(_runs(slot, r.pages), []))
         slot += len(r.pages)
+    plan = ComposePlan(layout.cp_size, options.page_size, spans, slot, pool_rows=-(-options.device_pages
+                                                                                   // layout.cp_size))
+    pages = np.concatenate([r.pages for r in running])
     blocks = np.concatenate([r.blocks for r in running])
-    new_pages = np.concatenate([r.pages[r.cached:] for r in running])
-    new_blocks = np.concatenate([r.blocks[r.cached:] for r in running])
-    owned = new_pages % layout.cp_size == layout.rank
-    owned_rows = torch.from_numpy(new_pages[owned] // layout.cp_size)
+    is_new = np.concatenate([np.arange(len(r.pages)) >= r.cached for r in running])
+    mine = torch.from_numpy(np.flatnonzero(is_new & (pages % layout.cp_size == layout.rank)))
+    mine_rows = torch.from_numpy(pages[mine.numpy()] // layout.cp_size)
+    nothing_staged = {name: torch.empty(0, *spec.page_shape, dtype=spec.dtype)
+                      for name, spec in options.payloads.items()}
     forward = counters["forwards"]
     for layer in range(options.layers):
         for r in running:
@@ -183,15 +189,13 @@ def _forward(ctl: Any, group: Any, running: list[_Running], options: ReplayOptio
         for p, name in enumerate(payload_names):
             key = f"{name}@{layer}"
             row_bytes = options.payloads[name].row_bytes
+            expected = torch.from_numpy(kv_rows(blocks, layer, p, row_bytes))
             pool = group.pool(key).view(torch.uint8).view(-1, row_bytes)
-            pool.index_copy_(0, owned_rows, torch.from_numpy(kv_rows(new_blocks[owned], layer, p, row_bytes)))
-            plan = group.plan(key, options.page_size, spans, slot)
-            no_current = torch.empty(0, *options.payloads[name].page_shape, dtype=options.payloads[name].dtype)
-            dense = group.compose(plan, key, no_current, layer=layer)
+            pool.index_copy_(0, mine_rows, expected.index_select(0, mine))  # this layer's new KV, owned pages
+            dense = group.compose(plan, key, nothing_staged[name], layer=layer)
             got = dense.view(torch.uint8).view(slot, row_bytes)
             if after_compose is not None:
                 after_compose(forward, name, layer, got)
-            expected = torch.from_numpy(kv_rows(blocks, layer, p, row_bytes))
             counters["composed_bytes"] += got.numel()
             bad = int((got != expected).any(dim=1).sum())
             counters["verification_failures"] += bad
@@ -199,15 +203,11 @@ def _forward(ctl: Any, group: Any, running: list[_Running], options: ReplayOptio
         ctl.backup_layer(layer)
 
 
-def _merge(spans: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
-    """Adjacent (slot, page, 1) spans with consecutive slots and pages become one span."""
-    merged: list[list[int]] = []
-    for s, p, c in spans:
-        if merged and merged[-1][0] + merged[-1][2] == s and merged[-1][1] + merged[-1][2] == p:
-            merged[-1][2] += c
-        else:
-            merged.append([s, p, c])
-    return [tuple(m) for m in merged]  # type: ignore[misc]
+def _runs(first_slot: int, pages: np.ndarray) -> list[tuple[int, int, int]]:
+    """``pages`` at consecutive slots from ``first_slot`` as (slot, page, count) spans of consecutive pages."""
+    starts = np.r_[0, np.flatnonzero(np.diff(pages) != 1) + 1]
+    counts = np.diff(starts, append=len(pages))
+    return [(first_slot + int(i), int(pages[i]), int(c)) for i, c in zip(starts, counts)]
 
 
 class _Progress:
