@@ -13,7 +13,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
+
+import numpy as np
 
 from cpkv.errors import InvalidArgumentError, TraceError
 
@@ -126,3 +128,11 @@ def _one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     return text or type(exc).__name__
 
+
+def block_tokens(hash_ids: Sequence[int], page_tokens: int) -> np.ndarray:
+    """Token ids standing for a request's blocks at ``page_tokens`` tokens per block (one page each).
+
+    Determined by the block id alone; since ids chain, equal token prefixes mean equal block prefixes.
+    """
+    blocks = np.asarray(hash_ids, dtype=np.int64)
+    return (blocks[:, None] * page_tokens + np.arange(page_tokens, dtype=np.int64)[None, :]).reshape(-1)

@@ -172,17 +172,15 @@ def _plain_copies(args: argparse.Namespace, pools: dict[str, list[Any]], slab_ro
 
 
 def _trace(args: argparse.Namespace) -> tuple[list[Any], int]:
-    import numpy as np
-
+    from cpkv.traces import block_tokens
     from cpkv.workload import generate
 
     page = args.page_size
     streams = []
     blocks: set[int] = set()
     for req in generate(args.requests, args.seed):
-        ids = np.asarray(req.hash_ids, dtype=np.int64)
         blocks.update(req.hash_ids)
-        streams.append((ids[:, None] * page + np.arange(page, dtype=np.int64)).ravel())
+        streams.append(block_tokens(req.hash_ids, page))
     return streams, len(blocks)
 
 

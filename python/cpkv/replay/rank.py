@@ -20,6 +20,7 @@ from typing import Any, Callable
 import numpy as np
 
 from cpkv.replay.options import ReplayOptions
+from cpkv.traces import block_tokens
 
 # Test hook (set inside a rank process by a test): called with (forward, payload, layer, dense u8 rows)
 # after each compose, before the check, so a test can corrupt one composed byte.
@@ -87,7 +88,7 @@ def replay_rank(rank: int, world: int, options: ReplayOptions, requests: list[tu
                 candidates, hits = [], {}
                 for index in waiting:
                     blocks = np.asarray(requests[index], dtype=np.int64)
-                    hit = ctl.lookup(_tokens(blocks, page))
+                    hit = ctl.lookup(block_tokens(blocks, page))
                     hits[index] = hit
                     usable = min(hit.host_tokens // page, len(blocks) - 1)
                     device = min(hit.device_tokens // page, usable)
@@ -123,11 +124,6 @@ def replay_rank(rank: int, world: int, options: ReplayOptions, requests: list[tu
     return stats
 
 
-def _tokens(blocks: np.ndarray, page: int) -> np.ndarray:
-    """``page`` tokens per block, determined by the block id (ids chain, so tokens do too)."""
-    return (blocks[:, None] * page + np.arange(page)[None, :]).reshape(-1)
-
-
 def _admit(ctl: Any, requests: list[tuple[int, ...]], admitted: list[int], hits: dict, page: int,
            counters: dict) -> list[_Running]:
     """Load-back and new pages for each admitted request (every call replicated)."""
@@ -148,10 +144,9 @@ def _admit(ctl: Any, requests: list[tuple[int, ...]], admitted: list[int], hits:
             keep = 0
         dropped = cached[keep:]
         if len(dropped):
-            load.wait_all()  # the copier must be done with a page before it can be given back
             ctl.free(dropped[np.isin(dropped, load.pages)])
         if fresh is not None:
-            running.append(_Running(_tokens(blocks, page), blocks, load,
+            running.append(_Running(block_tokens(blocks, page), blocks, load,
                                     np.concatenate([cached[:keep], fresh]).astype(np.int64), keep))
     return running
 

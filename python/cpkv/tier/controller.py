@@ -216,8 +216,12 @@ class CacheController:
         return self.core.allocate(num_pages)
 
     def free(self, pages: Any) -> None:
-        """Gives back device pages this request holds and will not insert."""
+        """Gives back device pages this request holds and will not insert. A page a load-back is
+        still filling is given back once its copy is done (it could be reallocated otherwise)."""
         self._check_open()
+        for handle in self._loads:
+            if not handle.done() and np.isin(handle.pages, pages).any():
+                handle.wait_all()
         self.core.free(pages)
 
     def load(self, hit: Lookup) -> LoadHandle:
