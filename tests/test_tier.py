@@ -124,7 +124,7 @@ def _round_trip(rank: int, world: int, layers: int) -> dict:
         ctl.close()
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", [1, 2, 4])
 def test_backup_evict_and_load_back_are_byte_identical(world: int) -> None:
     results = run_ranks(_round_trip, world, 3, timeout_s=120)
     assert len({r["digest"] for r in results}) == 1
@@ -132,6 +132,32 @@ def test_backup_evict_and_load_back_are_byte_identical(world: int) -> None:
     # Every page of the second pass (22) and the first pass's shared-prompt hits (2 x 2), in 3 layers
     # and 2 payloads, checked by exactly one rank: its owner.
     assert sum(r["checked"] for r in results) == 3 * 2 * (22 + 4)
+
+
+def test_slice_runs_copy_exactly_what_the_indexed_copy_does() -> None:
+    from cpkv.tier.controller import MIN_MEAN_RUN, _Copy
+
+    rng = np.random.default_rng(5)
+    for case in range(300):
+        n = int(rng.integers(1, 40))
+        if case % 3 == 0:  # arbitrary rows: usually no runs
+            pool, slab = rng.choice(64, n, replace=False), rng.choice(64, n, replace=False)
+        else:  # runs at a constant step each, as owned pages of contiguous objects are
+            step = int(rng.integers(1, 4))
+            pool = np.arange(n) + 3 * (np.arange(n) // 7)
+            slab = step * np.arange(n) + int(rng.integers(0, 5))
+        copy = _Copy(torch.from_numpy(pool.astype(np.int64)), torch.from_numpy(slab.astype(np.int64)))
+        src = torch.from_numpy(rng.integers(0, 255, (200, 3)).astype(np.int64))
+        by_index, by_runs = torch.zeros(200, 3, dtype=torch.int64), torch.zeros(200, 3, dtype=torch.int64)
+        by_index.index_copy_(0, copy.slab_rows, src.index_select(0, copy.pool_rows))
+        runs = copy.runs()
+        assert not runs or len(runs) * MIN_MEAN_RUN <= n
+        if case % 3 and n >= MIN_MEAN_RUN:
+            assert runs, (pool, slab)  # long constant-step runs must take the slice path
+        for pool_slice, slab_slice in runs:
+            by_runs[slab_slice].copy_(src[pool_slice])
+        if runs:
+            assert torch.equal(by_runs, by_index)
 
 
 def _pressure(rank: int, world: int, seed: int) -> dict:
