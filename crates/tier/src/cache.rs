@@ -15,7 +15,7 @@
 use std::collections::BTreeMap;
 
 use cpkv_allocator::{PageAllocator, PayloadSet};
-use cpkv_evict::{Namespace, NodeId, PageId, PrefixTree, Token};
+use cpkv_evict::{Namespace, NodeId, PageId, Policy, PrefixTree, Token};
 
 use crate::config::TierConfig;
 use crate::device_pool::DevicePool;
@@ -30,6 +30,25 @@ const HOST_POOL: &str = "host";
 const PENDING: u64 = 0x5042;
 const COMBINED: u64 = 0x4344;
 const LOOKUP_LOCK: u64 = 0x4c4b;
+const CONFIG: u64 = 0x4346;
+
+fn config_term(c: &TierConfig) -> u64 {
+    let policy = Policy::ALL
+        .iter()
+        .position(|p| *p == c.policy)
+        .expect("listed") as u64;
+    term(
+        CONFIG,
+        &[
+            c.page_size as u64,
+            c.cp_size,
+            c.device_pages,
+            c.host_pages,
+            policy,
+            c.host_free_target,
+        ],
+    )
+}
 
 /// A reserved backup not yet committed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,6 +79,8 @@ pub struct TierCache {
     /// Tickets issued so far; ticket `t` is the `t`-th backup (from 1).
     issued: u64,
     committed_through: u64,
+    /// The config's share of the digest: ranks built differently must not agree.
+    config_term: u64,
     stats: TierStats,
 }
 
@@ -81,6 +102,7 @@ impl TierCache {
             next_key: 1,
             issued: 0,
             committed_through: 0,
+            config_term: config_term(&config),
             stats: TierStats::default(),
         })
     }
@@ -155,6 +177,7 @@ impl TierCache {
                 self.next_key,
                 self.issued,
                 self.committed_through,
+                self.config_term,
             ],
         )
     }

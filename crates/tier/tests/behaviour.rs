@@ -160,3 +160,27 @@ fn bad_configs_are_refused() {
         assert!(matches!(err, TierError::Config { .. }), "{err}");
     }
 }
+
+/// Pinned digests: a change of hash, platform or compiler that alters them is caught here (and
+/// then means every rank of a mixed deployment would disagree).
+#[test]
+fn digests_are_pinned_and_cover_the_config() {
+    let mut c = cache(8, 16);
+    let fresh = c.digest();
+    cache_and_back_up(&mut c, &toks(1, 3));
+    let after = c.digest();
+    let wider = TierCache::new(TierConfig {
+        cp_size: 4,
+        ..*c.config()
+    })
+    .unwrap();
+    assert_ne!(wider.digest(), fresh, "cp_size is part of the digest");
+    assert_eq!(
+        (fresh, after),
+        (PINNED_FRESH, PINNED_AFTER),
+        "{fresh:#x} {after:#x}"
+    );
+}
+
+const PINNED_FRESH: u64 = 0xceb7_d713_2662_fc11;
+const PINNED_AFTER: u64 = 0xbba1_0478_4d55_d9a4;
