@@ -434,24 +434,29 @@ class CacheController:
             self._copier.start()
 
     def _copy_loads(self) -> None:
-        """The load-back worker: layer by layer, so layer i can run while i + 1 is copied."""
+        """The load-back worker: every load queued so far in one copy per layer, layer by layer, so
+        layer i of every request is ready while i + 1 is copied (not request after request)."""
         while True:
             with self._copy_cv:
                 while not self._copy_queue and not self._closed:
                     self._copy_cv.wait()
                 if self._closed:
                     return
-                handle, copy = self._copy_queue.pop(0)
+                jobs, self._copy_queue = self._copy_queue, []
+            handles = [handle for handle, _ in jobs]
             try:
+                copy = _merged([c for _, c in jobs])
                 for layer in range(self.num_layers):
                     self._copy_layer(layer, copy, to_slab=False)
-                    handle._ready[layer].set()
+                    for handle in handles:
+                        handle._ready[layer].set()
                 self.counters["bytes_loaded"] += self._copy_bytes(copy)
-            except BaseException as err:  # noqa: BLE001 -- reported to the waiter and to the next commit
-                handle.error = err
+            except BaseException as err:  # noqa: BLE001 -- reported to the waiters and to the next commit
                 self._load_failed = True
-                for event in handle._ready:
-                    event.set()
+                for handle in handles:
+                    handle.error = err
+                    for event in handle._ready:
+                        event.set()
 
     def _all_reduce_min(self, values: list[int], what: str) -> list[int]:
         self.counters["collectives"] += 1
