@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from cpkv.cli import main
 
@@ -41,3 +42,9 @@ def test_bench_tier_refuses_bad_options_in_one_line(argv, message, capsys):
     assert main(["bench", "tier", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and message in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")
+def test_bench_tier_on_cuda_refuses_without_a_gpu(capsys):
+    assert main(["bench", "tier", "--device", "cuda"]) == 2
+    assert "no CUDA device" in capsys.readouterr().err

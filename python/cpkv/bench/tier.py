@@ -49,6 +49,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         "trace's distinct pages in the decision replay; host = 4x device (default %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="workload seed (default %(default)s)")
     parser.add_argument("--page-size", type=int, default=16, help="tokens per page (default %(default)s)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the device pools live; "
+                        "cuda times D2H backups and H2D load-backs against a plain pinned copy, the host link's "
+                        "bound (default %(default)s)")
     parser.add_argument("--json", metavar="PATH", help="also write the tables as JSON")
 
 
@@ -65,6 +68,19 @@ def _validate(args: argparse.Namespace) -> None:
     if args.pages % args.node_pages:
         raise InvalidArgumentError(f"--node-pages {args.node_pages} must divide --pages {args.pages}")
     output_file(args.json, "--json")
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise InvalidArgumentError("--device cuda: no CUDA device is available here")
+
+
+def _sync(device: str) -> None:
+    """Copies to or from a GPU are asynchronous: time them to completion."""
+    if device == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
 
 
 # -- byte moves --------------------------------------------------------------------------------
@@ -80,7 +96,7 @@ def _copy_rows(args: argparse.Namespace, label: str, shapes: dict[str, tuple[tup
 
     page, pages, layers = args.page_size, args.pages, args.layers
     specs = {name: SlabSpec(shape, getattr(torch, dtype)) for name, (shape, dtype) in shapes.items()}
-    pools = {name: [torch.randint(0, 255, (pages, spec.row_bytes), dtype=torch.uint8)
+    pools = {name: [torch.randint(0, 255, (pages, spec.row_bytes), dtype=torch.uint8, device=args.device)
                     .view(spec.dtype).view(pages, *spec.page_shape) for _ in range(layers)]
              for name, spec in specs.items()}
     row_bytes = sum(spec.row_bytes for spec in specs.values())
@@ -105,9 +121,11 @@ def _copy_rows(args: argparse.Namespace, label: str, shapes: dict[str, tuple[tup
                 out = ctl.insert(tokens, fresh)
                 ctl.release(hit)
                 pending += sum(len(b.device_pages) for b in out.backups)
+            _sync(args.device)
             started = time.perf_counter()
             for layer in range(layers):
                 ctl.backup_layer(layer)
+            _sync(args.device)
             spent = time.perf_counter() - started
             ctl.end_forward()  # commits every backup
             if rep:
@@ -162,6 +180,7 @@ def _plain_copies(args: argparse.Namespace, pools: dict[str, list[Any]], slab_ro
             for layer in range(args.layers):
                 for name in pools:
                     b[name][layer].copy_(a[name][layer])
+            _sync(args.device)
             if rep:
                 rounds.append((time.perf_counter() - started) / args.layers)
         plain[direction] = min(rounds)
@@ -270,7 +289,8 @@ def run(args: argparse.Namespace) -> int:
     tables = []
     for direction, what in (("backup", "backup_layer(layer) after inserts left the pages pending"),
                             ("load", "load(lookup) + wait_all() of host-only requests, per layer")):
-        table = Table(f"{direction}: {args.pages} pages per layer, {args.layers} layers, CPU pools <-> host slab, "
+        table = Table(f"{direction}: {args.pages} pages per layer, {args.layers} layers, {args.device} pools <-> "
+                      "host slab, "
                       f"best of {args.repeats} rounds; cpkv = CacheController.{what}; plain = dst.copy_(src) of the "
                       "same bytes, contiguous",
                       ["rows", "MB/layer", "cpkv ms/layer", "cpkv GB/s", "plain ms/layer", "plain GB/s",

@@ -25,6 +25,7 @@ every rank finished it. Nothing else is collective: placement and eviction are c
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -48,9 +49,16 @@ log = logging.getLogger("cpkv.tier")
 class _Copy:
     """This rank's share of one transfer: rows of the device pool <-> rows of the slab."""
 
-    pool_rows: Any  # int64 tensor
-    slab_rows: Any  # int64 tensor
+    pool_rows: Any  # int64 tensor, on the CPU
+    slab_rows: Any  # int64 tensor, on the CPU
     _runs: list[tuple[slice, slice]] | None = field(default=None, repr=False)
+    _pool_index: Any = field(default=None, repr=False)
+
+    def pool_index(self, device: Any) -> Any:
+        """``pool_rows`` on the pool's device (moved once)."""
+        if self._pool_index is None:
+            self._pool_index = self.pool_rows.to(device)
+        return self._pool_index
 
     def runs(self) -> list[tuple[slice, slice]]:
         """(pool rows, slab rows) slices, each a run of rows at a constant step on both sides, when
@@ -96,6 +104,14 @@ def _merged(copies: list[_Copy]) -> _Copy:
     import torch
 
     return _Copy(torch.cat([c.pool_rows for c in copies]), torch.cat([c.slab_rows for c in copies]))
+
+
+def _on_stream(stream: Any) -> Any:
+    if stream is None:
+        return contextlib.nullcontext()
+    import torch
+
+    return torch.cuda.stream(stream)
 
 
 def _word_dtype(row_bytes: int) -> Any:
@@ -193,6 +209,9 @@ class CacheController:
             raise InvalidArgumentError(f"slab has {self.slab.num_pages} pages x {self.slab.num_layers} layers, "
                                        f"the cache needs {host_pages} x {self.num_layers}")
         self._slab_rows = {name: self.slab.rows(name).view(self._words[name]) for name in self.payloads}
+        # CUDA pools (not run on a CPU-only machine): copies cross the host link, loads on a side stream.
+        self._cuda_pools = any(p.is_cuda for layers in device_pools.values() for p in layers)
+        self._load_stream = torch.cuda.Stream() if self._cuda_pools else None
         self._backups: list[_PendingBackup] = []
         self._merged_backups: tuple[tuple[int, ...], _Copy | None] = ((), None)
         self._loads: list[LoadHandle] = []
@@ -415,10 +434,17 @@ class CacheController:
                         slab[slab_slice].copy_(pool[pool_slice])
                     else:
                         pool[pool_slice].copy_(slab[slab_slice])
-            elif to_slab:
-                slab.index_copy_(0, copy.slab_rows, pool.index_select(0, copy.pool_rows))
+            elif to_slab:  # a device pool's rows come over the host link once, gathered
+                gathered = pool.index_select(0, copy.pool_index(pool.device))
+                slab.index_copy_(0, copy.slab_rows, gathered.to(slab.device))
             else:
-                pool.index_copy_(0, copy.pool_rows, slab.index_select(0, copy.slab_rows))
+                rows = slab.index_select(0, copy.slab_rows).to(pool.device, non_blocking=True)
+                pool.index_copy_(0, copy.pool_index(pool.device), rows)
+        if self._cuda_pools and not to_slab:
+            # The copier's stream: a layer is ready only once its copies have landed.
+            import torch
+
+            torch.cuda.current_stream().synchronize()
 
     def _copy_bytes(self, copy: _Copy) -> int:
         row_bytes = sum(spec.row_bytes for spec in self.payloads.values())
@@ -446,10 +472,11 @@ class CacheController:
             handles = [handle for handle, _ in jobs]
             try:
                 copy = _merged([c for _, c in jobs])
-                for layer in range(self.num_layers):
-                    self._copy_layer(layer, copy, to_slab=False)
-                    for handle in handles:
-                        handle._ready[layer].set()
+                with _on_stream(self._load_stream):
+                    for layer in range(self.num_layers):
+                        self._copy_layer(layer, copy, to_slab=False)
+                        for handle in handles:
+                            handle._ready[layer].set()
                 self.counters["bytes_loaded"] += self._copy_bytes(copy)
             except BaseException as err:  # noqa: BLE001 -- reported to the waiters and to the next commit
                 self._load_failed = True
