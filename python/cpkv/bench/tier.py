@@ -5,11 +5,11 @@ Three measurements, all in this process (world 1, no torch.distributed), through
 
 - backup: fresh requests are inserted so that ``--pages`` pages are pending backup (one backup
   of ``--node-pages`` pages per request), then ``backup_layer(layer)`` is timed layer by layer
-  (its ``index_select`` + ``index_copy_`` per backup and payload); ``end_forward`` commits them
+  (one copy per payload for all pending backups); ``end_forward`` commits them
   and the next repetition's requests evict them from the device.
-- load-back: the committed requests are evicted from the device, then ``load(lookup)`` +
-  ``wait_all()`` is timed per request (the plan, the copier thread and every layer's
-  ``index_select`` + ``index_copy_``), divided by the layers.
+- load-back: the committed requests are evicted from the device, then, as in one forward,
+  ``load_batch`` of every request's lookup followed by ``wait_all()`` of each is timed (the plans, the
+  copier thread, its copies), divided by the layers.
 - both against a plain ``dst.copy_(src)`` of the same bytes between the same two memories (the
   first ``--pages`` rows of the layer's device pool and of its slab region, contiguous). Every
   copy figure is the best of ``--repeats`` rounds, after one warm-up round.
@@ -132,14 +132,15 @@ def _copy_rows(args: argparse.Namespace, label: str, shapes: dict[str, tuple[tup
                 backup_s.append(spent / layers)
                 backed_up += pending
             ctl.core.evict_device(pages)  # the batch stays on the host only
-            spent, got = 0.0, 0
-            for tokens in batch:
-                hit = ctl.lookup(tokens)
-                started = time.perf_counter()
-                load = ctl.load(hit)
+            # One forward's requests: their loads are issued together, then waited for.
+            hits = [ctl.lookup(tokens) for tokens in batch]
+            started = time.perf_counter()
+            loads = ctl.load_batch(hits)
+            for load in loads:
                 load.wait_all()
-                spent += time.perf_counter() - started
-                got += load.num_pages
+            spent = time.perf_counter() - started
+            got = sum(load.num_pages for load in loads)
+            for tokens, hit, load in zip(batch, hits, loads):
                 ctl.insert(tokens, load.pages)
                 ctl.release(hit)
             ctl.end_forward()
@@ -288,7 +289,7 @@ def run(args: argparse.Namespace) -> int:
     copies = [_copy_rows(args, label, shapes) for label, shapes in COPY_SHAPES]
     tables = []
     for direction, what in (("backup", "backup_layer(layer) after inserts left the pages pending"),
-                            ("load", "load(lookup) + wait_all() of host-only requests, per layer")):
+                            ("load", "load_batch(lookups) of every host-only request of the round, then wait_all(), per layer")):
         table = Table(f"{direction}: {args.pages} pages per layer, {args.layers} layers, {args.device} pools <-> "
                       "host slab, "
                       f"best of {args.repeats} rounds; cpkv = CacheController.{what}; plain = dst.copy_(src) of the "

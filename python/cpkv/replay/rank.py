@@ -128,13 +128,13 @@ def _admit(ctl: Any, requests: list[tuple[int, ...]], admitted: list[int], hits:
            counters: dict) -> list[_Running]:
     """Load-back and new pages for each admitted request (every call replicated)."""
     running = []
-    for index in admitted:
+    loads = ctl.load_batch([hits[index] for index in admitted])
+    for index, load in zip(admitted, loads):
         blocks = np.asarray(requests[index], dtype=np.int64)
         hit = hits[index]
         counters["blocks"] += len(blocks)
         counters["device_hit_blocks"] += hit.device_tokens // page
         counters["host_hit_blocks"] += (hit.host_tokens - hit.device_tokens) // page
-        load = ctl.load(hit)
         cached = np.concatenate([hit.device_pages, load.pages]).astype(np.int64)
         # Fully cached: the last page is recomputed, as engines do.
         keep = min(len(cached), len(blocks) - 1)

@@ -8,6 +8,7 @@ One forward (``C``: a collective, every rank issues it in the same order, whatev
 
     hit = ctl.lookup(tokens)                # device hit, host hit; the path is locked
     load = ctl.load(hit)                    # device pages for the host-only part; copies start
+                                            # (load_batch: a forward's requests in one copy)
     new = ctl.allocate(n)                   # pages for the new tokens (evicting as needed)
     for layer in range(L):
         load.wait(layer)                    # this layer's owned pages are in the device pool
@@ -277,18 +278,26 @@ class CacheController:
     def load(self, hit: Lookup) -> LoadHandle:
         """Brings the host-only part of ``hit`` back: device pages are taken now (replicated) and
         this rank's owned rows are copied from the slab in the background, layer by layer."""
+        return self.load_batch([hit])[0]
+
+    def load_batch(self, hits: Sequence[Lookup]) -> list[LoadHandle]:
+        """:meth:`load` for a forward's requests at once: their copies go to the worker together,
+        as one copy per layer (fewer, longer copies than request by request)."""
         self._check_open()
-        runs = self.core.plan_load(hit.node) if hit.locked and hit.host_tokens > hit.device_tokens else []
-        pages = np.concatenate([r.device_pages for r in runs]) if runs else np.zeros(0, dtype=np.int64)
-        handle = LoadHandle(pages, self.num_layers, self.settings.transfer_timeout_s)
-        if not runs:
-            for event in handle._ready:
-                event.set()
-            return handle
-        rows = np.concatenate([r.host_pages for r in runs])
-        copy = self._owned(pages, rows)
-        self._enqueue(handle, copy)
-        return handle
+        handles, jobs = [], []
+        for hit in hits:
+            runs = self.core.plan_load(hit.node) if hit.locked and hit.host_tokens > hit.device_tokens else []
+            pages = np.concatenate([r.device_pages for r in runs]) if runs else np.zeros(0, dtype=np.int64)
+            handle = LoadHandle(pages, self.num_layers, self.settings.transfer_timeout_s)
+            handles.append(handle)
+            if runs:
+                jobs.append((handle, self._owned(pages, np.concatenate([r.host_pages for r in runs]))))
+            else:
+                for event in handle._ready:
+                    event.set()
+        if jobs:
+            self._enqueue(jobs)
+        return handles
 
     def insert(self, tokens: Any, pages: Any, namespace: Any = None) -> InsertOutcome:
         """Caches ``tokens`` on ``pages`` and reserves write-through backups (replicated)."""
@@ -450,10 +459,10 @@ class CacheController:
         row_bytes = sum(spec.row_bytes for spec in self.payloads.values())
         return int(copy.pool_rows.numel()) * row_bytes * self.num_layers
 
-    def _enqueue(self, handle: LoadHandle, copy: _Copy) -> None:
-        self._loads.append(handle)
+    def _enqueue(self, jobs: list[tuple[LoadHandle, _Copy]]) -> None:
+        self._loads.extend(handle for handle, _ in jobs)
         with self._copy_cv:
-            self._copy_queue.append((handle, copy))
+            self._copy_queue.extend(jobs)
             self._copy_cv.notify()
         if self._copier is None:
             self._copier = threading.Thread(target=self._copy_loads, name="cpkv-load", daemon=True)
