@@ -5,7 +5,7 @@
 //! its reuse distance is longer than the cache reaches. Remembering the hit
 //! count it had lets the re-inserted node resume where it left off instead
 //! of restarting as one-shot traffic. Entries are keyed by content (the
-//! parent's id and the first page's tokens: ids are never reused and a split
+//! parent's id and the first page's tokens: ids are never reused, only slots are, and a split
 //! keeps a node's id on its suffix, so the parent of a dropped node keeps
 //! naming the same prefix) and forgotten first-in first-out once the history
 //! holds more pages than `GHOST_PAGES_PER_CACHED_PAGE` times the most pages

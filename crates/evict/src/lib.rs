@@ -5,6 +5,7 @@
 //! id, so all context-parallel ranks that replay the same calls evict the same
 //! victims without exchanging a word. `digest` makes that checkable.
 
+mod arena;
 mod child_key;
 mod clock;
 mod digest;
@@ -23,4 +24,7 @@ pub use events::Event;
 pub use namespace::Namespace;
 pub use node::{HostKey, Node, NodeId, PageId, Tier, Token};
 pub use policy::{Policy, PolicyKey};
-pub use tree::{DeviceVictim, HostVictim, InsertResult, MatchResult, PrefixTree};
+pub use tree::{
+    DeviceVictim, HostVictim, InsertResult, MatchResult, PrefixTree, DEFAULT_EVENT_LIMIT,
+    IDLE_ROOTS_KEPT,
+};

@@ -13,7 +13,9 @@
 //! Every public mutating call validates first and changes nothing when it
 //! fails; when it succeeds it advances the clock by exactly one.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
+
+use crate::arena::NodeArena;
 
 use crate::child_key::{ChildKey, Page, PageKey};
 use crate::clock::{LogicalClock, Stamp};
@@ -73,9 +75,16 @@ pub struct PrefixTree {
     page_size: usize,
     policy: Policy,
     clock: LogicalClock,
-    /// Arena indexed by node id; ids are never reused.
-    nodes: Vec<Option<Node>>,
+    nodes: NodeArena,
     roots: BTreeMap<Namespace, NodeId>,
+    root_names: BTreeMap<NodeId, Namespace>,
+    /// Roots without children or locks, with the clock when they became so;
+    /// beyond `IDLE_ROOTS_KEPT` the longest idle one leaves the tree, so a
+    /// stream of one-off namespaces does not grow it.
+    idle_roots: BTreeMap<NodeId, Stamp>,
+    idle_order: BTreeSet<(Stamp, NodeId)>,
+    /// Wrapping sum of the idle roots' hashes.
+    idle_digest: u64,
     index: EvictableIndex,
     /// Wrapping sum of the live nodes' digest terms.
     digest_sum: u64,
@@ -85,7 +94,6 @@ pub struct PrefixTree {
     /// Nodes referring to each host object.
     host_refs: BTreeMap<HostKey, usize>,
     host_pages: usize,
-    live_nodes: usize,
     /// How far back the cache currently reaches, which scales
     /// `Policy::Ghost`'s weights: the latest position among device victims,
     /// a victim's position being its priority or, if later, its last access
@@ -93,8 +101,16 @@ pub struct PrefixTree {
     floor: Stamp,
     /// Content dropped from the tree, for policies that remember it.
     ghost: GhostHistory,
-    events: Vec<Event>,
+    events: VecDeque<Event>,
+    event_limit: usize,
+    dropped_events: u64,
 }
+
+/// Idle namespace roots kept before the longest idle one is dropped.
+pub const IDLE_ROOTS_KEPT: usize = 1024;
+/// Residency events buffered until `take_events` by default; beyond it the
+/// oldest are dropped and counted, so a caller that never drains stays bounded.
+pub const DEFAULT_EVENT_LIMIT: usize = 1 << 16;
 
 /// One step of a read-only walk: a node and how many of its pages matched
 /// (fewer than all only for the last step).
@@ -116,17 +132,22 @@ impl PrefixTree {
             page_size,
             policy,
             clock: LogicalClock::default(),
-            nodes: Vec::new(),
+            nodes: NodeArena::default(),
             roots: BTreeMap::new(),
+            root_names: BTreeMap::new(),
+            idle_roots: BTreeMap::new(),
+            idle_order: BTreeSet::new(),
+            idle_digest: 0,
             index: EvictableIndex::default(),
             digest_sum: 0,
             live_pages: HashSet::default(),
             host_refs: BTreeMap::new(),
             host_pages: 0,
-            live_nodes: 0,
             floor: 0,
             ghost: GhostHistory::default(),
-            events: Vec::new(),
+            events: VecDeque::new(),
+            event_limit: DEFAULT_EVENT_LIMIT,
+            dropped_events: 0,
         })
     }
 
@@ -143,10 +164,19 @@ impl PrefixTree {
     }
     /// Live nodes, namespace roots included.
     pub fn len(&self) -> usize {
-        self.live_nodes
+        self.nodes.len()
     }
     pub fn is_empty(&self) -> bool {
-        self.live_nodes == 0
+        self.nodes.len() == 0
+    }
+    /// Node slots ever used: the high-water mark of live nodes, which bounds
+    /// the tree's node storage.
+    pub fn node_slots(&self) -> usize {
+        self.nodes.slots()
+    }
+    /// Namespace roots currently in the tree.
+    pub fn namespaces(&self) -> usize {
+        self.roots.len()
     }
     pub fn device_pages(&self) -> usize {
         self.live_pages.len()
@@ -162,14 +192,14 @@ impl PrefixTree {
         self.index.len(tier)
     }
     pub fn node(&self, id: NodeId) -> Option<&Node> {
-        self.nodes.get(usize::try_from(id.0).ok()?)?.as_ref()
+        self.nodes.get(id)
     }
     pub fn root(&self, namespace: &Namespace) -> Option<NodeId> {
         self.roots.get(namespace).copied()
     }
-    /// Live nodes in id order.
+    /// Live nodes in slot order (the same on every replica).
     pub fn nodes(&self) -> impl Iterator<Item = &Node> + '_ {
-        self.nodes.iter().flatten()
+        self.nodes.iter()
     }
     /// The index of `tier` in eviction order.
     pub fn eviction_order(&self, tier: Tier) -> Vec<NodeId> {
@@ -201,18 +231,46 @@ impl PrefixTree {
                     .position(|p| *p == self.policy)
                     .unwrap_or(0) as u64,
             )
-            .word(self.nodes.len() as u64)
+            .word(self.nodes.digest())
+            .word(self.idle_digest)
             .word(self.floor)
             .word(self.ghost.digest())
             .finish()
     }
 
-    /// Drains the residency events since the last call. The next buffer
-    /// starts as large as this one, so a steady stream of calls between
-    /// drains pushes its events without regrowing it.
+    /// Drains the residency events since the last call (at most the event
+    /// limit: older ones were dropped, see `dropped_events`).
     pub fn take_events(&mut self) -> Vec<Event> {
-        let room = Vec::with_capacity(self.events.len());
-        std::mem::replace(&mut self.events, room)
+        self.events.drain(..).collect()
+    }
+
+    /// Bounds the event buffer to `limit` events (0 records none); events
+    /// beyond it drop the oldest. Events are not replicated state.
+    pub fn set_event_limit(&mut self, limit: usize) {
+        self.event_limit = limit;
+        while self.events.len() > limit {
+            self.events.pop_front();
+            self.dropped_events += 1;
+        }
+    }
+    pub fn event_limit(&self) -> usize {
+        self.event_limit
+    }
+    /// Events dropped because the buffer was full, since the tree was made.
+    pub fn dropped_events(&self) -> u64 {
+        self.dropped_events
+    }
+
+    fn record(&mut self, event: Event) {
+        if self.events.len() == self.event_limit {
+            if self.event_limit == 0 {
+                self.dropped_events += 1;
+                return;
+            }
+            self.events.pop_front();
+            self.dropped_events += 1;
+        }
+        self.events.push_back(event);
     }
 
     // ---- the engine's calls --------------------------------------------
@@ -407,7 +465,7 @@ impl PrefixTree {
         self.update(node, |n| n.host = Some(key));
         self.host_refs.insert(key, 1);
         self.host_pages += num_pages;
-        self.events.push(Event::HostStored {
+        self.record(Event::HostStored {
             node,
             start,
             num_pages,
@@ -551,15 +609,44 @@ impl PrefixTree {
             indexed: None,
         });
         self.roots.insert(namespace.clone(), id);
+        self.root_names.insert(id, namespace.clone());
+        self.reap_idle_roots(id);
         id
     }
 
+    /// Drops the longest idle roots beyond `IDLE_ROOTS_KEPT`, sparing `keep`.
+    fn reap_idle_roots(&mut self, keep: NodeId) {
+        while self.idle_roots.len() > IDLE_ROOTS_KEPT {
+            let &(since, oldest) = self
+                .idle_order
+                .iter()
+                .find(|(_, id)| *id != keep)
+                .expect("more idle roots than one");
+            self.set_idle(oldest, None);
+            debug_assert!(since <= self.clock.now());
+            self.detach(oldest);
+            self.nodes.remove(oldest);
+            let namespace = self.root_names.remove(&oldest).expect("named root");
+            self.roots.remove(&namespace);
+        }
+    }
+
+    /// Records whether root `id` is idle (since `since`), keeping its digest term.
+    fn set_idle(&mut self, id: NodeId, since: Option<Stamp>) {
+        if let Some(old) = self.idle_roots.remove(&id) {
+            self.idle_order.remove(&(old, id));
+            self.idle_digest = self.idle_digest.wrapping_sub(idle_term(id, old));
+        }
+        if let Some(since) = since {
+            self.idle_roots.insert(id, since);
+            self.idle_order.insert((since, id));
+            self.idle_digest = self.idle_digest.wrapping_add(idle_term(id, since));
+        }
+    }
+
     /// Puts a fully built node into the arena under the next id.
-    fn alloc(&mut self, mut node: Node) -> NodeId {
-        let id = NodeId(self.nodes.len() as u64);
-        node.id = id;
-        self.nodes.push(Some(node));
-        self.live_nodes += 1;
+    fn alloc(&mut self, node: Node) -> NodeId {
+        let id = self.nodes.insert(node);
         self.reattach(id);
         id
     }
@@ -608,7 +695,7 @@ impl PrefixTree {
             p.children.insert(key, id);
             p.device_children += 1;
         });
-        self.events.push(Event::DeviceStored {
+        self.record(Event::DeviceStored {
             node: id,
             start: depth,
             pages: pages.to_vec(),
@@ -670,7 +757,7 @@ impl PrefixTree {
         let node = self.node_ref(id);
         let (parent, start) = (node.parent.expect("non-root"), node.depth);
         self.live_pages.extend(pages.iter().copied());
-        self.events.push(Event::DeviceStored {
+        self.record(Event::DeviceStored {
             node: id,
             start,
             pages: pages.clone(),
@@ -690,9 +777,7 @@ impl PrefixTree {
         self.floor = self.floor.max(node.last_access.min(node.priority));
         // Pages leave the live set first: the ghost history sizes itself by
         // what the tree holds once the victim is gone.
-        let device = self.nodes[id.0 as usize]
-            .as_ref()
-            .and_then(|n| n.device.as_ref());
+        let device = self.nodes.get(id).and_then(|n| n.device.as_ref());
         for page in device.expect("indexed on device") {
             self.live_pages.remove(page);
         }
@@ -710,7 +795,7 @@ impl PrefixTree {
             self.remove(id).device
         }
         .expect("indexed on device");
-        self.events.push(Event::DeviceRemoved {
+        self.record(Event::DeviceRemoved {
             node: id,
             start,
             pages: pages.clone(),
@@ -729,7 +814,7 @@ impl PrefixTree {
             self.host_refs.remove(&key);
         }
         self.host_pages -= num_pages;
-        self.events.push(Event::HostRemoved {
+        self.record(Event::HostRemoved {
             node: id,
             start,
             num_pages,
@@ -748,8 +833,7 @@ impl PrefixTree {
     /// policies that keep one) and hands it back.
     fn remove(&mut self, id: NodeId) -> Node {
         self.detach(id);
-        let node = self.nodes[id.0 as usize].take().expect("live");
-        self.live_nodes -= 1;
+        let node = self.nodes.remove(id);
         let parent = node.parent.expect("roots are never removed");
         let on_device = node.device.is_some();
         let key = &node.tokens[..self.page_size];
@@ -772,12 +856,12 @@ impl PrefixTree {
     /// index, apply `change`, and put it back with its new hash and key.
     fn update(&mut self, id: NodeId, change: impl FnOnce(&mut Node)) {
         self.detach(id);
-        change(self.nodes[id.0 as usize].as_mut().expect("live"));
+        change(self.nodes.live_mut(id));
         self.reattach(id);
     }
 
     fn detach(&mut self, id: NodeId) {
-        let node = self.nodes[id.0 as usize].as_mut().expect("live");
+        let node = self.nodes.live_mut(id);
         self.digest_sum = self.digest_sum.wrapping_sub(node.digest_term);
         if let Some((tier, key)) = node.indexed.take() {
             self.index.remove(tier, key, id);
@@ -785,14 +869,22 @@ impl PrefixTree {
     }
 
     fn reattach(&mut self, id: NodeId) {
-        let policy = self.policy;
-        let node = self.nodes[id.0 as usize].as_mut().expect("live");
+        let (policy, now) = (self.policy, self.clock.now());
+        let node = self.nodes.live_mut(id);
         node.digest_term = node_hash(node, node.tokens_hash);
         self.digest_sum = self.digest_sum.wrapping_add(node.digest_term);
         if let Some(tier) = evictable_tier(node) {
             let key = policy.key(node);
             node.indexed = Some((tier, key));
             self.index.insert(tier, key, id);
+        }
+        if node.is_root() {
+            let idle = node.children.is_empty() && node.locks == 0;
+            match (idle, self.idle_roots.contains_key(&id)) {
+                (true, false) => self.set_idle(id, Some(now)),
+                (false, true) => self.set_idle(id, None),
+                _ => {}
+            }
         }
     }
 
@@ -898,11 +990,38 @@ impl PrefixTree {
         if self.digest() != self.digest_from_scratch() {
             return Err("incremental digest differs from recomputation".into());
         }
-        if self.nodes().count() != self.live_nodes {
-            return Err("live node count out of sync".into());
+        self.nodes.check()?;
+        let idle: BTreeSet<NodeId> = self
+            .nodes()
+            .filter(|n| n.is_root() && n.children.is_empty() && n.locks == 0)
+            .map(|n| n.id)
+            .collect();
+        if idle.iter().ne(self.idle_roots.keys()) || self.idle_order.len() != idle.len() {
+            return Err("idle roots out of sync".into());
+        }
+        let idle_sum = self
+            .idle_roots
+            .iter()
+            .map(|(id, since)| idle_term(*id, *since))
+            .fold(0u64, u64::wrapping_add);
+        if idle_sum != self.idle_digest || self.idle_roots.len() > IDLE_ROOTS_KEPT + 1 {
+            return Err("idle roots digest or bound wrong".into());
+        }
+        let named: Vec<(NodeId, &Namespace)> =
+            self.roots.iter().map(|(ns, id)| (*id, ns)).collect();
+        if named.len() != self.root_names.len()
+            || named
+                .iter()
+                .any(|(id, ns)| self.root_names.get(id) != Some(*ns))
+        {
+            return Err("root names out of sync".into());
         }
         Ok(())
     }
+}
+
+fn idle_term(id: NodeId, since: Stamp) -> u64 {
+    Hasher64::default().word(id.0).word(since).finish()
 }
 
 /// Stamps an access: the last-access time and the policy's priority.
