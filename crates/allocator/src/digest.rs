@@ -11,7 +11,7 @@
 use crate::extent::Extent;
 use crate::payload::{PayloadId, Payloads};
 
-pub use cpkv_hash::{hash_words, mix64};
+use cpkv_hash::hash_words;
 
 const TAG_CONFIG: u64 = 0xc0f1_6000;
 const TAG_FREE: u64 = 0xf4ee_0001;

@@ -655,7 +655,7 @@ mod tests {
         let mut map = BTreeMap::new();
         let mut x = 99u64;
         let mut next = || {
-            x = crate::digest::mix64(x);
+            x = cpkv_hash::mix64(x);
             x
         };
         for phase in 0..60u64 {
@@ -697,7 +697,7 @@ mod tests {
         let mut used: Vec<u64> = (0..40_000).collect();
         let mut x = 7u64;
         let mut next = || {
-            x = crate::digest::mix64(x);
+            x = cpkv_hash::mix64(x);
             x
         };
         let mut step = 0;
@@ -743,7 +743,7 @@ mod tests {
         let mut map = BTreeMap::new();
         let mut x = 12345u64;
         let mut next = || {
-            x = crate::digest::mix64(x);
+            x = cpkv_hash::mix64(x);
             x
         };
         for step in 0..20_000 {

@@ -7,6 +7,7 @@ mod allocator;
 mod convert;
 mod errors;
 mod prefix_tree;
+mod shared;
 mod tier;
 
 use pyo3::prelude::*;

@@ -96,6 +96,57 @@ impl NodeArena {
         node
     }
 
+    /// An arena from a snapshot's slots (generation, node) and free list;
+    /// node ids are set from their slots. Fails if they do not partition.
+    pub(crate) fn from_parts(
+        slots: Vec<(u32, Option<Node>)>,
+        free: Vec<u32>,
+    ) -> Result<Self, String> {
+        if u32::try_from(slots.len()).is_err() {
+            return Err(format!("{} slots exceed 2^32", slots.len()));
+        }
+        let mut arena = Self::default();
+        for (slot, (generation, node)) in slots.into_iter().enumerate() {
+            arena.generations.push(generation);
+            arena.slots.push(node.map(|mut n| {
+                n.id = NodeId(u64::from(generation) << SLOT_BITS | slot as u64);
+                arena.live += 1;
+                n
+            }));
+        }
+        for (position, &slot) in free.iter().enumerate() {
+            let generation = *arena
+                .generations
+                .get(slot as usize)
+                .ok_or(format!("free slot {slot} out of range"))?;
+            arena.free_digest = arena
+                .free_digest
+                .wrapping_add(free_term(position, slot, generation));
+        }
+        arena.free = free;
+        arena.check()?;
+        Ok(arena)
+    }
+
+    /// Each slot's generation and node, and the free list (for snapshots).
+    pub(crate) fn parts(&self) -> (Vec<(u32, Option<&Node>)>, &[u32]) {
+        let slots = self
+            .generations
+            .iter()
+            .zip(&self.slots)
+            .map(|(g, n)| (*g, n.as_ref()))
+            .collect();
+        (slots, &self.free)
+    }
+
+    /// The node `id` if it is live (a fallible `live_mut`).
+    pub(crate) fn get_mut(&mut self, id: NodeId) -> Option<&mut Node> {
+        self.slots
+            .get_mut(Self::slot(id))?
+            .as_mut()
+            .filter(|n| n.id == id)
+    }
+
     /// Live nodes in slot order.
     pub(crate) fn iter(&self) -> impl Iterator<Item = &Node> + '_ {
         self.slots.iter().flatten()

@@ -16,7 +16,9 @@ mod ghost;
 mod namespace;
 mod node;
 mod policy;
+mod snapshot;
 mod tree;
+mod wire;
 
 pub use clock::Stamp;
 pub use error::EvictError;
@@ -24,6 +26,7 @@ pub use events::Event;
 pub use namespace::Namespace;
 pub use node::{HostKey, Node, NodeId, PageId, Tier, Token};
 pub use policy::{Policy, PolicyKey};
+pub use snapshot::TREE_SNAPSHOT_VERSION;
 pub use tree::{
     DeviceVictim, HostVictim, InsertResult, MatchResult, PrefixTree, DEFAULT_EVENT_LIMIT,
     IDLE_ROOTS_KEPT,

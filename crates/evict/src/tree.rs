@@ -869,15 +869,9 @@ impl PrefixTree {
     }
 
     fn reattach(&mut self, id: NodeId) {
-        let (policy, now) = (self.policy, self.clock.now());
+        self.index_node(id);
+        let now = self.clock.now();
         let node = self.nodes.live_mut(id);
-        node.digest_term = node_hash(node, node.tokens_hash);
-        self.digest_sum = self.digest_sum.wrapping_add(node.digest_term);
-        if let Some(tier) = evictable_tier(node) {
-            let key = policy.key(node);
-            node.indexed = Some((tier, key));
-            self.index.insert(tier, key, id);
-        }
         if node.is_root() {
             let idle = node.children.is_empty() && node.locks == 0;
             match (idle, self.idle_roots.contains_key(&id)) {
@@ -886,6 +880,112 @@ impl PrefixTree {
                 _ => {}
             }
         }
+    }
+
+    /// Puts a detached node's digest term and index entry back.
+    fn index_node(&mut self, id: NodeId) {
+        let policy = self.policy;
+        let node = self.nodes.live_mut(id);
+        node.digest_term = node_hash(node, node.tokens_hash);
+        self.digest_sum = self.digest_sum.wrapping_add(node.digest_term);
+        if let Some(tier) = evictable_tier(node) {
+            let key = policy.key(node);
+            node.indexed = Some((tier, key));
+            self.index.insert(tier, key, id);
+        }
+    }
+
+    // ---- snapshots (see `snapshot`) -------------------------------------
+
+    pub(crate) fn floor(&self) -> Stamp {
+        self.floor
+    }
+    pub(crate) fn arena_parts(&self) -> (Vec<(u32, Option<&Node>)>, &[u32]) {
+        self.nodes.parts()
+    }
+    pub(crate) fn roots_map(&self) -> &BTreeMap<Namespace, NodeId> {
+        &self.roots
+    }
+    pub(crate) fn idle_roots_map(&self) -> &BTreeMap<NodeId, Stamp> {
+        &self.idle_roots
+    }
+    pub(crate) fn ghost_history(&self) -> &GhostHistory {
+        &self.ghost
+    }
+
+    /// A tree from decoded snapshot state: every derived structure rebuilt,
+    /// every invariant checked; an inconsistency is an error, not a panic.
+    pub(crate) fn rebuild(d: crate::snapshot::Decoded) -> Result<Self, String> {
+        let ps = d.page_size;
+        let mut tree = Self::new(ps, d.policy).map_err(|e| e.to_string())?;
+        for (slot, (_, node)) in d.slots.iter().enumerate() {
+            let Some(n) = node else { continue };
+            let shape_ok = match n.parent {
+                None => n.tokens.is_empty() && n.device.is_none() && n.host.is_none(),
+                Some(_) => !n.tokens.is_empty() && n.tokens.len() % ps == 0,
+            };
+            let pages_ok = n
+                .device
+                .as_ref()
+                .is_none_or(|d| d.len() == n.tokens.len() / ps);
+            if !shape_ok || !pages_ok {
+                return Err(format!("node in slot {slot} has a malformed shape"));
+            }
+        }
+        tree.nodes = NodeArena::from_parts(d.slots, d.free)?;
+        let ids: Vec<NodeId> = tree.nodes().map(|n| n.id).collect();
+        for &id in &ids {
+            let n = tree.nodes.live_mut(id);
+            n.tokens_hash = tokens_hash(&n.tokens);
+            let Some(parent) = n.parent else { continue };
+            let (key, on_device) = (ChildKey::new(&n.tokens[..ps]), n.device.is_some());
+            let p = tree
+                .nodes
+                .get_mut(parent)
+                .ok_or(format!("node {id}: parent {parent} is not live"))?;
+            if p.children.insert(key, id).is_some() {
+                return Err(format!("node {parent}: two children share a first page"));
+            }
+            p.device_children += usize::from(on_device);
+        }
+        for (namespace, &id) in &d.roots {
+            let root = tree
+                .nodes
+                .get_mut(id)
+                .filter(|n| n.is_root())
+                .ok_or(format!("namespace {namespace}: {id} is not a live root"))?;
+            root.tokens_hash = namespace_hash(namespace);
+            tree.root_names.insert(id, namespace.clone());
+        }
+        if tree.nodes().filter(|n| n.is_root()).count() != d.roots.len() {
+            return Err("a root has no namespace".into());
+        }
+        tree.roots = d.roots;
+        for &id in &ids {
+            let n = tree.nodes.live_mut(id);
+            let (device, host, pages) = (n.device.clone(), n.host, n.tokens.len() / ps);
+            for page in device.into_iter().flatten() {
+                if !tree.live_pages.insert(page) {
+                    return Err(format!("device page {page} held twice"));
+                }
+            }
+            if let Some(key) = host {
+                *tree.host_refs.entry(key).or_default() += 1;
+                tree.host_pages += pages;
+            }
+            tree.index_node(id);
+        }
+        for (&id, &since) in &d.idle_roots {
+            if !tree.root_names.contains_key(&id) {
+                return Err(format!("idle root {id} is not a root"));
+            }
+            tree.set_idle(id, Some(since));
+        }
+        tree.clock = LogicalClock::at(d.clock);
+        tree.floor = d.floor;
+        tree.ghost = d.ghost;
+        tree.check_invariants()?;
+        Ok(tree)
     }
 
     /// Checks every structural invariant and that the incremental index and

@@ -182,5 +182,5 @@ fn digests_are_pinned_and_cover_the_config() {
     );
 }
 
-const PINNED_FRESH: u64 = 0xa9e3_f0c9_2d28_3a1e;
-const PINNED_AFTER: u64 = 0x56bc_ef6a_c323_e9a8;
+const PINNED_FRESH: u64 = 0xb185_ae7c_e694_b7f9;
+const PINNED_AFTER: u64 = 0x5775_cf8a_b089_5cad;
