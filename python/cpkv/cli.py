@@ -26,6 +26,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("schedsim",), "cpkv.scheduling.sim", "Replay a trace through the prefill batch-admission policies"),
     (("bench", "compose"), "cpkv.bench.compose", "Staged single-gather CP compose against the all-reduce compose"),
     (("bench", "compose-gpu"), "cpkv.bench.compose_gpu", "The compose on one GPU: 1..8 ranks, CUDA IPC + Triton gather"),
+    (("bench", "tree-memory"), "cpkv.bench.tree_memory", "PrefixTree RSS under insert+evict churn at a fixed live size"),
     (("bench", "tier"), "cpkv.bench.tier", "Two-tier cache: backup/load-back vs a plain copy, decisions vs PrefixTree"),
     (("replay",), "cpkv.replay", "The main job: CP ranks run the two-tier cache over a trace, every byte verified"),
     (("sweep",), "cpkv.sweep", "Hit rate over a grid of capacities x policies, Belady as the ceiling: PNG + CSV"),

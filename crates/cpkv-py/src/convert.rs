@@ -11,6 +11,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyInt, PyString};
 
 use crate::errors::cpkv_error;
+use pyo3::types::{PyByteArray, PyBytes};
 
 pub(crate) fn invalid(message: String) -> PyErr {
     cpkv_error("InvalidArgumentError", message)
@@ -119,6 +120,24 @@ pub(crate) fn namespace(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Namespace> {
     Err(invalid(format!(
         "namespace must be None, a str or a non-negative int, got {obj}"
     )))
+}
+
+/// Snapshot bytes (`bytes` or `bytearray`); anything else is a
+/// `SnapshotError` naming its type.
+pub(crate) fn snapshot_bytes(data: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
+    if let Ok(b) = data.cast::<PyBytes>() {
+        return Ok(b.as_bytes().to_vec());
+    }
+    if data.is_instance_of::<PyByteArray>() {
+        return data.extract();
+    }
+    Err(cpkv_error(
+        "SnapshotError",
+        format!(
+            "snapshot data must be bytes, got {}",
+            data.get_type().name()?
+        ),
+    ))
 }
 
 pub(crate) fn pages_array(py: Python<'_>, pages: &[u64]) -> Py<PyArray1<i64>> {

@@ -7,9 +7,9 @@
 use cpkv_evict::{Event, NodeId, Policy, PrefixTree as Core};
 use numpy::PyArray1;
 use pyo3::prelude::*;
-use pyo3::types::PyTuple;
+use pyo3::types::{PyBytes, PyTuple};
 
-use crate::convert::{int_vector, invalid, namespace, pages_array, uint};
+use crate::convert::{int_vector, invalid, namespace, pages_array, snapshot_bytes, uint};
 use crate::errors::{cpkv_error, evict_error};
 use crate::shared::Shared;
 
@@ -366,6 +366,32 @@ impl PrefixTree {
     /// Order-independent digest of the replicated state (an unsigned 64-bit int).
     fn digest(&self, py: Python<'_>) -> u64 {
         self.core.with(py, |t| t.digest())
+    }
+
+    /// SHA-256 (32 bytes) of the canonical encoding of the replicated state:
+    /// equal exactly when two trees will make the same decisions.
+    fn canonical_digest<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        let digest = self.core.detached(py, |t| t.canonical_digest());
+        PyBytes::new(py, &digest)
+    }
+
+    /// The replicated state as versioned, checksummed bytes (events excluded).
+    fn snapshot<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        let data = self.core.detached(py, |t| t.snapshot());
+        PyBytes::new(py, &data)
+    }
+
+    /// Rebuilds a tree from `snapshot()` bytes (a rank rejoining from a
+    /// peer's state); bad bytes raise `SnapshotError`.
+    #[staticmethod]
+    #[pyo3(signature = (data, event_limit = cpkv_evict::DEFAULT_EVENT_LIMIT))]
+    fn restore(py: Python<'_>, data: &Bound<'_, PyAny>, event_limit: usize) -> PyResult<Self> {
+        let bytes = snapshot_bytes(data)?;
+        let mut core = py.detach(|| Core::restore(&bytes)).map_err(evict_error)?;
+        core.set_event_limit(event_limit);
+        Ok(Self {
+            core: Shared::new(core),
+        })
     }
 
     /// Drains the residency events (at most `event_limit`; older ones were
