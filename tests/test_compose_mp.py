@@ -198,3 +198,30 @@ def _unclosed_worker(rank: int, cp: int) -> str:
 def test_segments_are_unlinked_when_a_rank_exits_without_closing():
     run_id = run_ranks(_unclosed_worker, 2, timeout_s=60)[0]
     assert glob.glob(f"/dev/shm/cpkv-{run_id}-*") == []
+
+
+def _oversized_worker(rank: int, cp: int) -> dict:
+    st = os.statvfs("/dev/shm")
+    too_many_rows = (st.f_blocks * st.f_frsize) // 4096 + 1  # more than the whole of /dev/shm
+    with ShmGroup(timeout_s=10) as group:
+        try:
+            group.register_pool("kv", too_many_rows, (4096,), torch.uint8, 1)
+            outcome = {"error": None}
+        except InvalidArgumentError as err:
+            outcome = {"error": str(err)}
+        # Refused alike on every rank, nothing changed: the group still registers and composes.
+        batch = uniform_batch(cp, requests=1, prefix_pages=2, current_pages=1)
+        plan = ComposePlan(cp, PAGE_SIZE, batch.requests, batch.num_slots)
+        group.register_pool("small", batch.pool_rows, (8,), torch.uint8, batch.max_current_pages)
+        group.compose(plan, "small", torch.zeros(plan.num_current(rank), 8, dtype=torch.uint8))
+        outcome["run_id"] = group.run_id
+    return outcome
+
+
+@pytest.mark.timeout(120)
+def test_an_undersized_dev_shm_fails_at_registration_on_every_rank_leaving_nothing():
+    results = run_ranks(_oversized_worker, 2, timeout_s=60, collective_timeout_s=10)
+    for r in results:
+        assert r["error"] is not None and "cannot reserve" in r["error"], r
+        assert "/dev/shm has" in r["error"] and "bytes free" in r["error"], r
+        assert glob.glob(f"/dev/shm/cpkv-{r['run_id']}-*") == []
