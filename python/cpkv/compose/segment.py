@@ -16,9 +16,11 @@ from typing import Any
 
 SHM_DIR = "/dev/shm"
 
-# Segments this process created and has not unlinked, removed when the process exits
-# as a safety net for callers that never close their group. (A SIGKILL still leaks
-# them; the surviving ranks' abort() removes those.) Multiprocessing children leave
+# Segments this process created and has not unlinked yet, removed when the process exits.
+# Callers drop a name as soon as every rank has mapped the segment, so this only matters
+# inside that window (a registration cut short); a SIGKILL there leaves the name, which
+# the surviving ranks' error path removes (every name of a run is known to every rank).
+# Multiprocessing children leave
 # through os._exit, which skips atexit, so the hook is also a multiprocessing finalizer,
 # registered per process: a forked child must never unlink its parent's segments.
 _owned: set[str] = set()
