@@ -20,6 +20,7 @@ $(DEPS): requirements-dev.txt
 	touch $@
 
 $(BUILT): $(DEPS) $(RUST_SRC)
+	rm -f python/cpkv/_cpkv.cpython-*.so  # a version-specific build would shadow the abi3 one
 	VIRTUAL_ENV=$(abspath $(VENV)) PATH=$(abspath $(VENV))/bin:$$PATH \
 		maturin develop --release --quiet
 	touch $@
@@ -35,7 +36,7 @@ run: $(BUILT) ## The main job on built-in defaults: cpkv replay
 	$(PY) -m cpkv replay
 
 .PHONY: test
-test: test-rust test-python ## Every test: cargo (all crates), then pytest
+test: test-rust test-python test-wheel ## Every test: cargo (all crates), pytest, then the wheel's smoke test
 
 .PHONY: test-rust
 test-rust: ## cargo tests of every crate
@@ -44,6 +45,23 @@ test-rust: ## cargo tests of every crate
 .PHONY: test-python
 test-python: $(BUILT) ## pytest
 	$(PY) -m pytest -q
+
+WHEEL_DIR  := target/wheels-abi3
+WHEEL_VENV := target/wheel-venv
+
+.PHONY: test-wheel
+test-wheel: $(DEPS) ## Build the abi3 wheel, install it into a fresh virtualenv, run its smoke test
+	rm -rf $(WHEEL_DIR) $(WHEEL_VENV)
+	maturin build --release --quiet -o $(WHEEL_DIR)
+	@ls -l $(WHEEL_DIR)/*.whl
+	$$($(PY) -c 'import sys; print(sys._base_executable)') -m venv $(WHEEL_VENV)
+	@# torch and numpy from the dev venv's site-packages through a .pth (no multi-GB install);
+	@# cpkv itself only from the wheel (the smoke test checks where every module comes from).
+	$(PY) -c 'import os, numpy, torch; print(os.path.dirname(os.path.dirname(torch.__file__))); \
+		print(os.path.dirname(os.path.dirname(numpy.__file__)))' \
+		> $$(echo $(WHEEL_VENV)/lib/python3*/site-packages)/dev-deps.pth
+	$(WHEEL_VENV)/bin/python -m pip install --quiet --no-index --no-deps $(WHEEL_DIR)/*.whl
+	cd $(WHEEL_VENV) && env -u PYTHONPATH bin/python $(abspath tests/wheel_smoke.py)
 
 .PHONY: bench
 bench: $(BUILT) ## Every Python benchmark (cpkv against its baseline)

@@ -26,6 +26,7 @@ __all__ = [
     "CollectiveTimeoutError",
     "DivergenceError",
     "FallbackError",
+    "GroupBrokenError",
 ]
 
 
@@ -99,3 +100,8 @@ class DivergenceError(CpkvError):
 
 class FallbackError(CpkvError, RuntimeError):
     """An unexpected fallback to a slow path where none is allowed (CUDA)."""
+
+
+class GroupBrokenError(CpkvError, RuntimeError):
+    """A compose group that saw an error inside its protocol: its ranks may be out of step, so it
+    refuses every further call until it is closed."""

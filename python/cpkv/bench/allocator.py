@@ -38,28 +38,43 @@ WORKLOADS = {
 
 
 def _pools(text: str) -> dict[str, int]:
+    """``payload=pages,...``: each name given once, each capacity a positive integer."""
     pools = {}
     for item in text.split(","):
-        name, _, capacity = item.partition("=")
-        pools[name.strip()] = int(capacity)
+        name, eq, capacity = (part.strip() for part in item.partition("="))
+        if not eq or not name:
+            raise argparse.ArgumentTypeError(f"{item.strip()!r} is not payload=pages")
+        try:
+            pages = int(capacity)
+        except ValueError:
+            pages = 0
+        if pages < 1:
+            raise argparse.ArgumentTypeError(f"{item.strip()!r}: pages must be a positive integer")
+        if name in pools:
+            raise argparse.ArgumentTypeError(f"payload {name!r} is given twice")
+        pools[name] = pages
     return pools
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    from cpkv._args import integer, output_path, real
+
     parser.add_argument(
         "--workload", action="append", choices=sorted(WORKLOADS),
         help="built-in workload(s) to run (default: all)",
     )
     parser.add_argument("--pools", type=_pools, help="a custom workload instead: payload=pages,...")
-    parser.add_argument("--steps", type=int, help="batches per stream (default: per workload)")
-    parser.add_argument("--seed", type=int, default=0, help="stream seed (default %(default)s)")
-    parser.add_argument("--batch", type=int, default=32, help="reserves per batch (default %(default)s)")
+    parser.add_argument("--steps", type=integer(1), help="batches per stream (default: per workload)")
+    parser.add_argument("--seed", type=integer(0), default=0, help="stream seed (default %(default)s)")
+    parser.add_argument("--batch", type=integer(1), default=32, help="reserves per batch (default %(default)s)")
     parser.add_argument(
-        "--occupancy", type=float, default=0.9, help="used fraction releases return to (default %(default)s)"
+        "--occupancy", type=real(above=0, maximum=1), default=0.9,
+        help="used fraction releases return to, in (0, 1] (default %(default)s)"
     )
-    parser.add_argument("--max-pages", type=int, default=64, help="largest object in pages (default %(default)s)")
-    parser.add_argument("--repeat", type=int, default=3, help="timed runs per row; the best counts (default %(default)s)")
-    parser.add_argument("--json", metavar="PATH", help="also write the tables as JSON")
+    parser.add_argument("--max-pages", type=integer(1), default=64, help="largest object in pages (default %(default)s)")
+    parser.add_argument("--repeat", type=integer(1), default=3,
+                        help="timed runs per row; the best counts (default %(default)s)")
+    parser.add_argument("--json", metavar="PATH", type=output_path, help="also write the tables as JSON")
 
 
 def _best(repeat: int, run_once):

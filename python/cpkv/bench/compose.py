@@ -28,14 +28,16 @@ from typing import Any
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--cp", default="2,4,8", help="cp sizes to run (default %(default)s)")
-    parser.add_argument("--requests", type=int, default=8, help="requests per batch (default %(default)s)")
-    parser.add_argument("--prefix-pages", type=int, default=48, help="cached pages per request (default %(default)s)")
-    parser.add_argument("--current-pages", type=int, default=4, help="new pages per request (default %(default)s)")
-    parser.add_argument("--page-bytes", type=int, default=32768, help="bytes per page and layer (default %(default)s)")
-    parser.add_argument("--layers", type=int, default=40, help="timed layers per path (default %(default)s)")
-    parser.add_argument("--gather-reps", type=int, default=20, help="timed gathers per cp (default %(default)s)")
-    parser.add_argument("--json", metavar="PATH", help="also write the tables as JSON")
+    from cpkv._args import integer, integer_list, output_path
+
+    parser.add_argument("--cp", type=integer_list(1, 16), default="2,4,8", help="cp sizes to run (default %(default)s)")
+    parser.add_argument("--requests", type=integer(1), default=8, help="requests per batch (default %(default)s)")
+    parser.add_argument("--prefix-pages", type=integer(0), default=48, help="cached pages per request (default %(default)s)")
+    parser.add_argument("--current-pages", type=integer(0), default=4, help="new pages per request (default %(default)s)")
+    parser.add_argument("--page-bytes", type=integer(1), default=32768, help="bytes per page and layer (default %(default)s)")
+    parser.add_argument("--layers", type=integer(1), default=40, help="timed layers per path (default %(default)s)")
+    parser.add_argument("--gather-reps", type=integer(1), default=20, help="timed gathers per cp (default %(default)s)")
+    parser.add_argument("--json", metavar="PATH", type=output_path, help="also write the tables as JSON")
 
 
 def _rank_worker(rank: int, cp: int, args: dict) -> dict:
@@ -139,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
     from cpkv._report import Table, emit
     from cpkv.compose.launch import run_ranks
 
-    cps = [int(c) for c in args.cp.split(",") if c]
+    cps = args.cp
     params = {k: getattr(args, k) for k in ("requests", "prefix_pages", "current_pages", "page_bytes", "layers")}
     slots = args.requests * (args.prefix_pages + args.current_pages)
     compose = Table(

@@ -14,15 +14,20 @@ import argparse
 import heapq
 import time
 
+from cpkv.errors import InvalidArgumentError
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--leaves", type=int, default=41_000, help="evictable leaves (default %(default)s)")
-    parser.add_argument("--page-size", type=int, default=16, help="tokens per page (default %(default)s)")
-    parser.add_argument("--calls", type=int, default=2_000, help="cpkv eviction calls timed (default %(default)s)")
+    from cpkv._args import integer, output_path
+
+    parser.add_argument("--leaves", type=integer(1, 10_000_000), default=41_000,
+                        help="evictable leaves (default %(default)s)")
+    parser.add_argument("--page-size", type=integer(1, 4096), default=16, help="tokens per page (default %(default)s)")
+    parser.add_argument("--calls", type=integer(1), default=2_000, help="cpkv eviction calls timed (default %(default)s)")
     parser.add_argument(
-        "--baseline-calls", type=int, default=40, help="heap-rebuild eviction calls timed (default %(default)s)"
+        "--baseline-calls", type=integer(1), default=40, help="heap-rebuild eviction calls timed (default %(default)s)"
     )
-    parser.add_argument("--json", metavar="PATH", help="also write the table as JSON")
+    parser.add_argument("--json", metavar="PATH", type=output_path, help="also write the table as JSON")
 
 
 def build_tree(leaves: int, page_size: int):
@@ -47,10 +52,13 @@ def build_tree(leaves: int, page_size: int):
 def run(args: argparse.Namespace) -> int:
     from cpkv._report import Table, emit
 
+    if args.leaves < args.calls + args.baseline_calls:
+        raise InvalidArgumentError(f"--calls {args.calls} plus --baseline-calls {args.baseline_calls} need at least "
+                                   f"as many --leaves, got {args.leaves}")
     tree = build_tree(args.leaves, args.page_size)
     leaves = tree.evictable_device
     if leaves < args.calls + args.baseline_calls:
-        raise SystemExit(f"need more leaves ({leaves}) than eviction calls")
+        raise InvalidArgumentError(f"need more leaves ({leaves}) than eviction calls")
 
     # Baseline state: every evictable leaf with the key upstream would heap on.
     # The eviction order cpkv reports *is* that key order for lru, so rank = key.

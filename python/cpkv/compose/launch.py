@@ -3,13 +3,17 @@
 Children come from a forkserver that imported torch once, so a launch costs
 process creation, not cp torch imports. Every launch has a hard deadline:
 processes still alive after it are killed and the launch fails.
+
+Results come back through one pipe per rank, not a ``multiprocessing.Queue``:
+a queue's lock is a named POSIX semaphore (/dev/shm/sem.*) that a SIGKILL of
+the whole process group would leave behind; a pipe leaves nothing.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import multiprocessing.connection as mp_connection
 import os
-import queue as queue_module
 import signal
 import socket
 import time
@@ -56,30 +60,34 @@ def run_ranks(
     """
     ctx = _ctx()
     port = free_port()
-    queue = ctx.Queue()
+    pipes = [ctx.Pipe(duplex=False) for _ in range(world_size)]  # (parent's reader, child's writer)
     procs = [
         ctx.Process(
             target=_rank_main,
-            args=(fn, rank, world_size, port, collective_timeout_s, env or {}, queue, args),
+            args=(fn, rank, world_size, port, collective_timeout_s, env or {}, pipes[rank][1], args),
             daemon=True,
         )
         for rank in range(world_size)
     ]
     for p in procs:
         p.start()
+    for _, writer in pipes:
+        writer.close()  # the child holds its copy; a reader then sees EOF when its rank is gone
+    readers = {reader: rank for rank, (reader, _) in enumerate(pipes)}
     results: dict[int, tuple[bool, Any]] = {}
     deadline = time.monotonic() + timeout_s
     try:
-        while len(results) < world_size:
+        while readers:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
-            try:
-                rank, ok, value = queue.get(timeout=min(remaining, 1.0))
-                results[rank] = (ok, value)
-            except queue_module.Empty:
-                if all(not p.is_alive() for p in procs) and queue.empty():
-                    break
+            for reader in mp_connection.wait(list(readers), timeout=min(remaining, 1.0)):
+                rank = readers.pop(reader)  # type: ignore[call-overload]
+                try:
+                    _, ok, value = reader.recv()
+                    results[rank] = (ok, value)
+                except (EOFError, OSError):
+                    pass  # the rank died before reporting
     except BaseException:
         # Interrupted (Ctrl-C) or failed here: ask every rank to stop; SIGTERM runs their cleanup.
         for p in procs:
@@ -92,7 +100,8 @@ def run_ranks(
             if p.is_alive():
                 p.kill()
                 p.join(timeout=5)
-        queue.close()
+        for reader, _ in pipes:
+            reader.close()
         unlink_created_by([p.pid for p in procs if p.pid is not None])
     if expect_failures:
         return [results[r][1] if r in results else None for r in range(world_size)]
@@ -109,7 +118,7 @@ def _stop_on_sigterm(signum: int, frame: Any) -> None:
 
 
 def _rank_main(fn: Callable[..., Any], rank: int, world: int, port: int, timeout_s: float,
-               env: dict[str, str], queue: Any, args: tuple) -> None:
+               env: dict[str, str], result_pipe: Any, args: tuple) -> None:
     import torch
     import torch.distributed as dist
 
@@ -127,6 +136,8 @@ def _rank_main(fn: Callable[..., Any], rank: int, world: int, port: int, timeout
         finally:
             if dist.is_initialized():
                 dist.destroy_process_group()
-        queue.put((rank, True, result))
+        result_pipe.send((rank, True, result))
     except BaseException as err:  # noqa: BLE001 -- reported to the parent, which decides
-        queue.put((rank, False, f"{type(err).__name__}: {err}\n{traceback.format_exc(limit=4)}"))
+        result_pipe.send((rank, False, f"{type(err).__name__}: {err}\n{traceback.format_exc(limit=4)}"))
+    finally:
+        result_pipe.close()
