@@ -82,6 +82,12 @@ fn int_array(
 /// An int in [0, 2**64): a Python int or a numpy integer scalar (anything
 /// with `__index__`), never a bool (numpy's included) or a float.
 pub(crate) fn uint(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
+    // The hot path: an exact int in range (bools are a subclass, not exact).
+    if obj.is_exact_instance_of::<PyInt>() {
+        if let Ok(value) = obj.extract::<u64>() {
+            return Ok(value);
+        }
+    }
     let type_name = obj.get_type().name()?;
     let is_bool = obj.is_instance_of::<PyBool>() || type_name == "bool_" || type_name == "bool";
     let int_like = obj.is_instance_of::<PyInt>() || obj.hasattr("__index__")?;
