@@ -142,7 +142,9 @@ fn names_in_place<'py>(
         let name = text.to_str()?;
         let id = payloads.id(name).map_err(alloc_error)?;
         if set.contains(id) {
-            return Err(alloc_error(AllocError::RepeatedPayload { name: name.into() }));
+            return Err(alloc_error(AllocError::RepeatedPayload {
+                name: name.into(),
+            }));
         }
         set = set.with(id);
     }
