@@ -57,9 +57,19 @@ def gather_runs(out: Any, sources: Any, runs: np.ndarray | list) -> Any:
     if out.device.type == "cpu":
         from cpkv._cpkv import copy_rows
 
-        copy_rows(out, sources, as_run_table(runs))
+        copy_rows(_numpy_view(out), sources, as_run_table(runs))
         return out
     return _gather_runs_tensor(out, sources, _as_run_list(runs))
+
+
+def _numpy_view(out: Any) -> Any:
+    """``out`` as a numpy view of the same memory where numpy has its dtype (the byte rows the
+    compose moves always): the native call reads a numpy header directly, while a torch tensor
+    costs it several Python attribute calls. bf16/fp8 tensors go as they are."""
+    try:
+        return out.numpy()
+    except (TypeError, RuntimeError):
+        return out
 
 
 def as_run_table(runs: np.ndarray | list) -> np.ndarray:

@@ -119,7 +119,7 @@ def test_bad_buffers_are_refused_before_any_write():
     good = torch.zeros(3, 8, dtype=torch.uint8)
     cases = [
         (out, [torch.zeros(3, 4, dtype=torch.uint8)], "source 0 has rows of 4 bytes"),
-        (out, [torch.zeros(3, 4, dtype=torch.int16)], "int16"),
+        (out, [torch.zeros(3, 4, dtype=torch.int16)], "8 bytes of i2, out has rows of 8 bytes of u1"),
         (out, [torch.zeros(3, 16, dtype=torch.uint8)[:, ::2]], "contiguous"),
         (out, [good, torch.zeros(3, 9, dtype=torch.uint8)], "source 1 has rows of 9"),
         (out, [good.numpy()[:, ::2]], "C-contiguous"),

@@ -506,7 +506,9 @@ impl ExtentTree {
         if (at == 0 && !leftmost) || (at == node.keys.len() && !rightmost) {
             return None;
         }
-        let before = at.checked_sub(1).map(|b| Extent::new(node.keys[b], node.vals[b]));
+        let before = at
+            .checked_sub(1)
+            .map(|b| Extent::new(node.keys[b], node.vals[b]));
         let after = (at < node.keys.len()).then(|| Extent::new(node.keys[at], node.vals[at]));
         let touches_before = before.is_some_and(|b| b.end() == extent.start);
         let touches_after = after.is_some_and(|a| a.start == extent.end());

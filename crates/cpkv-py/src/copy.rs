@@ -56,12 +56,41 @@ impl Rows {
     }
 }
 
+/// A torch dtype in numpy's `kind + itemsize` code where numpy has the
+/// same dtype ("torch.int16" -> "i2"), else its own name ("bfloat16"), so a
+/// numpy buffer and a torch buffer of one dtype compare equal.
+fn torch_dtype_code(name: &str) -> String {
+    let name = name.trim_start_matches("torch.");
+    let code = match name {
+        "uint8" => "u1",
+        "int8" => "i1",
+        "int16" => "i2",
+        "int32" => "i4",
+        "int64" => "i8",
+        "uint16" => "u2",
+        "uint32" => "u4",
+        "uint64" => "u8",
+        "float16" => "f2",
+        "float32" => "f4",
+        "float64" => "f8",
+        "bool" => "b1",
+        "complex64" => "c8",
+        "complex128" => "c16",
+        other => other,
+    };
+    code.to_string()
+}
+
 /// A numpy array or a CPU torch tensor as rows (`shape[0]` rows of
 /// `prod(shape[1:]) * itemsize` bytes).
 fn rows_of(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Rows> {
-    let (address, shape, itemsize, dtype, writable) = if let Ok(array) =
-        obj.cast::<PyUntypedArray>()
-    {
+    // `is_instance_of` first: a failed `cast` builds an error object, which
+    // costs more than the rest of the call on the torch path.
+    let numpy_array = obj
+        .is_instance_of::<PyUntypedArray>()
+        .then(|| obj.cast::<PyUntypedArray>().ok())
+        .flatten();
+    let (address, shape, itemsize, dtype, writable) = if let Some(array) = numpy_array {
         if !array.is_c_contiguous() {
             return Err(refused(format!(
                 "{what} must be C-contiguous (a strided view cannot move as rows)"
@@ -77,12 +106,12 @@ fn rows_of(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Rows> {
             data,
             array.shape().to_vec(),
             dtype.itemsize(),
-            dtype.getattr("name")?.extract::<String>()?,
+            format!("{}{}", char::from(dtype.kind()), dtype.itemsize()),
             flags & NPY_ARRAY_WRITEABLE != 0,
         )
     } else if obj.hasattr("data_ptr")? && obj.hasattr("is_contiguous")? {
-        let device: String = obj.getattr("device")?.getattr("type")?.extract()?;
-        if device != "cpu" {
+        if !obj.getattr("is_cpu")?.extract::<bool>()? {
+            let device = obj.getattr("device")?.str()?.to_string();
             return Err(refused(format!(
                 "{what} is on {device}: the native copy moves CPU memory (devices use the torch/Triton paths)"
             )));
@@ -92,17 +121,25 @@ fn rows_of(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Rows> {
                 "{what} must be contiguous (a strided view cannot move as rows)"
             )));
         }
-        let shape: Vec<usize> = obj.getattr("shape")?.extract()?;
+        // Plain ints only on this path: a `torch.Size` per call is a tuple
+        // the cyclic GC tracks, and its collections cost more than the call.
+        let dims: usize = obj.call_method0("dim")?.extract()?;
+        let shape = if dims == 0 {
+            Vec::new()
+        } else {
+            let rows: usize = obj.call_method1("size", (0,))?.extract()?;
+            let numel: usize = obj.call_method0("numel")?.extract()?;
+            if rows == 0 {
+                obj.getattr("shape")?.extract()? // row size from the shape itself
+            } else {
+                vec![rows, numel / rows]
+            }
+        };
         (
             obj.call_method0("data_ptr")?.extract()?,
             shape,
             obj.call_method0("element_size")?.extract()?,
-            // "torch.uint8" -> "uint8": numpy's name for the same dtype.
-            obj.getattr("dtype")?
-                .str()?
-                .to_string()
-                .trim_start_matches("torch.")
-                .to_string(),
+            torch_dtype_code(obj.getattr("dtype")?.str()?.to_str()?),
             true,
         )
     } else {
@@ -208,22 +245,36 @@ fn runs_arg(runs: &Bound<'_, PyAny>) -> PyResult<Vec<Run>> {
             runs.get_type().name()?
         )));
     };
-    let Ok(table) = array.cast::<PyArray2<i64>>() else {
+    if array.cast::<PyArray2<i64>>().is_err() {
         return Err(refused(format!(
             "runs must be int64, got dtype {} with {} dimension(s)",
             array.dtype().str()?,
             array.ndim()
         )));
-    };
-    let view = table.readonly();
-    let view = view.as_array();
-    if view.ncols() != RUN_COLUMNS {
+    }
+    let (rows, columns) = (array.shape()[0], array.shape()[1]);
+    if columns != RUN_COLUMNS {
         return Err(refused(format!(
-            "runs must have {RUN_COLUMNS} columns (dst_row, dst_stride, count, source, src_row, src_stride), got {}",
-            view.ncols()
+            "runs must have {RUN_COLUMNS} columns (dst_row, dst_stride, count, source, src_row, src_stride), got {columns}"
         )));
     }
-    view.outer_iter()
+    if !array.is_c_contiguous() {
+        return Err(refused("runs must be C-contiguous".into()));
+    }
+    let values: &[i64] = if rows == 0 {
+        &[]
+    } else {
+        // SAFETY: a C-contiguous int64 array of rows * 6 elements (checked
+        // above), alive while `runs` is; read before any Python code runs.
+        unsafe {
+            std::slice::from_raw_parts(
+                (*array.as_array_ptr()).fields.data as *const i64,
+                rows * RUN_COLUMNS,
+            )
+        }
+    };
+    values
+        .chunks_exact(RUN_COLUMNS)
         .enumerate()
         .map(|(i, r)| {
             if let Some(c) = r.iter().position(|&v| v < 0) {
@@ -261,9 +312,13 @@ fn copy_rows(
     runs: &Bound<'_, PyAny>,
 ) -> PyResult<()> {
     let owned;
-    let table: &PyRowSources = match sources.cast::<PyRowSources>() {
-        Ok(t) => t.get(),
-        Err(_) => {
+    let checked = sources
+        .is_instance_of::<PyRowSources>()
+        .then(|| sources.cast::<PyRowSources>().ok())
+        .flatten();
+    let table: &PyRowSources = match checked {
+        Some(t) => t.get(),
+        None => {
             owned = PyRowSources::build(sources)?;
             &owned
         }
