@@ -272,7 +272,7 @@ def run(args: argparse.Namespace) -> int:
 
     emit(
         "bench allocator",
-        [call_path, speed, shape, agreement],
+        [speed, shape, agreement, call_path],
         args.json,
         seed=args.seed,
         batch=args.batch,
