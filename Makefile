@@ -69,6 +69,7 @@ bench: $(BUILT) ## Every Python benchmark (cpkv against its baseline)
 	$(PY) -m cpkv bench evict
 	$(PY) -m cpkv bench compose
 	$(PY) -m cpkv bench tree-memory
+	$(PY) -m cpkv bench tier
 
 .PHONY: bench-rust
 bench-rust: ## criterion benches of every crate

@@ -15,7 +15,6 @@ from cpkv.compose import ComposePlan, ShmGroup
 from cpkv.compose.launch import run_ranks
 from cpkv.compose.workload import random_batch, uniform_batch
 from cpkv.errors import CollectiveTimeoutError, FallbackError, InvalidArgumentError
-from cpkv.kernels import gather
 from compose_reference import DTYPES, as_bytes, last_pages, random_rows, reference_dense, tail_not_aligned
 
 PAGE_SIZE = 16
@@ -51,8 +50,6 @@ def _byte_exact_worker(rank: int, cp: int, seed: int) -> dict:
         group.register_pool("tiny", pool_rows, PAGE_SHAPE, torch.bfloat16, 0)  # stagings hold no current page
         small = lenient.register_pool("small", pool_rows, PAGE_SHAPE, torch.bfloat16, 0)
         for batch_index, batch in enumerate(batches):
-            # Alternate the two CPU gathers (copy runs / indexed copies) whatever the batch shape picks.
-            gather.RUN_BYTES_FOR_RUNS = 0 if batch_index % 2 else 1 << 40
             plan = ComposePlan(cp, PAGE_SIZE, batch.requests, batch.num_slots, pool_rows=pool_rows)
             for dtype, pool in names.items():
                 keyed = group.plan(dtype, PAGE_SIZE, batch.requests, batch.num_slots)  # a cache miss per payload

@@ -21,6 +21,9 @@ __all__ = [
     "LoadRun",
     "Backup",
     "InsertOutcome",
+    "RowSources",
+    "copy_rows",
+    "row_runs",
 ]
 
 __version__: str
@@ -86,6 +89,7 @@ class PageAllocator:
     ) -> PlacementBatch:
         """The lean batched reserve: ``keys[i]`` gets ``num_pages[i]`` pages (1-D numpy integer
         arrays or sequences of ints, one length), with ``reserve_many``'s semantics."""
+    def _noop(self, key: object, num_pages: object = None, payloads: object = None) -> None: ...
     def release(self, key: int) -> None: ...
     def release_many(self, keys: Iterable[int] | npt.NDArray[np.integer]) -> None:
         """All keys or none (unknown or repeated key: nothing is released)."""
@@ -338,3 +342,22 @@ class TierCache:
     def host_pages(self) -> int: ...
     @property
     def policy(self) -> str: ...
+
+# ---- Native row copies (crates/copy) ----------------------------------------
+
+@final
+class RowSources:
+    """A fixed table of source buffers (numpy arrays or CPU torch tensors), checked once."""
+
+    def __new__(cls, buffers: Sequence[object]) -> RowSources: ...
+    def __len__(self) -> int: ...
+    @property
+    def rows(self) -> list[int]: ...
+
+def copy_rows(out: object, sources: RowSources | Sequence[object], runs: npt.NDArray[np.int64]) -> None:
+    """``out[dst + k*dst_stride] = sources[source][src + k*src_stride]`` per run; GIL released."""
+
+def row_runs(
+    dst_rows: npt.NDArray[np.int64], src_rows: npt.NDArray[np.int64], source: int = 0
+) -> npt.NDArray[np.int64]:
+    """The run table moving ``src_rows[i]`` to ``dst_rows[i]``, constant-step stretches merged."""

@@ -24,7 +24,7 @@ from cpkv.errors import CpkvError
 COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("bench", "allocator"), "cpkv.bench.allocator", "PageAllocator against the pure-Python reference"),
     (("hitrate",), "cpkv.hitrate", "Replay a trace through PrefixTree: prefix hit rate per policy vs Belady"),
-    (("bench", "evict"), "cpkv.bench.evict", "PrefixTree eviction against a heap rebuilt over all leaves per call"),
+    (("bench", "evict"), "cpkv.bench.evict", "PrefixTree.evict against SGLang-shaped heapify-once eviction and an O(1) LRU list"),
     (("schedsim",), "cpkv.scheduling.sim", "Replay a trace through the prefill batch-admission policies"),
     (("bench", "compose"), "cpkv.bench.compose", "Staged single-gather CP compose against the all-reduce compose"),
     (("bench", "compose-gpu"), "cpkv.bench.compose_gpu", "The compose on one GPU: 1..8 ranks, CUDA IPC + Triton gather"),

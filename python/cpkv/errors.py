@@ -23,6 +23,7 @@ __all__ = [
     "TraceError",
     "LockError",
     "SpanError",
+    "CopyTableError",
     "CollectiveTimeoutError",
     "DivergenceError",
     "FallbackError",
@@ -88,6 +89,12 @@ class LockError(CpkvValueError):
 
 class SpanError(CpkvValueError):
     """Slot spans that overlap, leave the buffer or contradict each other."""
+
+
+class CopyTableError(InvalidArgumentError):
+    """A native row copy refused before moving a byte: a buffer that is not a contiguous CPU
+    array, rows of different sizes or dtypes, a misaligned or overlapping buffer, or a run
+    outside its buffers."""
 
 
 class CollectiveTimeoutError(CpkvError, TimeoutError):

@@ -127,6 +127,12 @@ pub struct PayloadSet(u64);
 impl PayloadSet {
     pub const EMPTY: PayloadSet = PayloadSet(0);
 
+    /// This set with payload `id` added (`id < MAX_PAYLOADS`).
+    pub fn with(self, id: PayloadId) -> PayloadSet {
+        assert!(id < MAX_PAYLOADS, "payload id {id} out of range");
+        PayloadSet(self.0 | 1 << id)
+    }
+
     pub fn contains(self, id: PayloadId) -> bool {
         id < MAX_PAYLOADS && self.0 & (1 << id) != 0
     }

@@ -12,7 +12,7 @@ from cpkv.compose.plan import ComposePlan, PlanCache
 from cpkv.compose.spans import SlotSpans
 from cpkv.compose.timeouts import guarded
 from cpkv.errors import DivergenceError, GroupBrokenError, InvalidArgumentError
-from cpkv.kernels.gather import as_byte_rows, gather_indexed, gather_runs, prefer_runs
+from cpkv.kernels.gather import as_byte_rows, gather_runs
 
 
 _EVERY_RANK = "_cpkv_raised_on_every_rank"
@@ -224,9 +224,7 @@ def check_current_rows(plan: ComposePlan, rank: int, current: Any, row_bytes: in
     return rows
 
 
-def gather_planned(out: Any, sources: list[Any], plan: ComposePlan, rank: int) -> Any:
-    """``rank``'s gather on CPU, by copy runs or indexed copies, whichever suits the batch's shape."""
-    runs = plan.copy_runs(rank)
-    if prefer_runs(len(runs), plan.num_slots, out.shape[1]):
-        return gather_runs(out, sources, runs)
-    return gather_indexed(out, sources, plan.index_groups(rank))
+def gather_planned(out: Any, sources: Any, plan: ComposePlan, rank: int) -> Any:
+    """``rank``'s gather: the plan's copy runs in one native call on CPU (``sources``: a list of
+    buffers or a ``RowSources``), torch copies on a device."""
+    return gather_runs(out, sources, plan.copy_runs(rank))

@@ -39,7 +39,7 @@ import os
 import secrets
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from cpkv.compose.groups.base import (
@@ -66,6 +66,16 @@ class _Payload:
     pools: list[Any]  # uint8 [rows, row_bytes] per rank
     stagings: list[list[Any]]  # [rank][parity] uint8 [staging_capacity, row_bytes]
     calls: int = 0
+    tables: list[Any] = field(default_factory=list)  # per parity: the 2 * cp sources, checked once
+
+    def sources(self, parity: int) -> Any:
+        """The gather's source table for ``parity`` (every pool, then every staging of that parity),
+        a native ``RowSources`` built on first use: the mappings live as long as the group."""
+        if not self.tables:
+            from cpkv._cpkv import RowSources
+
+            self.tables = [RowSources([*self.pools, *(s[q] for s in self.stagings)]) for q in (0, 1)]
+        return self.tables[parity]
 
 
 def _layout(rows: int, row_bytes: int, staging_capacity: int) -> tuple[int, int, int]:
@@ -226,8 +236,7 @@ class ShmGroup(DistributedGroup):
         p.stagings[self.rank][parity][1 : rows.shape[0] + 1].copy_(rows)
         self.barrier("compose barrier", layer=layer)
         dense = self._out(plan, p, out)
-        sources = [*p.pools, *(s[parity] for s in p.stagings)]
-        gather_planned(dense, sources, plan, self.rank)
+        gather_planned(dense, p.sources(parity), plan, self.rank)
         self.stats.composes += 1
         return dense.view(p.dtype).view(plan.num_slots, *p.page_shape)
 
@@ -290,6 +299,7 @@ class ShmGroup(DistributedGroup):
     def _release(self) -> None:
         self._closed = True
         for p in self._payloads.values():
+            p.tables.clear()  # they hold views of the mappings closed below
             p.pools.clear()
             p.stagings.clear()
             for segment in p.segments:
