@@ -26,6 +26,7 @@ __all__ = [
     "CollectiveTimeoutError",
     "DivergenceError",
     "FallbackError",
+    "EngineVersionError",
 ]
 
 
@@ -99,3 +100,7 @@ class DivergenceError(CpkvError):
 
 class FallbackError(CpkvError, RuntimeError):
     """An unexpected fallback to a slow path where none is allowed (CUDA)."""
+
+
+class EngineVersionError(CpkvError, ImportError):
+    """A serving engine that is missing, or not the exact version an integration was built for."""
