@@ -138,24 +138,30 @@ class CpkvOffloadingManager(OffloadingManager):
             ctx.set_state(state)
         return state
 
-    def _note(self, key: OffloadKey, ctx: ReqContext) -> tuple[int, int] | None:
-        """Records where ``key`` ends in the request; returns (group, end token) when known."""
+    def _note(self, key: OffloadKey, ctx: ReqContext) -> None:
+        """Records where ``key`` ends in the request (vLLM records every key's end position)."""
         end = ctx.get_offload_key_position(key)
-        if end is None:
-            return None
-        where = (get_offload_group_idx(key), end)
-        self._state(ctx).by_position[where] = key
-        return where
+        if end is not None:
+            self._state(ctx).by_position[(get_offload_group_idx(key), end)] = key
 
-    def _previous(self, key: OffloadKey, ctx: ReqContext) -> OffloadKey | None:
-        """The request's chunk just before ``key`` in its group, when this manager has seen it."""
-        where = self._note(key, ctx)
-        if where is None:
-            return None
-        group, end = where
-        if group >= len(self._tokens_per_chunk):
-            return None
-        return self._state(ctx).by_position.get((group, end - self._tokens_per_chunk[group]))
+    def _previous_keys(self, keys: list[OffloadKey], ctx: ReqContext) -> dict[OffloadKey, OffloadKey | None]:
+        """For each key, the request's chunk just before it in its group, when this manager has
+        seen that chunk (in a lookup, an earlier store or this very list); records the keys."""
+        by_position = self._state(ctx).by_position
+        tokens_per_chunk = self._tokens_per_chunk
+        previous: dict[OffloadKey, OffloadKey | None] = {}
+        for key in keys:
+            end = ctx.get_offload_key_position(key)
+            if end is None:
+                previous[key] = None
+                continue
+            group = get_offload_group_idx(key)
+            if group < len(tokens_per_chunk):
+                previous[key] = by_position.get((group, end - tokens_per_chunk[group]))
+            else:
+                previous[key] = None
+            by_position[(group, end)] = key
+        return previous
 
     def _path(self, key: OffloadKey) -> tuple[list[int], list[int]]:
         """Tokens and rows from the namespace root down to ``key``."""
@@ -240,10 +246,12 @@ class CpkvOffloadingManager(OffloadingManager):
 
     def prepare_store(self, keys: Collection[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:
         keys = list(keys)
-        parents = {key: self._previous(key, req_context) for key in keys}
-        # Offered chunks already on the host stay there: pinned while this call evicts.
+        parents = self._previous_keys(keys, req_context)
+        # Offered chunks already on the host, and the chunks the new ones continue, stay there:
+        # pinned while this call evicts.
         resident = [k for k in keys if k in self._chunks]
-        guard = self._lock(resident)
+        extended = [p for k, p in parents.items() if p is not None and p in self._chunks and k not in self._chunks]
+        guard = self._lock(list(dict.fromkeys(extended + resident)))
         try:
             rewrite = [k for k in resident if self._chunks[k].failed and k not in self._store_pin]
             new = [k for k in dict.fromkeys(keys) if k not in self._chunks]
