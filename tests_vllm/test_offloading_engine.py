@@ -193,3 +193,21 @@ def test_bad_config_fails_at_construction(extra: dict, error: type, words: list[
         Engine(cpkv_extra(**extra))
     for word in words:
         assert word in str(caught.value)
+
+
+def test_the_readme_kv_transfer_config_builds_the_backend() -> None:
+    import json
+    import re
+
+    from conftest import REPO_ROOT
+
+    text = (REPO_ROOT / "README.md").read_text()
+    (raw,) = re.findall(r"--kv-transfer-config '(\{.*\})'", text)
+    config = json.loads(raw)
+    assert (config["kv_connector"], config["kv_role"]) == ("OffloadingConnector", "kv_both")
+    extra = dict(config["kv_connector_extra_config"], cpkv_host_blocks=16)  # the README's size, scaled down
+    eng = Engine(extra)
+    from cpkv.integrations.vllm import CpkvOffloadingManager, CpkvOffloadingSpec
+
+    assert isinstance(eng.spec, CpkvOffloadingSpec) and isinstance(eng.manager, CpkvOffloadingManager)
+    assert eng.manager.policy == extra["cpkv_policy"] and eng.spec._worker.slab is not None
