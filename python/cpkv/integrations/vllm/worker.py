@@ -1,8 +1,10 @@
 """CpkvOffloadingWorker: copies offloaded chunks between vLLM's KV tensors and a cpkv host slab.
 
 vLLM hands the worker its KV cache as byte tensors ``[num_blocks, page_bytes]`` (one per distinct
-layer tensor). The slab has one ``"kv"`` payload, one slab layer per vLLM tensor, one row per
-offloaded chunk: ``blocks_per_chunk`` pages back to back. Rows come from the scheduler-side manager
+layer tensor). The slab has one payload per worker of the node (``"kv<rank>"``: tensor-parallel
+workers hold different bytes for the same chunk), one slab layer per vLLM tensor, one row per
+offloaded chunk: ``blocks_per_chunk`` pages back to back. Every worker maps the whole slab (one
+``HostSlab.create`` over vLLM's gloo group) and writes only its own payload. Rows come from the scheduler-side manager
 (:class:`~cpkv.integrations.vllm.manager.CpkvOffloadingManager`); this side only moves bytes.
 
 Copies use the tier's scheme (:func:`cpkv.tier.controller._strided_runs`): runs of rows at a constant
@@ -48,12 +50,13 @@ class CpkvOffloadingWorker(OffloadingWorker):
         self._groups = [sorted({ref.tensor_idx for ref in refs}) for refs in kv_caches.group_data_refs]
         page = max(self._page_bytes)
         row_bytes = page * self.blocks_per_chunk
-        spec = {PAYLOAD: SlabSpec((row_bytes,), torch.uint8)}
         layers = len(self._device)
         if slab == "shared":
+            rank, world = _rank_and_world(process_group)
+            spec = {f"{PAYLOAD}{r}": SlabSpec((row_bytes,), torch.uint8) for r in range(world)}
             self.slab: HostSlab | None = HostSlab.create(spec, num_pages=host_blocks, num_layers=layers,
                                                           process_group=process_group)
-            rows = self.slab.rows(PAYLOAD)
+            rows = self.slab.rows(f"{PAYLOAD}{rank}")
         elif slab == "private":
             self.slab = None
             rows = torch.zeros((layers, host_blocks, row_bytes), dtype=torch.uint8)
@@ -152,3 +155,11 @@ class CpkvOffloadingWorker(OffloadingWorker):
     def shutdown(self) -> None:
         if self.slab is not None:
             self.slab.close()
+
+
+def _rank_and_world(process_group: Any) -> tuple[int, int]:
+    if process_group is None:
+        return 0, 1
+    import torch.distributed as dist
+
+    return dist.get_rank(process_group), dist.get_world_size(process_group)
