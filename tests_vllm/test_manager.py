@@ -182,3 +182,14 @@ def test_config_accepts_good_values() -> None:
     got = CpkvOffloadConfig.from_extra_config({"cpkv_host_blocks": "128", "cpkv_policy": "ghost", "cpkv_slab": "private"})
     assert got == CpkvOffloadConfig(128, "ghost", "private")
     assert CpkvOffloadConfig.from_extra_config({"cpkv_host_blocks": 8.0}).host_blocks == 8
+
+
+def test_hits_are_reported_as_host_hits() -> None:
+    from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+    m = manager(4)
+    ctx, keys = request("a", [1])
+    m.prepare_store(keys, ctx)
+    m.complete_store(keys, ctx)
+    assert m.lookup(keys[0], ctx) is LookupResult.HIT
+    assert m.get_load_source(keys[0], ctx) is CacheHitSource.HOST

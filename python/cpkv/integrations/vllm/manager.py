@@ -46,6 +46,7 @@ from vllm.v1.kv_offload.base import (
     RequestOffloadingContext,
     get_offload_group_idx,
 )
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 __all__ = ["CpkvLoadStoreSpec", "CpkvOffloadingManager"]
 
@@ -219,6 +220,9 @@ class CpkvOffloadingManager(OffloadingManager):
         if chunk is None or chunk.failed:
             return LookupResult.MISS
         return LookupResult.HIT if chunk.ready else LookupResult.HIT_PENDING
+
+    def get_load_source(self, key: OffloadKey, req_context: ReqContext) -> CacheHitSource:
+        return CacheHitSource.HOST
 
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> CpkvLoadStoreSpec:
         keys = list(keys)
