@@ -32,6 +32,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("bench", "tier"), "cpkv.bench.tier", "Two-tier cache: backup/load-back vs a plain copy, decisions vs PrefixTree"),
     (("replay",), "cpkv.replay", "The main job: CP ranks run the two-tier cache over a trace, every byte verified"),
     (("sweep",), "cpkv.sweep", "Hit rate over a grid of capacities x policies, Belady as the ceiling: PNG + CSV"),
+    (("bench", "vllm"), "cpkv.bench.vllm", "cpkv's vLLM offloading manager vs vLLM's LRU and ARC CPU managers on a trace"),
 ]
 
 

@@ -28,6 +28,7 @@ __all__ = [
     "DivergenceError",
     "FallbackError",
     "GroupBrokenError",
+    "EngineVersionError",
 ]
 
 
@@ -112,3 +113,7 @@ class FallbackError(CpkvError, RuntimeError):
 class GroupBrokenError(CpkvError, RuntimeError):
     """A compose group that saw an error inside its protocol: its ranks may be out of step, so it
     refuses every further call until it is closed."""
+
+
+class EngineVersionError(CpkvError, ImportError):
+    """A serving engine that is missing, or not the exact version an integration was built for."""
