@@ -210,3 +210,16 @@ def test_a_rank_rebuilt_from_a_peers_snapshot_rejoins_and_divergence_is_still_se
     after_rejoin, at_end = results[0][250], results[0][399]
     assert len(set(after_rejoin)) == 1, after_rejoin
     assert at_end[0] == at_end[2] and at_end[1] != at_end[0], at_end
+
+
+@pytest.mark.parametrize("call", [
+    lambda a: a.reserve(True, 1), lambda a: a.reserve(1, True), lambda a: a.reserve(1.0, 1),
+    lambda a: a.reserve(2**64, 1), lambda a: a.release_many([True]), lambda a: a.reserve_batch([1, False], [1, 1]),
+])
+def test_allocator_keys_follow_the_same_rules_as_the_tree(call) -> None:
+    alloc = cpkv.PageAllocator({"kv": 64})
+    alloc.reserve(1, 2)
+    before = alloc.digest()
+    with pytest.raises(InvalidArgumentError):
+        call(alloc)
+    assert alloc.digest() == before and True not in alloc and 1 in alloc

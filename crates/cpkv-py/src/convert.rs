@@ -111,6 +111,11 @@ pub(crate) fn uint(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
         .map_err(|_| invalid(format!("{what} = {value} is out of range [0, 2**64)")))
 }
 
+/// `uint`'s rule as a yes/no, for callers with their own message.
+pub(crate) fn strict_u64(obj: &Bound<'_, PyAny>) -> Result<u64, ()> {
+    uint(obj, "").map_err(|_| ())
+}
+
 pub(crate) fn namespace(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Namespace> {
     let Some(obj) = obj.filter(|o| !o.is_none()) else {
         return Ok(Namespace::Default);

@@ -156,7 +156,14 @@ impl Harness {
     /// does not rank this policy's leaves itself.
     fn expected_victim(&self, nodes: &[(NodeId, Vec<Prefix>)], tier: Tier) -> Option<NodeId> {
         let policy = self.tree.policy();
-        classic_key(policy, Stats { created: 0, last_access: 0, hits: 0 })?;
+        classic_key(
+            policy,
+            Stats {
+                created: 0,
+                last_access: 0,
+                hits: 0,
+            },
+        )?;
         let mut best: Option<((u64, u64), NodeId)> = None;
         for (id, pages) in nodes {
             let Some(first) = self.model.get(&pages[0]) else {
@@ -164,20 +171,27 @@ impl Harness {
             };
             let last = pages.last().unwrap();
             let child_pages = || {
-                self.model
-                    .iter()
-                    .filter(|(q, _)| q.0 == last.0 && q.1.len() == last.1.len() + PAGE && q.1.starts_with(&last.1))
+                self.model.iter().filter(|(q, _)| {
+                    q.0 == last.0 && q.1.len() == last.1.len() + PAGE && q.1.starts_with(&last.1)
+                })
             };
             let evictable = match tier {
-                Tier::Device => first.device.is_some() && !child_pages().any(|(_, s)| s.device.is_some()),
-                Tier::Host => first.device.is_none() && first.host.is_some() && child_pages().next().is_none(),
+                Tier::Device => {
+                    first.device.is_some() && !child_pages().any(|(_, s)| s.device.is_some())
+                }
+                Tier::Host => {
+                    first.device.is_none() && first.host.is_some() && child_pages().next().is_none()
+                }
             };
             if !evictable || self.is_locked(&pages[0]) {
                 continue;
             }
             let key = classic_key(policy, self.stats[&pages[0]]).expect("a classic policy");
             for q in pages {
-                assert_eq!(self.stats[q], self.stats[&pages[0]], "pages of node {id} disagree");
+                assert_eq!(
+                    self.stats[q], self.stats[&pages[0]],
+                    "pages of node {id} disagree"
+                );
             }
             if best.is_none_or(|b| (key, *id) < b) {
                 best = Some((key, *id));
@@ -411,7 +425,12 @@ impl Harness {
                 let mut dropped = 0;
                 for v in &victims {
                     if let Some(expected) = self.expected_victim(&nodes, Tier::Host) {
-                        assert_eq!(v.node, expected, "host victim order of {:?}", self.tree.policy());
+                        assert_eq!(
+                            v.node,
+                            expected,
+                            "host victim order of {:?}",
+                            self.tree.policy()
+                        );
                     }
                     assert!(dropped < *n, "dropped past the request");
                     dropped += v.num_pages;
