@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Sequence, TypeVar
 
 from cpkv.compose.config import compose_config
 from cpkv.compose.debug import check_current, check_plan
@@ -23,6 +23,9 @@ def on_every_rank(err: BaseException) -> BaseException:
     (decided from exchanged or agreed values): the ranks stay in step, so it does not break the group."""
     setattr(err, _EVERY_RANK, True)
     return err
+
+
+_Group = TypeVar("_Group", bound="DistributedGroup")
 
 
 @dataclass
@@ -103,6 +106,22 @@ class DistributedGroup(ComposeGroup):
     @property
     def closed(self) -> bool:
         return self._closed
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def abort(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self: _Group) -> _Group:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        """A clean exit closes the group (with its ranks); an exception aborts it (locally)."""
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
 
     def _check_usable(self) -> None:
         if self._closed:

@@ -207,15 +207,6 @@ class CudaIpcGroup(DistributedGroup):
         self._closed = True
         self._payloads.clear()
 
-    def __enter__(self) -> "CudaIpcGroup":
-        return self
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
-
     def _descriptors(self, plan: ComposePlan, p: _DevicePayload) -> tuple[Any, Any]:
         """The plan's per-slot descriptors on the device, uploaded once per (plan key, rank)."""
         key = (plan.key, self.rank)

@@ -308,11 +308,3 @@ class ShmGroup(DistributedGroup):
                 segment.close()
         self._payloads.clear()
 
-    def __enter__(self) -> "ShmGroup":
-        return self
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
