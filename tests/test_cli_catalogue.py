@@ -151,6 +151,12 @@ CASES += [
     ("bench compose-gpu: cp 0", ["bench", "compose-gpu", "--cp", "0"], "--cp"),
     ("bench compose-gpu: layers -1", ["bench", "compose-gpu", "--layers=-1"], "--layers"),
     # bench tier
+    # The core venv has no vLLM: the one line says so (tests_vllm checks its bad arguments).
+    ("bench vllm: vllm not installed here", ["bench", "vllm", "--requests", "0"], "vllm==0.33.0"),
+    ("bench tree-memory: ops 0", ["bench", "tree-memory", "--ops", "0"], "--ops"),
+    ("bench tree-memory: live nan", ["bench", "tree-memory", "--live", "nan"], "--live"),
+    ("bench tree-memory: json into a missing folder", ["bench", "tree-memory", "--ops", "1", "--json",
+                                                       "/nonexistent/dir/x.json"], "--json"),
     ("bench tier: pages 0", ["bench", "tier", "--pages", "0"], "--pages"),
     ("bench tier: node-pages not dividing pages", ["bench", "tier", "--pages", "10", "--node-pages", "3"],
      "--node-pages"),

@@ -207,7 +207,9 @@ def _measure(leaves: int, page_size: int, calls: int) -> dict:
     implementations = {"sglang": SGLangEvict(shape), "lru_list": LruListEvict(shape)}
     sizes = [size for size in CALL_PAGES for _ in range(calls)]
     if sum(sizes) > 2 * leaves:
-        raise SystemExit(f"error: {calls} calls per size evict more than the {leaves}-leaf tree holds")
+        from cpkv.errors import InvalidArgumentError
+
+        raise InvalidArgumentError(f"--calls {calls} per size evict more than the {leaves}-leaf tree holds")
 
     # cpkv timed on the call alone; its victims are converted to lists after the clock stops.
     cpkv_seconds, cpkv_raw = [], []

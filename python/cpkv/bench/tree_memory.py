@@ -16,9 +16,12 @@ import time
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--ops", type=int, default=10_000_000, help="insert+evict operations (default 10M)")
-    parser.add_argument("--live", type=int, default=1000, help="live prefixes kept in the tree (default 1000)")
-    parser.add_argument("--json", metavar="PATH", help="also write the table as JSON")
+    from cpkv._args import integer, output_path
+
+    parser.add_argument("--ops", type=integer(1), default=10_000_000, help="insert+evict operations (default 10M)")
+    parser.add_argument("--live", type=integer(1, 10_000_000), default=1000,
+                        help="live prefixes kept in the tree (default 1000)")
+    parser.add_argument("--json", metavar="PATH", type=output_path, help="also write the table as JSON")
 
 
 def rss_mib() -> float:
@@ -54,12 +57,8 @@ def churn(ops: int, live: int) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cpkv._args import output_file, positive_int
     from cpkv._report import Table, emit
 
-    positive_int(args.ops, "--ops")
-    positive_int(args.live, "--live")
-    output_file(args.json, "--json")
     r = churn(args.ops, args.live)
     table = Table(f"PrefixTree insert+evict churn: {args.ops:,} operations, {args.live:,} live prefixes "
                   "(RSS after warm-up and at the end)",
