@@ -11,14 +11,17 @@ the whole process group would leave behind; a pipe leaves nothing.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
+import multiprocessing.forkserver
 import multiprocessing.connection as mp_connection
 import os
 import signal
 import socket
+import threading
 import time
 import traceback
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from cpkv.compose.segment import unlink_created_by
 from cpkv.compose.timeouts import as_timedelta
@@ -69,14 +72,20 @@ def run_ranks(
         )
         for rank in range(world_size)
     ]
-    for p in procs:
-        p.start()
-    for _, writer in pipes:
-        writer.close()  # the child holds its copy; a reader then sees EOF when its rank is gone
     readers = {reader: rank for rank, (reader, _) in enumerate(pipes)}
     results: dict[int, tuple[bool, Any]] = {}
     deadline = time.monotonic() + timeout_s
     try:
+        # A Ctrl-C while a rank's start-up data is being written would leave that child unpickling
+        # a truncated stream (and printing a traceback): SIGINT waits until every rank has started.
+        # The forkserver starts first, outside the block, so neither it nor the ranks it forks
+        # inherit the blocked mask.
+        mp.forkserver.ensure_running()
+        with _sigint_deferred():
+            for p in procs:
+                p.start()
+        for _, writer in pipes:
+            writer.close()  # the child holds its copy; a reader then sees EOF when its rank is gone
         while readers:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -96,12 +105,15 @@ def run_ranks(
         raise
     finally:
         for p in procs:
+            if p.pid is None:
+                continue  # never started
             p.join(timeout=max(0.0, min(5.0, deadline - time.monotonic())))
             if p.is_alive():
                 p.kill()
                 p.join(timeout=5)
-        for reader, _ in pipes:
+        for reader, writer in pipes:
             reader.close()
+            writer.close()
         unlink_created_by([p.pid for p in procs if p.pid is not None])
     if expect_failures:
         return [results[r][1] if r in results else None for r in range(world_size)]
@@ -111,6 +123,19 @@ def run_ranks(
         detail = "; ".join(f"rank {r}: {v}" for r, v in sorted(failed.items()))
         raise LaunchError(f"ranks {missing} gave no result within {timeout_s:g} s; {detail}".strip("; "))
     return [results[r][1] for r in range(world_size)]
+
+
+@contextlib.contextmanager
+def _sigint_deferred() -> Iterator[None]:
+    """Blocks SIGINT in this thread for the block; a Ctrl-C in it is delivered right after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _stop_on_sigterm(signum: int, frame: Any) -> None:
