@@ -108,6 +108,22 @@ class DistributedGroup(ComposeGroup):
         return self._closed
 
     def close(self) -> None:
+        """Collective: waits until no peer reads, then releases. A broken group releases locally."""
+        if self._closed:
+            return
+        if self._broken is not None:
+            self._release()
+            return
+        try:
+            self._quiesce()
+            self.barrier("close", layer=-1)
+        finally:
+            self._release()
+
+    def _quiesce(self) -> None:
+        """This rank's own queued work, finished before the closing barrier (none on the CPU)."""
+
+    def _release(self) -> None:
         raise NotImplementedError
 
     def abort(self) -> None:

@@ -178,18 +178,8 @@ class CudaIpcGroup(DistributedGroup):
                         lambda: self._dist.monitored_barrier(group=self._pg, timeout=self._timeout))
         self.stats.barriers += 1
 
-    def close(self) -> None:
-        """Collective: waits until no peer reads, then drops every mapping. A broken group releases locally."""
-        if self._closed:
-            return
-        if self._broken is not None:
-            self._release()
-            return
-        try:
-            self._torch.cuda.synchronize(self.device)
-            self.barrier("close", layer=-1)
-        finally:
-            self._release()
+    def _quiesce(self) -> None:
+        self._torch.cuda.synchronize(self.device)
 
     def abort(self) -> None:
         """Local, for error paths: drops every mapping without waiting for peers (which may be gone).

@@ -279,18 +279,6 @@ class ShmGroup(DistributedGroup):
 
     # -- teardown -------------------------------------------------------------------------
 
-    def close(self) -> None:
-        """Collective: waits until no peer reads, then unmaps. A broken group releases locally."""
-        if self._closed:
-            return
-        if self._broken is not None:
-            self._release()
-            return
-        try:
-            self.barrier("close", layer=-1)
-        finally:
-            self._release()
-
     def abort(self) -> None:
         """Local, for error paths: unmaps everything without waiting for peers (the names are
         already gone: registration drops them once every rank has mapped)."""
