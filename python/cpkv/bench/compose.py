@@ -34,15 +34,27 @@ import time
 from typing import Any
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
-    from cpkv._args import integer, integer_list, output_path
+def add_batch_arguments(parser: argparse.ArgumentParser, *, cp: str, requests: int, prefix_pages: int,
+                        current_pages: int, page_bytes: int, layers: int) -> None:
+    """The batch shape both compose benches take (CPU and GPU), with each bench's defaults."""
+    from cpkv._args import integer, integer_list
 
-    parser.add_argument("--cp", type=integer_list(1, 16), default="2,4,8", help="cp sizes to run (default %(default)s)")
-    parser.add_argument("--requests", type=integer(1), default=8, help="requests per batch (default %(default)s)")
-    parser.add_argument("--prefix-pages", type=integer(0), default=48, help="cached pages per request (default %(default)s)")
-    parser.add_argument("--current-pages", type=integer(0), default=4, help="new pages per request (default %(default)s)")
-    parser.add_argument("--page-bytes", type=integer(1), default=32768, help="bytes per page and layer (default %(default)s)")
-    parser.add_argument("--layers", type=integer(1), default=40, help="timed layers per path (default %(default)s)")
+    parser.add_argument("--cp", type=integer_list(1, 16), default=cp, help="cp sizes to run (default %(default)s)")
+    parser.add_argument("--requests", type=integer(1), default=requests, help="requests per batch (default %(default)s)")
+    parser.add_argument("--prefix-pages", type=integer(0), default=prefix_pages,
+                        help="cached pages per request (default %(default)s)")
+    parser.add_argument("--current-pages", type=integer(0), default=current_pages,
+                        help="new pages per request (default %(default)s)")
+    parser.add_argument("--page-bytes", type=integer(1), default=page_bytes,
+                        help="bytes per page and layer (default %(default)s)")
+    parser.add_argument("--layers", type=integer(1), default=layers, help="timed layers per path (default %(default)s)")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    from cpkv._args import integer, output_path
+
+    add_batch_arguments(parser, cp="2,4,8", requests=8, prefix_pages=48, current_pages=4, page_bytes=32768,
+                        layers=40)
     parser.add_argument("--gather-reps", type=integer(1), default=20, help="timed gathers per cp (default %(default)s)")
     parser.add_argument("--out-of-cache-mb", type=integer(0), default=256,
                         help="dense MB of the out-of-cache gather rows (default %(default)s; 0 skips them)")

@@ -22,14 +22,12 @@ from typing import Any
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    from cpkv._args import integer, integer_list, output_path
+    from cpkv._args import output_path
+    from cpkv.bench.compose import add_batch_arguments
 
-    parser.add_argument("--cp", type=integer_list(1, 16), default="1,2,4,8", help="cp sizes (processes on GPU 0) (default %(default)s)")
-    parser.add_argument("--requests", type=integer(1), default=16, help="requests per batch (default %(default)s)")
-    parser.add_argument("--prefix-pages", type=integer(0), default=240, help="cached pages per request (default %(default)s)")
-    parser.add_argument("--current-pages", type=integer(0), default=16, help="new pages per request (default %(default)s)")
-    parser.add_argument("--page-bytes", type=integer(1), default=65536, help="bytes per page and layer (default %(default)s)")
-    parser.add_argument("--layers", type=integer(1), default=10, help="timed layers per path (default %(default)s)")
+    # cp sizes are processes on GPU 0.
+    add_batch_arguments(parser, cp="1,2,4,8", requests=16, prefix_pages=240, current_pages=16, page_bytes=65536,
+                        layers=10)
     parser.add_argument("--json", metavar="PATH", type=output_path, help="also write the tables as JSON")
 
 
