@@ -84,7 +84,7 @@ fn int_array(
 pub(crate) fn uint(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
     // The hot path: an exact int in range (bools are a subclass, not exact).
     if obj.is_exact_instance_of::<PyInt>() {
-        if let Ok(value) = obj.extract::<u64>() {
+        if let Some(value) = exact_int_u64(obj) {
             return Ok(value);
         }
     }
@@ -109,6 +109,23 @@ pub(crate) fn uint(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
     };
     u64::try_from(value)
         .map_err(|_| invalid(format!("{what} = {value} is out of range [0, 2**64)")))
+}
+
+/// An exact `int` in [0, 2**64), read with one C call; `None` (no error
+/// left set) otherwise. Where C's `unsigned long` has 64 bits it is read with
+/// `PyLong_AsUnsignedLong`, which walks the digits in place; `extract::<u64>`
+/// goes through `PyLong_AsUnsignedLongLong`, whose multi-digit path builds a
+/// byte array (keys are usually hashes, so multi-digit).
+fn exact_int_u64(obj: &Bound<'_, PyAny>) -> Option<u64> {
+    if std::mem::size_of::<std::os::raw::c_ulong>() != 8 {
+        return obj.extract::<u64>().ok();
+    }
+    // SAFETY: `obj` is a live exact int and we hold the GIL (the `Bound`).
+    let value = unsafe { pyo3::ffi::PyLong_AsUnsignedLong(obj.as_ptr()) };
+    if value == std::os::raw::c_ulong::MAX && PyErr::take(obj.py()).is_some() {
+        return None;
+    }
+    Some(u64::from(value))
 }
 
 /// `uint`'s rule as a yes/no, for callers with their own message.
