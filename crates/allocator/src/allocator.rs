@@ -324,7 +324,9 @@ impl PageAllocator {
         }
         for (key, object) in sorted(&self.objects) {
             if object.digest_share != object.placement.digest_share(key) {
-                return Err(format!("key {key}: kept digest share differs from a recomputation"));
+                return Err(format!(
+                    "key {key}: kept digest share differs from a recomputation"
+                ));
             }
         }
         let expect = base_digest(&self.payloads, &self.objects);

@@ -56,7 +56,12 @@ pub fn object_seed(key: u64) -> Hasher64 {
 /// snapshot may break these bounds; restore refuses it before its digest
 /// counts.)
 #[inline]
-pub fn object_extent_element(seed: Hasher64, payload: PayloadId, position: u64, extent: Extent) -> u64 {
+pub fn object_extent_element(
+    seed: Hasher64,
+    payload: PayloadId,
+    position: u64,
+    extent: Extent,
+) -> u64 {
     seed.word(position | extent.start << 32)
         .word((extent.len - 1) | (payload as u64) << 32)
         .finish()

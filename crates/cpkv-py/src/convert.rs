@@ -125,6 +125,8 @@ fn exact_int_u64(obj: &Bound<'_, PyAny>) -> Option<u64> {
     if value == std::os::raw::c_ulong::MAX && PyErr::take(obj.py()).is_some() {
         return None;
     }
+    // `c_ulong` is `u64` here, `u32` on Windows: the conversion is the identity only here.
+    #[allow(clippy::useless_conversion)]
     Some(u64::from(value))
 }
 
