@@ -24,6 +24,7 @@ __all__ = [
     "RowSources",
     "copy_rows",
     "row_runs",
+    "streaming_threshold",
 ]
 
 __version__: str
