@@ -165,8 +165,9 @@ class _ShmReduce:
 
 
 def _gather_vs_copy(cp: int, requests: int, prefix: int, current: int, row_bytes: int, reps: int) -> dict:
-    """Seconds per gather (native; the numpy runs and indexed strategies) and per contiguous copy
-    of the same bytes, one thread, best of ``reps`` interleaved rounds."""
+    """Seconds per gather (native as the compose runs it, and with each kind of stores forced; the
+    numpy runs and indexed strategies) and per contiguous copy of the same bytes (``Tensor.copy_``
+    and ``np.copyto``, a glibc memcpy), one thread, best of ``reps`` interleaved rounds."""
     import numpy as np
     import torch
 
@@ -265,12 +266,12 @@ def run(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(1)
     gather = Table(
-        "gather alone, one thread: 2*cp separate sources vs one contiguous copy of the same bytes "
-        "(target: native >= 0.9 of the copy); the compose runs the native copy on CPU, which picks "
+        "gather alone, one thread: 2*cp separate sources vs one contiguous copy of the same bytes, the faster "
+        "of Tensor.copy_ and numpy's memcpy (target: native >= 0.9 of it); the compose runs the native copy on CPU, which picks "
         "streaming stores from 3/4 of the last-level cache up (both kinds timed beside it)",
         ["cp", "data", "workload", "dense MB", "runs", "KB/run", "native ms", "native stores", "cached stores ms",
-         "streaming stores ms", "picked the faster", "numpy runs ms", "numpy indexed ms", "copy ms",
-         "native fraction of copy", "fastest"],
+         "streaming stores ms", "picked the faster", "numpy runs ms", "numpy indexed ms", "Tensor.copy_ ms",
+         "memcpy ms", "native fraction of the faster copy", "fastest"],
     )
     workloads = [  # (data, requests, prefix pages, current pages, page bytes): 2 MB and N MB dense buffers
         ("in cache", 8, 60, 4, 4096),
@@ -286,13 +287,13 @@ def run(args: argparse.Namespace) -> int:
         for cp in cps:
             g = _gather_vs_copy(cp, requests, prefix, current, row_bytes, 5 if big else args.gather_reps)
             times = {"native": g["native_s"], "numpy runs": g["runs_s"], "numpy indexed": g["indexed_s"]}
-            fraction = g["copy_s"] / g["native_s"]
+            fraction = min(g["copy_s"], g["memcpy_s"]) / g["native_s"]
             fractions.append(fraction)
             faster = "cached" if g["cached_s"] <= g["streaming_s"] else "streaming"
             gather.add(cp, data, f"{requests} x ({prefix}+{current}) x {row_bytes // 1024} KB", g["bytes"] / 1e6,
                        g["runs"], g["bytes"] / max(g["runs"], 1) / 1024, g["native_s"] * 1e3, g["chosen"],
                        g["cached_s"] * 1e3, g["streaming_s"] * 1e3, "yes" if g["chosen"] == faster else "no",
-                       g["runs_s"] * 1e3, g["indexed_s"] * 1e3, g["copy_s"] * 1e3, fraction,
+                       g["runs_s"] * 1e3, g["indexed_s"] * 1e3, g["copy_s"] * 1e3, g["memcpy_s"] * 1e3, fraction,
                        min(times, key=times.__getitem__))
     plans = Table(
         "plan: built once per batch on the CPU (vectorised numpy) and reused by every layer; cache lookups after",
