@@ -29,6 +29,7 @@ def test_bench_allocator_writes_json(tmp_path, capsys):
     call_path = data["tables"][3]["rows"]  # the cycle against its floor, both payload sets
     assert [(row["live objects"], row["payloads"]) for row in call_path] == [(2000, "all"), (2000, '["kv"]')]
     assert all(row["cycle ns"] > row["floor ns"] > 0 for row in call_path)
+    assert all(row["lookup pair ns"] > row["floor ns"] for row in call_path)
 
 
 def test_reference_allocator_matches_cpkv_on_a_tight_stream():

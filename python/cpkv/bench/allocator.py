@@ -198,12 +198,17 @@ def _best_per_call(run_chunk, chunk: int, chunks: int) -> float:
 
 def _call_path(live: int, chunk: int = 20_000, chunks: int = 25) -> dict:
     """One reserve(5 pages)+release cycle from Python against its floor, two
-    empty calls into the same object with the same arguments, interleaved
-    chunk by chunk so both see the same machine."""
+    empty calls into the same object with the same arguments, and against the
+    cheapest pair of real calls with the cycle's binding work and no allocation
+    (a key lookup that returns a `Placement`, a key lookup that returns a
+    bool), interleaved chunk by chunk so all see the same machine."""
     alloc = _fragmented(live)
     reserve, release, noop = alloc.reserve, alloc.release, alloc._noop
+    placement, is_committed = alloc.placement, alloc.is_committed
     key = 1 << 62
     kv = ["kv"]
+    held = 1 << 61  # a live object for the lookup pair
+    reserve(held, 5)
 
     def cycle(n):
         for _ in range(n):
@@ -220,10 +225,16 @@ def _call_path(live: int, chunk: int = 20_000, chunks: int = 25) -> dict:
             noop(key, 5)
             noop(key)
 
-    times = {"floor": float("inf"), "cycle": float("inf"), "cycle_kv": float("inf")}
+    def lookups(n):
+        for _ in range(n):
+            placement(held)
+            is_committed(held)
+
+    times = {name: float("inf") for name in ("floor", "lookups", "cycle", "cycle_kv")}
     for _ in range(5):
-        for name, fn in (("floor", floor), ("cycle", cycle), ("cycle_kv", cycle_kv)):
+        for name, fn in (("floor", floor), ("lookups", lookups), ("cycle", cycle), ("cycle_kv", cycle_kv)):
             times[name] = min(times[name], _best_per_call(fn, chunk, max(1, chunks // 5)))
+    release(held)
     if len(alloc) != live or key in alloc:
         raise SystemExit("error: the call-path cycle changed the allocator")
     return times
@@ -252,15 +263,19 @@ def run(args: argparse.Namespace) -> int:
     )
     agreement = Table("agreement (every placement, op for op)", ["workload", "run", "placements sha256"])
     call_path = Table(
-        "call path: one reserve(key, 5)+release(key) from Python vs its floor (two empty calls into the same object)",
-        ["live objects", "payloads", "floor ns", "cycle ns", "cycle / floor", "target"],
+        "call path: one reserve(key, 5)+release(key) from Python vs its floor (two empty calls into the same "
+        "object) and vs the binding's own floor (placement(key) + is_committed(key): two argument parses, "
+        "two locks, two lookups, one Placement returned, no allocation work)",
+        ["live objects", "payloads", "floor ns", "lookup pair ns", "lookup pair / floor", "cycle ns",
+         "cycle / floor", "target"],
     )
     call_path_json = {}
     for live in args.call_path_live:
         times = _call_path(live)
         call_path_json[live] = {k: v * 1e9 for k, v in times.items()}
         for label, cycle in (("all", times["cycle"]), ('["kv"]', times["cycle_kv"])):
-            call_path.add(live, label, times["floor"] * 1e9, cycle * 1e9, cycle / times["floor"], "<= 2")
+            call_path.add(live, label, times["floor"] * 1e9, times["lookups"] * 1e9,
+                          times["lookups"] / times["floor"], cycle * 1e9, cycle / times["floor"], "<= 2")
     speedups = {}
     for name, (pools, steps) in workloads.items():
         result = _measure(args, pools, steps)
