@@ -5,6 +5,7 @@
 //! id, so all context-parallel ranks that replay the same calls evict the same
 //! victims without exchanging a word. `digest` makes that checkable.
 
+mod arc;
 mod child_key;
 mod clock;
 mod digest;
@@ -12,9 +13,12 @@ mod error;
 mod events;
 mod evictable;
 mod ghost;
+mod ghost_list;
 mod namespace;
 mod node;
 mod policy;
+mod queues;
+mod s3fifo;
 mod tree;
 
 pub use clock::Stamp;

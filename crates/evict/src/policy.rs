@@ -7,6 +7,7 @@ use crate::clock::Stamp;
 use crate::error::EvictError;
 use crate::ghost::{Weights, SIXTEENTHS};
 use crate::node::Node;
+use crate::queues::Slot;
 
 /// The policy part of an eviction key; the index appends the node id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -40,11 +41,25 @@ pub enum Policy {
     /// outruns it keeps fewer newcomers, longer. The key changes only on
     /// access (or creation), so the ordered index stays valid in between.
     Ghost,
+    /// Adaptive replacement: recency and frequency queues whose split
+    /// follows ghost hits (see `arc.rs`).
+    Arc,
+    /// Small and main FIFO queues with a ghost queue (see `s3fifo.rs`).
+    S3fifo,
 }
 
 impl Policy {
-    pub const ALL: [Policy; 5] = [Self::Lru, Self::Lfu, Self::Fifo, Self::Slru, Self::Ghost];
-    pub const NAMES: [&'static str; 5] = ["lru", "lfu", "fifo", "slru", "ghost"];
+    // New policies go last: a policy's position is part of the digest.
+    pub const ALL: [Policy; 7] = [
+        Self::Lru,
+        Self::Lfu,
+        Self::Fifo,
+        Self::Slru,
+        Self::Ghost,
+        Self::Arc,
+        Self::S3fifo,
+    ];
+    pub const NAMES: [&'static str; 7] = ["lru", "lfu", "fifo", "slru", "ghost", "arc", "s3fifo"];
 
     pub fn name(self) -> &'static str {
         Self::NAMES[Self::ALL.iter().position(|p| *p == self).expect("listed")]
@@ -59,12 +74,17 @@ impl Policy {
             Self::Fifo => PolicyKey([node.created, 0]),
             Self::Slru => PolicyKey([u64::from(node.hits >= 2), node.last_access]),
             Self::Ghost => PolicyKey([node.priority, node.last_access]),
+            Self::Arc | Self::S3fifo => Slot::key(node.priority),
         }
     }
 
     /// The priority `Policy::Ghost` gives a node accessed at `now` while
     /// the cache reaches back to `floor`; stored on the node.
+    /// The queue policies keep their own state there (`queues::Slot`).
     pub(crate) fn priority(self, node: &Node, now: Stamp, floor: Stamp, weights: Weights) -> u64 {
+        if self.is_queued() {
+            return node.priority;
+        }
         let horizon = now.saturating_sub(floor);
         if node.hits >= 2 {
             let bonus = horizon
@@ -74,6 +94,11 @@ impl Policy {
         } else {
             now.saturating_sub(horizon.saturating_mul(weights.probation) / SIXTEENTHS)
         }
+    }
+
+    /// Whether the policy keeps queue state beside the nodes (`queues.rs`).
+    pub fn is_queued(self) -> bool {
+        matches!(self, Self::Arc | Self::S3fifo)
     }
 
     /// Whether the policy keeps a history of content dropped from the tree.

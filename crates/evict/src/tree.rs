@@ -25,6 +25,7 @@ use crate::ghost::{content_key, GhostHistory, Weights};
 use crate::namespace::Namespace;
 use crate::node::{HostKey, Node, NodeId, PageId, Tier, Token};
 use crate::policy::Policy;
+use crate::queues::{Choice, QueueState};
 
 /// What `match_prefix` found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,6 +94,8 @@ pub struct PrefixTree {
     floor: Stamp,
     /// Content dropped from the tree, for policies that remember it.
     ghost: GhostHistory,
+    /// Queues and ghost lists of the queue policies (`Policy::Arc`, `S3fifo`).
+    queues: QueueState,
     events: Vec<Event>,
 }
 
@@ -126,6 +129,7 @@ impl PrefixTree {
             live_nodes: 0,
             floor: 0,
             ghost: GhostHistory::default(),
+            queues: QueueState::new(policy),
             events: Vec::new(),
         })
     }
@@ -156,7 +160,7 @@ impl PrefixTree {
     }
     /// Pages of dropped content the ghost history remembers (`Policy::Ghost`).
     pub fn remembered_pages(&self) -> usize {
-        self.ghost.pages()
+        self.ghost.pages() + self.queues.remembered_pages() as usize
     }
     pub fn evictable(&self, tier: Tier) -> usize {
         self.index.len(tier)
@@ -191,7 +195,7 @@ impl PrefixTree {
     }
 
     fn seal(&self, sum: u64) -> u64 {
-        Hasher64::default()
+        let h = Hasher64::default()
             .word(sum)
             .word(self.clock.now())
             .word(self.page_size as u64)
@@ -203,8 +207,13 @@ impl PrefixTree {
             )
             .word(self.nodes.len() as u64)
             .word(self.floor)
-            .word(self.ghost.digest())
-            .finish()
+            .word(self.ghost.digest());
+        // Only the queue policies add a word: other policies' digests stay as pinned.
+        match self.queues.digest() {
+            Some(queues) => h.word(queues),
+            None => h,
+        }
+        .finish()
     }
 
     /// Drains the residency events since the last call. The next buffer
@@ -236,9 +245,10 @@ impl PrefixTree {
         let remembers = self.policy.remembers_dropped();
         for step in &steps {
             let (policy, floor, weights) = (self.policy, self.floor, self.ghost.weights());
+            let queued = self.queues.hit(self.node_ref(step.id).priority);
             self.update(step.id, |n| {
                 n.hits += 1;
-                access(n, policy, now, floor, weights);
+                access(n, policy, now, floor, weights, queued);
             });
             if remembers && on_device && self.node_ref(step.id).on_device() {
                 self.ghost.note_hit(step.matched);
@@ -303,7 +313,7 @@ impl PrefixTree {
             if self.node_ref(step.id).on_device() {
                 cached += step.matched;
                 let (policy, floor, weights) = (self.policy, self.floor, self.ghost.weights());
-                self.update(step.id, |n| access(n, policy, now, floor, weights));
+                self.update(step.id, |n| access(n, policy, now, floor, weights, None));
             } else {
                 self.attach(step.id, pages[span.clone()].to_vec(), now);
             }
@@ -355,7 +365,7 @@ impl PrefixTree {
         let mut victims = Vec::new();
         let mut freed = 0;
         while freed < num_pages {
-            let Some(id) = self.index.first(Tier::Device) else {
+            let Some(id) = self.next_device_victim() else {
                 break;
             };
             let pages = self.evict_device(id);
@@ -602,7 +612,8 @@ impl PrefixTree {
             indexed: None,
         });
         let (policy, floor, weights) = (self.policy, self.floor, self.ghost.weights());
-        self.update(id, |n| access(n, policy, now, floor, weights));
+        let queued = self.queues.created(content_key(parent, &tokens[..self.page_size]), pages.len());
+        self.update(id, |n| access(n, policy, now, floor, weights, queued));
         self.live_pages.extend(pages.iter().copied());
         self.update(parent, |p| {
             p.children.insert(key, id);
@@ -676,11 +687,29 @@ impl PrefixTree {
             pages: pages.clone(),
         });
         let (policy, floor, weights) = (self.policy, self.floor, self.ghost.weights());
+        let queued = self.queues.reloaded(self.node_ref(id).priority, pages.len());
         self.update(id, |n| {
             n.device = Some(pages);
-            access(n, policy, now, floor, weights);
+            access(n, policy, now, floor, weights, queued);
         });
         self.update(parent, |p| p.device_children += 1);
+    }
+
+    /// The policy's next device victim: the index's first leaf, or what a
+    /// queue policy chooses once the nodes it moves on the way have moved.
+    fn next_device_victim(&mut self) -> Option<NodeId> {
+        loop {
+            let nodes = &self.nodes;
+            let priority_of = |id: NodeId| {
+                nodes[id.0 as usize]
+                    .as_ref()
+                    .map_or(0, |n: &Node| n.priority)
+            };
+            match self.queues.choose(&self.index, priority_of)? {
+                Choice::Evict(id) => return Some(id),
+                Choice::Requeue(id, priority) => self.update(id, |n| n.priority = priority),
+            }
+        }
     }
 
     fn evict_device(&mut self, id: NodeId) -> Vec<PageId> {
@@ -759,6 +788,11 @@ impl PrefixTree {
             self.ghost
                 .record(content_key(parent, key), node.hits, pages, cached);
         }
+        if self.policy.is_queued() {
+            let pages = node.pages(self.page_size);
+            self.queues
+                .dropped(content_key(parent, key), node.priority, pages);
+        }
         self.update(parent, |p| {
             p.children.remove(&Page(key) as &dyn PageKey);
             if on_device {
@@ -779,6 +813,8 @@ impl PrefixTree {
     fn detach(&mut self, id: NodeId) {
         let node = self.nodes[id.0 as usize].as_mut().expect("live");
         self.digest_sum = self.digest_sum.wrapping_sub(node.digest_term);
+        self.queues
+            .leave(node.priority, node.device.as_ref().map_or(0, Vec::len));
         if let Some((tier, key)) = node.indexed.take() {
             self.index.remove(tier, key, id);
         }
@@ -789,6 +825,8 @@ impl PrefixTree {
         let node = self.nodes[id.0 as usize].as_mut().expect("live");
         node.digest_term = node_hash(node, node.tokens_hash);
         self.digest_sum = self.digest_sum.wrapping_add(node.digest_term);
+        self.queues
+            .enter(node.priority, node.device.as_ref().map_or(0, Vec::len));
         if let Some(tier) = evictable_tier(node) {
             let key = policy.key(node);
             node.indexed = Some((tier, key));
@@ -892,6 +930,12 @@ impl PrefixTree {
                 return Err(format!("{tier:?} index differs from recomputation"));
             }
         }
+        let mut queue_pages = [0u64; 2];
+        for node in self.nodes().filter(|n| self.policy.is_queued() && n.on_device()) {
+            let queue = crate::queues::Slot::unpack(node.priority).queue as usize;
+            queue_pages[queue] += node.pages(ps) as u64;
+        }
+        self.queues.check(queue_pages)?;
         if self.ghost.digest() != self.ghost.digest_from_scratch() {
             return Err("ghost history digest differs from recomputation".into());
         }
@@ -906,9 +950,17 @@ impl PrefixTree {
 }
 
 /// Stamps an access: the last-access time and the policy's priority.
-fn access(node: &mut Node, policy: Policy, now: Stamp, floor: Stamp, weights: Weights) {
+/// `queued` is a queue policy's new state for the node, when it has one.
+fn access(
+    node: &mut Node,
+    policy: Policy,
+    now: Stamp,
+    floor: Stamp,
+    weights: Weights,
+    queued: Option<u64>,
+) {
     node.last_access = now;
-    node.priority = policy.priority(node, now, floor, weights);
+    node.priority = queued.unwrap_or_else(|| policy.priority(node, now, floor, weights));
 }
 
 /// The tier a node is evictable from, if any.
