@@ -19,6 +19,7 @@ mod node;
 mod policy;
 mod queues;
 mod s3fifo;
+mod shadow;
 mod tree;
 
 pub use clock::Stamp;
@@ -27,4 +28,5 @@ pub use events::Event;
 pub use namespace::Namespace;
 pub use node::{HostKey, Node, NodeId, PageId, Tier, Token};
 pub use policy::{Policy, PolicyKey};
+pub use shadow::PolicyMemory;
 pub use tree::{DeviceVictim, HostVictim, InsertResult, MatchResult, PrefixTree};

@@ -8,6 +8,7 @@ use crate::error::EvictError;
 use crate::ghost::{Weights, SIXTEENTHS};
 use crate::node::Node;
 use crate::queues::Slot;
+use crate::shadow::Ranking;
 
 /// The policy part of an eviction key; the index appends the node id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -73,7 +74,7 @@ impl Policy {
             Self::Lfu => PolicyKey([node.hits, node.last_access]),
             Self::Fifo => PolicyKey([node.created, 0]),
             Self::Slru => PolicyKey([u64::from(node.hits >= 2), node.last_access]),
-            Self::Ghost => PolicyKey([node.priority, node.last_access]),
+            Self::Ghost => Ranking::Ghost.key(node),
             Self::Arc | Self::S3fifo => Slot::key(node.priority),
         }
     }

@@ -26,6 +26,7 @@ use crate::namespace::Namespace;
 use crate::node::{HostKey, Node, NodeId, PageId, Tier, Token};
 use crate::policy::Policy;
 use crate::queues::{Choice, QueueState};
+use crate::shadow::{PolicyMemory, Ranking, Shadows};
 
 /// What `match_prefix` found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -96,6 +97,10 @@ pub struct PrefixTree {
     ghost: GhostHistory,
     /// Queues and ghost lists of the queue policies (`Policy::Arc`, `S3fifo`).
     queues: QueueState,
+    /// `Policy::Ghost`'s shadow caches (none in a shadow itself).
+    shadows: Option<Box<Shadows>>,
+    /// In a shadow: the ranking it always uses.
+    fixed_ranking: Option<Ranking>,
     events: Vec<Event>,
 }
 
@@ -110,6 +115,14 @@ struct Step {
 
 impl PrefixTree {
     pub fn new(page_size: usize, policy: Policy) -> Result<Self, EvictError> {
+        let mut tree = Self::without_shadows(page_size, policy)?;
+        if policy == Policy::Ghost {
+            tree.shadows = Some(Box::new(Shadows::new(page_size)));
+        }
+        Ok(tree)
+    }
+
+    pub(crate) fn without_shadows(page_size: usize, policy: Policy) -> Result<Self, EvictError> {
         if page_size == 0 {
             return Err(EvictError::InvalidTokens(
                 "page_size must be at least 1".into(),
@@ -130,6 +143,8 @@ impl PrefixTree {
             floor: 0,
             ghost: GhostHistory::default(),
             queues: QueueState::new(policy),
+            shadows: None,
+            fixed_ranking: None,
             events: Vec::new(),
         })
     }
@@ -161,6 +176,16 @@ impl PrefixTree {
     /// Pages of dropped content the ghost history remembers (`Policy::Ghost`).
     pub fn remembered_pages(&self) -> usize {
         self.ghost.pages() + self.queues.remembered_pages() as usize
+    }
+    /// What the policy keeps beyond the live nodes (all bounded by a
+    /// constant times the most pages the tree has held).
+    pub fn policy_memory(&self) -> PolicyMemory {
+        let (shadow_nodes, shadow_pages) = self.shadows.as_ref().map_or((0, 0), |s| s.memory());
+        PolicyMemory {
+            remembered_pages: self.remembered_pages(),
+            shadow_nodes,
+            shadow_pages,
+        }
     }
     pub fn evictable(&self, tier: Tier) -> usize {
         self.index.len(tier)
@@ -209,8 +234,12 @@ impl PrefixTree {
             .word(self.floor)
             .word(self.ghost.digest());
         // Only the queue policies add a word: other policies' digests stay as pinned.
-        match self.queues.digest() {
+        let h = match self.queues.digest() {
             Some(queues) => h.word(queues),
+            None => h,
+        };
+        match &self.shadows {
+            Some(shadows) => h.word(shadows.digest()),
             None => h,
         }
         .finish()
@@ -244,7 +273,7 @@ impl PrefixTree {
         let mut on_device = true;
         let remembers = self.policy.remembers_dropped();
         for step in &steps {
-            let (policy, floor, weights) = (self.policy, self.floor, self.ghost.weights());
+            let (policy, floor, weights) = (self.policy, self.floor, self.weights());
             let queued = self.queues.hit(self.node_ref(step.id).priority);
             self.update(step.id, |n| {
                 n.hits += 1;
@@ -312,7 +341,7 @@ impl PrefixTree {
             let span = offset..offset + step.matched;
             if self.node_ref(step.id).on_device() {
                 cached += step.matched;
-                let (policy, floor, weights) = (self.policy, self.floor, self.ghost.weights());
+                let (policy, floor, weights) = (self.policy, self.floor, self.weights());
                 self.update(step.id, |n| access(n, policy, now, floor, weights, None));
             } else {
                 self.attach(step.id, pages[span.clone()].to_vec(), now);
@@ -327,6 +356,11 @@ impl PrefixTree {
                 &pages[offset..],
                 now,
             );
+        }
+        if let Some(shadows) = self.shadows.as_mut() {
+            if shadows.mirror(tokens, namespace, self.live_pages.len()) {
+                self.rekey();
+            }
         }
         Ok(InsertResult { node: at, cached })
     }
@@ -458,6 +492,43 @@ impl PrefixTree {
     }
 
     // ---- internals -----------------------------------------------------
+
+    fn weights(&self) -> Weights {
+        self.ghost.weights()
+    }
+
+    /// The ranking `Policy::Ghost` uses now: the shadow leader's.
+    fn ranking(&self) -> Ranking {
+        match (self.fixed_ranking, &self.shadows) {
+            (Some(r), _) => r,
+            (None, Some(s)) => s.leader(),
+            (None, None) => Ranking::Ghost,
+        }
+    }
+
+    fn key_of(&self, node: &Node) -> crate::PolicyKey {
+        match self.policy {
+            Policy::Ghost => self.ranking().key(node),
+            policy => policy.key(node),
+        }
+    }
+
+    /// Re-keys every indexed node (the ranking changed).
+    fn rekey(&mut self) {
+        let ids: Vec<NodeId> = self
+            .nodes()
+            .filter(|n| n.indexed.is_some())
+            .map(|n| n.id)
+            .collect();
+        for id in ids {
+            self.update(id, |_| {});
+        }
+    }
+
+    /// Turns a fresh tree into a shadow ranking by `ranking` (no shadows of its own).
+    pub(crate) fn make_shadow(&mut self, ranking: Ranking) {
+        self.fixed_ranking = Some(ranking);
+    }
 
     fn node_ref(&self, id: NodeId) -> &Node {
         self.node(id).expect("internal ids are live")
@@ -611,7 +682,7 @@ impl PrefixTree {
             digest_term: 0,
             indexed: None,
         });
-        let (policy, floor, weights) = (self.policy, self.floor, self.ghost.weights());
+        let (policy, floor, weights) = (self.policy, self.floor, self.weights());
         let queued = self.queues.created(content_key(parent, &tokens[..self.page_size]), pages.len());
         self.update(id, |n| access(n, policy, now, floor, weights, queued));
         self.live_pages.extend(pages.iter().copied());
@@ -686,7 +757,7 @@ impl PrefixTree {
             start,
             pages: pages.clone(),
         });
-        let (policy, floor, weights) = (self.policy, self.floor, self.ghost.weights());
+        let (policy, floor, weights) = (self.policy, self.floor, self.weights());
         let queued = self.queues.reloaded(self.node_ref(id).priority, pages.len());
         self.update(id, |n| {
             n.device = Some(pages);
@@ -821,14 +892,13 @@ impl PrefixTree {
     }
 
     fn reattach(&mut self, id: NodeId) {
-        let policy = self.policy;
+        let key = self.key_of(self.nodes[id.0 as usize].as_ref().expect("live"));
         let node = self.nodes[id.0 as usize].as_mut().expect("live");
         node.digest_term = node_hash(node, node.tokens_hash);
         self.digest_sum = self.digest_sum.wrapping_add(node.digest_term);
         self.queues
             .enter(node.priority, node.device.as_ref().map_or(0, Vec::len));
         if let Some(tier) = evictable_tier(node) {
-            let key = policy.key(node);
             node.indexed = Some((tier, key));
             self.index.insert(tier, key, id);
         }
@@ -848,7 +918,7 @@ impl PrefixTree {
                 expected
                     .entry(tier)
                     .or_default()
-                    .push((self.policy.key(node), id));
+                    .push((self.key_of(node), id));
             }
             if node.tokens_hash != tokens_hash(&node.tokens) && !node.is_root() {
                 return Err(format!("node {id}: stale tokens hash"));
@@ -936,6 +1006,9 @@ impl PrefixTree {
             queue_pages[queue] += node.pages(ps) as u64;
         }
         self.queues.check(queue_pages)?;
+        if let Some(shadows) = &self.shadows {
+            shadows.check()?;
+        }
         if self.ghost.digest() != self.ghost.digest_from_scratch() {
             return Err("ghost history digest differs from recomputation".into());
         }
