@@ -5,6 +5,14 @@
 //! step the tree's structural invariants, its incremental index and digest
 //! (against from-scratch recomputation) and its residency map (against the
 //! model) are checked; rejected calls must leave the digest unchanged.
+//!
+//! The model also keeps, page by page, what the classic policies rank by
+//! (creation, last access and hit count on its own logical clock), and
+//! checks that every victim is the evictable leaf that an independent
+//! ranking of the policy's order puts first (for the queue policies and
+//! `ghost`, whose orders depend on state the model does not rebuild, that
+//! the victim is first by the order the policy declares over the nodes'
+//! current state).
 
 use std::collections::BTreeMap;
 
@@ -67,6 +75,29 @@ struct Harness {
     pins: BTreeMap<Prefix, u64>,
     known: Vec<NodeId>,
     next_page: u64,
+    /// The model's own logical clock: one tick per accepted call.
+    clock: u64,
+    /// What the classic policies rank by, per page prefix.
+    stats: BTreeMap<Prefix, Stats>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stats {
+    created: u64,
+    last_access: u64,
+    hits: u64,
+}
+
+/// The classic policies' orders, written from their definitions: the key
+/// of a node with these stats, ties going to the smaller node id.
+fn classic_key(policy: Policy, s: Stats) -> Option<(u64, u64)> {
+    match policy {
+        Policy::Lru => Some((s.last_access, 0)),
+        Policy::Lfu => Some((s.hits, s.last_access)),
+        Policy::Fifo => Some((s.created, 0)),
+        Policy::Slru => Some((u64::from(s.hits >= 2), s.last_access)),
+        _ => None,
+    }
 }
 
 fn namespace(ns: u8) -> Namespace {
@@ -97,7 +128,62 @@ impl Harness {
             pins: BTreeMap::new(),
             known: Vec::new(),
             next_page: 1000,
+            clock: 0,
+            stats: BTreeMap::new(),
         }
+    }
+
+    fn tick(&mut self) -> u64 {
+        self.clock += 1;
+        self.clock
+    }
+
+    /// The non-root nodes with their page prefixes (nodes group pages; the
+    /// model uses their ids only as labels and for the tie-break).
+    fn node_pages(&self) -> Vec<(NodeId, Vec<Prefix>)> {
+        self.tree
+            .nodes()
+            .filter(|n| !n.is_root())
+            .map(|n| {
+                let (p, pages) = self.node_prefix(n.id()).unwrap();
+                (n.id(), self.page_prefixes(&p, pages))
+            })
+            .collect()
+    }
+
+    /// The evictable leaf of `tier` that the policy's order ranks first,
+    /// by the model's state; `None` when nothing is evictable or the model
+    /// does not rank this policy's leaves itself.
+    fn expected_victim(&self, nodes: &[(NodeId, Vec<Prefix>)], tier: Tier) -> Option<NodeId> {
+        let policy = self.tree.policy();
+        classic_key(policy, Stats { created: 0, last_access: 0, hits: 0 })?;
+        let mut best: Option<((u64, u64), NodeId)> = None;
+        for (id, pages) in nodes {
+            let Some(first) = self.model.get(&pages[0]) else {
+                continue; // gone
+            };
+            let last = pages.last().unwrap();
+            let child_pages = || {
+                self.model
+                    .iter()
+                    .filter(|(q, _)| q.0 == last.0 && q.1.len() == last.1.len() + PAGE && q.1.starts_with(&last.1))
+            };
+            let evictable = match tier {
+                Tier::Device => first.device.is_some() && !child_pages().any(|(_, s)| s.device.is_some()),
+                Tier::Host => first.device.is_none() && first.host.is_some() && child_pages().next().is_none(),
+            };
+            if !evictable || self.is_locked(&pages[0]) {
+                continue;
+            }
+            let key = classic_key(policy, self.stats[&pages[0]]).expect("a classic policy");
+            for q in pages {
+                assert_eq!(self.stats[q], self.stats[&pages[0]], "pages of node {id} disagree");
+            }
+            if best.is_none_or(|b| (key, *id) < b) {
+                best = Some((key, *id));
+            }
+        }
+        best.map(|(_, id)| id)
     }
 
     fn pick(&self, i: usize) -> NodeId {
@@ -153,6 +239,16 @@ impl Harness {
             Op::Match { ns, pages } => {
                 let t = tokens(pages);
                 let m = self.tree.match_prefix(&t, &namespace(*ns));
+                let now = self.tick();
+                for k in 0..pages.len() {
+                    match self.stats.get_mut(&(*ns, t[..(k + 1) * PAGE].to_vec())) {
+                        Some(s) => {
+                            s.hits += 1;
+                            s.last_access = now;
+                        }
+                        None => break,
+                    }
+                }
                 let (mut dev, mut host, mut dev_pages) = (0, 0, Vec::new());
                 for k in 0..pages.len() {
                     match self.model.get(&(*ns, t[..(k + 1) * PAGE].to_vec())) {
@@ -206,6 +302,17 @@ impl Harness {
                 let r = r.unwrap();
                 assert_eq!(r.cached, cached);
                 self.next_page += pages.len() as u64;
+                let now = self.tick();
+                for k in 0..pages.len() {
+                    let p = (*ns, t[..(k + 1) * PAGE].to_vec());
+                    // Cached or attached pages are accessed; new ones start with one hit.
+                    let s = self.stats.entry(p).or_insert(Stats {
+                        created: now,
+                        last_access: now,
+                        hits: 1,
+                    });
+                    s.last_access = now;
+                }
                 for (k, id) in ids.iter().enumerate() {
                     let s = self
                         .model
@@ -226,6 +333,7 @@ impl Harness {
                 match self.node_prefix(id) {
                     Some((p, _)) => {
                         r.clone().unwrap();
+                        self.tick();
                         for q in self.path_pages(&p) {
                             *self.locks.entry(q).or_default() += 1;
                         }
@@ -243,6 +351,7 @@ impl Harness {
                         let path = self.path_pages(&p);
                         if self.pins.get(&p).is_some_and(|c| *c > 0) {
                             r.clone().unwrap();
+                            self.tick();
                             *self.pins.get_mut(&p).unwrap() -= 1;
                             for q in path {
                                 *self.locks.get_mut(&q).unwrap() -= 1;
@@ -256,9 +365,14 @@ impl Harness {
                 rejected(self, r);
             }
             Op::Evict(n) => {
+                let nodes = self.node_pages();
                 let victims = self.tree.evict(*n);
+                self.tick();
                 let mut freed = 0;
                 for v in &victims {
+                    if let Some(expected) = self.expected_victim(&nodes, Tier::Device) {
+                        assert_eq!(v.node, expected, "victim order of {:?}", self.tree.policy());
+                    }
                     assert!(freed < *n, "evicted past the request");
                     freed += v.pages.len();
                     let mut prefixes = Vec::new();
@@ -284,15 +398,21 @@ impl Harness {
                             self.model.get_mut(&p).unwrap().device = None;
                         } else {
                             self.model.remove(&p);
+                            self.stats.remove(&p);
                         }
                     }
                 }
                 assert!(freed >= *n || self.tree.evictable(Tier::Device) == 0);
             }
             Op::EvictHost(n) => {
+                let nodes = self.node_pages();
                 let victims = self.tree.evict_host(*n);
+                self.tick();
                 let mut dropped = 0;
                 for v in &victims {
+                    if let Some(expected) = self.expected_victim(&nodes, Tier::Host) {
+                        assert_eq!(v.node, expected, "host victim order of {:?}", self.tree.policy());
+                    }
                     assert!(dropped < *n, "dropped past the request");
                     dropped += v.num_pages;
                     let hits: Vec<Prefix> = self
@@ -324,6 +444,7 @@ impl Harness {
                         .collect::<Vec<_>>()
                     {
                         self.model.remove(&p);
+                        self.stats.remove(&p);
                     }
                     let still = self.model.values().any(|s| s.host == Some(v.object_key));
                     assert_eq!(v.released, !still, "released flag of key {}", v.object_key);
@@ -348,6 +469,7 @@ impl Harness {
                 });
                 assert_eq!(r.is_ok(), expect_ok, "{op:?}: {r:?}");
                 if r.is_ok() {
+                    self.tick();
                     let (p, pages) = self.node_prefix(id).unwrap();
                     for q in self.page_prefixes(&p, pages) {
                         self.model.get_mut(&q).unwrap().host = Some(*key);
@@ -374,9 +496,11 @@ impl Harness {
                 assert_eq!(r.is_ok(), expect_ok, "{op:?}: {r:?}");
                 if r.is_ok() {
                     self.next_page += pages as u64;
+                    let now = self.tick();
                     let (p, n) = info.unwrap();
                     for (q, page) in self.page_prefixes(&p, n).into_iter().zip(&ids) {
                         self.model.get_mut(&q).unwrap().device = Some(*page);
+                        self.stats.get_mut(&q).unwrap().last_access = now;
                     }
                 }
                 rejected(self, r);
@@ -405,6 +529,7 @@ impl Harness {
 
     fn check(&self) {
         self.tree.check_invariants().unwrap();
+        assert_eq!(self.tree.clock(), self.clock, "logical clock");
         assert_eq!(self.residency(), self.model);
     }
 }
