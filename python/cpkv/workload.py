@@ -21,9 +21,14 @@ makes one from a seed, as a pure function of its arguments (its own
   tokens.
 - ``scan``: a batch job scanning documents: a burst of one-shot documents
   arriving back to back, the pattern that flushes a recency-only cache.
+- ``docqa``: questions about one long document, asked minutes apart: the
+  document is the shared prefix, each question a new leaf.
 
 A workload is a mix of families (:data:`MIXES`, the registry: a new workload
-is one more entry); ``bursty`` mixes chat and agents with scan bursts.
+is one more entry) and a pacing (:data:`PACING`: how many times slower than
+the base think and tool times sessions come back; slow sessions keep more of
+them open at once, so their reuse reaches farther back). ``bursty`` mixes
+chat, documents and agents with scan bursts.
 
 Block ids follow the Mooncake rules: a request's block ``i`` covers tokens
 ``[0, min(512 (i + 1), input_length))``, the last block is usually partial,
@@ -45,7 +50,7 @@ from cpkv.traces import BLOCK_TOKENS, TraceRequest, blocks_for
 
 __all__ = ["MIXES", "FAMILIES", "generate", "generate_tagged", "write_jsonl", "to_record"]
 
-FAMILIES = ("chat", "document", "agent", "tool", "scan")
+FAMILIES = ("chat", "document", "agent", "tool", "scan", "docqa")
 
 # Weights of each family among new sessions (not requests: a chat session
 # makes ~3 requests, an agent one ~5, a document one exactly one).
@@ -56,8 +61,12 @@ MIXES: dict[str, dict[str, float]] = {
     "agent": {"agent": 1.0},
     "tool": {"tool": 1.0},
     "scan": {"scan": 1.0},
-    "bursty": {"chat": 0.45, "agent": 0.2, "tool": 0.1, "document": 0.15, "scan": 0.1},
+    "docqa": {"docqa": 0.7, "document": 0.3},
+    "slow": {"chat": 0.4, "docqa": 0.2, "agent": 0.15, "tool": 0.1, "document": 0.15},
+    "bursty": {"chat": 0.35, "docqa": 0.15, "agent": 0.15, "tool": 0.1, "document": 0.1, "scan": 0.15},
 }
+# How many times the base gaps between a session's steps (absent: 1).
+PACING: dict[str, int] = {"slow": 10, "bursty": 10, "docqa": 1}
 
 # Sizes in tokens, small on purpose: a default mix averages ~5 blocks a request.
 CHAT_SYSTEM_PROMPTS = 3
@@ -83,6 +92,9 @@ TOOL_OUTPUT_TOKENS = (2_048, 6_144)
 TOOL_MAX_PROMPT_TOKENS = 24_576
 SCAN_DOCUMENTS = (20, 60)
 SCAN_GAP_MS = (10, 200)
+DOCQA_QUESTIONS = (2, 6)
+DOCQA_QUESTION_TOKENS = (30, 300)
+DOCQA_GAP_MS = (20_000, 300_000)
 MAX_PROMPT_TOKENS = 6_144  # a session stops before its prompt outgrows this
 SESSION_GAP_MS = 1_500.0  # mean gap between new sessions (Poisson arrivals)
 DECODE_MS_PER_TOKEN = 20
@@ -155,6 +167,7 @@ def generate_tagged(num_requests: int, seed: int, mix: str = "default") -> list[
     chat_systems = prompts(CHAT_SYSTEM_PROMPTS, CHAT_SYSTEM_TOKENS)
     agent_systems = prompts(AGENT_SYSTEM_PROMPTS, AGENT_SYSTEM_TOKENS)
     families = list(MIXES[mix])
+    pacing = PACING.get(mix, 1)
     weights = [MIXES[mix][f] for f in families]
 
     out: list[tuple[str, TraceRequest]] = []
@@ -177,6 +190,9 @@ def generate_tagged(num_requests: int, seed: int, mix: str = "default") -> list[
             family = rng.choices(families, weights)[0]
             if family == "scan":
                 session = _Session(family, [], uniform(*SCAN_DOCUMENTS) - 1)
+            elif family == "docqa":
+                document = _Stream().extended(build.node(), uniform(*DOCUMENT_TOKENS))
+                session = _Session(family, [document], uniform(*DOCQA_QUESTIONS) - 1)
             elif family == "document":
                 emit(now, family, _Stream().extended(build.node(), uniform(*DOCUMENT_TOKENS)),
                      uniform(*DOCUMENT_ANSWER_TOKENS))
@@ -194,6 +210,14 @@ def generate_tagged(num_requests: int, seed: int, mix: str = "default") -> list[
                  uniform(*DOCUMENT_ANSWER_TOKENS))
             if session.steps_left > 0:
                 schedule(now + uniform(*SCAN_GAP_MS), _Session("scan", [], session.steps_left - 1))
+            continue
+        if session.family == "docqa":
+            # The document (kept as the session's stream) and a new question after it.
+            document = session.streams[0]
+            emit(now, "docqa", document.extended(build.node(), uniform(*DOCQA_QUESTION_TOKENS)),
+                 uniform(*DOCUMENT_ANSWER_TOKENS))
+            if session.steps_left > 0:
+                schedule(now + pacing * uniform(*DOCQA_GAP_MS), _Session("docqa", [document], session.steps_left - 1))
             continue
 
         answers = []
@@ -222,7 +246,7 @@ def generate_tagged(num_requests: int, seed: int, mix: str = "default") -> list[
             gap = answer * DECODE_MS_PER_TOKEN + uniform(*AGENT_TOOL_MS)
         limit = TOOL_MAX_PROMPT_TOKENS if session.family == "tool" else MAX_PROMPT_TOKENS
         if session.steps_left > 0 and max(s.length for s in nxt) <= limit:
-            schedule(now + gap, _Session(session.family, nxt, session.steps_left - 1))
+            schedule(now + pacing * gap, _Session(session.family, nxt, session.steps_left - 1))
     return out
 
 
