@@ -39,8 +39,27 @@ pub enum Policy {
     /// the share `s` of recent reuse that came back from the history rather
     /// than hitting the cache: `bonus = s`, `probation = clamp(2s, 1/2, 1)`.
     /// Reuse the cache keeps up with tends to plain recency; reuse that
-    /// outruns it keeps fewer newcomers, longer. The key changes only on
-    /// access (or creation), so the ordered index stays valid in between.
+    /// outruns it keeps fewer newcomers, longer.
+    ///
+    /// That priority is one of three rankings the policy chooses between
+    /// online: it keeps a full-size shadow tree per ranking (the priority
+    /// above; plain recency; one-shot before reused, remembered hits
+    /// counting, then recency), replays every insert into each at the
+    /// tree's capacity (its high-water mark of device pages) and ranks its
+    /// own leaves as the shadow with the most hit pages lately does (scores
+    /// decay over about a thousand inserts; a switch needs a lead of more
+    /// than 1/128 and 256 inserts since the last one, and re-keys the
+    /// index). See `shadow.rs`.
+    ///
+    /// Tuned on: the two Mooncake traces (conversation, synthetic) over the
+    /// 12-point grid of `cpkv hitrate --grid`. The history's constants
+    /// (4x pages, weights) predate the shadows (tuned on the conversation
+    /// trace at four capacities); the switch margin and spacing were chosen
+    /// on each trace separately and the same setting won on both (margin
+    /// 1/128 of the leader's score, 256 inserts; also tried: 1/32, 1/512,
+    /// 1/2048, 0 to 1024 inserts). The key changes only on access,
+    /// creation or a switch of ranking, so the ordered index stays valid in
+    /// between.
     Ghost,
     /// Adaptive replacement: recency and frequency queues whose split
     /// follows ghost hits (see `arc.rs`).
