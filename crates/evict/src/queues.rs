@@ -68,8 +68,10 @@ pub enum Choice {
 pub struct Shared {
     /// Device pages held by nodes of queue 0 and queue 1.
     pub queue_pages: [u64; 2],
-    /// The most device pages the tree has held: the cache size (the tree is
-    /// told no capacity; an engine fills it to what it has).
+    /// The most device pages the tree has held when a policy hook ran: the
+    /// cache size (the tree is told no capacity; an engine fills it to what
+    /// it has). Sampled in the hooks, not on every page change: a split
+    /// briefly counts the pages it moves twice.
     pub peak_pages: u64,
     pub next_seq: u64,
     pub ghosts: GhostLists,
@@ -142,7 +144,6 @@ impl QueueState {
     pub fn enter(&mut self, priority: u64, device_pages: usize) {
         if let Some(s) = self.shared_mut() {
             s.queue_pages[Slot::unpack(priority).queue as usize] += device_pages as u64;
-            s.peak_pages = s.peak_pages.max(s.device_pages());
         }
     }
 
@@ -153,8 +154,15 @@ impl QueueState {
         }
     }
 
+    fn observe(&mut self) {
+        if let Some(s) = self.shared_mut() {
+            s.peak_pages = s.peak_pages.max(s.device_pages());
+        }
+    }
+
     /// A match passed through a node: its new state.
     pub fn hit(&mut self, priority: u64) -> Option<u64> {
+        self.observe();
         match self {
             Self::Off => None,
             Self::Arc(s) => Some(s.hit(priority)),
@@ -164,6 +172,7 @@ impl QueueState {
 
     /// A new leaf with content `key` and `pages` pages: its state.
     pub fn created(&mut self, key: u64, pages: usize) -> Option<u64> {
+        self.observe();
         match self {
             Self::Off => None,
             Self::Arc(s) => Some(s.created(key, pages as u64)),
@@ -174,6 +183,7 @@ impl QueueState {
     /// A host-only node got device pages back (it had been evicted while
     /// its state stayed on the node): its new state.
     pub fn reloaded(&mut self, priority: u64, pages: usize) -> Option<u64> {
+        self.observe();
         match self {
             Self::Off => None,
             Self::Arc(s) => Some(s.reloaded(priority, pages as u64)),
@@ -183,6 +193,7 @@ impl QueueState {
 
     /// A node with content `key` left the tree.
     pub fn dropped(&mut self, key: u64, priority: u64, pages: usize) {
+        self.observe();
         match self {
             Self::Off => {}
             Self::Arc(s) => s.dropped(key, priority, pages as u64),
@@ -197,6 +208,7 @@ impl QueueState {
         index: &EvictableIndex,
         priority_of: impl Fn(NodeId) -> u64,
     ) -> Option<Choice> {
+        self.observe();
         match self {
             Self::Off => index.first(Tier::Device).map(Choice::Evict),
             Self::Arc(s) => s.choose(index),
