@@ -15,8 +15,8 @@
 //! powers of two of the leader's score and at least `MIN_REQUESTS_BETWEEN`
 //! mirrored inserts since the last switch: a switch re-keys every indexed
 //! leaf (O(n log n)), and a ranking needs time to shape the cache before it
-//! is judged. Tuned on either Mooncake trace (conversation, synthetic): the
-//! same setting was best on each, see the policy's doc comment.
+//! is judged. Chosen on the conversation trace and checked on the
+//! synthetic one (and the other way round), see the policy's doc comment.
 //!
 //! Memory: each shadow holds at most the tree's peak device pages plus its
 //! own ghost history (4x that), so the shadows together are bounded by a
