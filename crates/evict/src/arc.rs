@@ -53,10 +53,7 @@ impl ArcState {
         let b2 = self.shared.ghosts.pages(1).max(1);
         if list == T1 {
             let step = pages.saturating_mul((b2 / b1).max(1));
-            self.target = self
-                .target
-                .saturating_add(step)
-                .min(self.shared.peak_pages);
+            self.target = self.target.saturating_add(step).min(self.shared.peak_pages);
         } else {
             let step = pages.saturating_mul((b1 / b2).max(1));
             self.target = self.target.saturating_sub(step);

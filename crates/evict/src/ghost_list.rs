@@ -92,11 +92,6 @@ impl GhostLists {
         self.pages[list]
     }
 
-    /// Items held in memory (live entries plus stale queue items).
-    pub fn items(&self) -> usize {
-        self.order.iter().map(VecDeque::len).sum()
-    }
-
     pub fn digest(&self) -> u64 {
         self.seal(self.digest_sum)
     }
@@ -113,9 +108,7 @@ impl GhostLists {
     fn seal(&self, sum: u64) -> u64 {
         let mut h = Hasher64::default().word(sum).word(self.next_seq);
         for list in 0..LISTS {
-            h = h
-                .word(self.pages[list])
-                .word(self.order[list].len() as u64);
+            h = h.word(self.pages[list]).word(self.order[list].len() as u64);
         }
         h.finish()
     }
@@ -142,6 +135,10 @@ mod tests {
         assert_eq!((g.pages(0), g.pages(1)), (3, 0));
         assert_eq!(g.digest(), g.digest_from_scratch());
         g.trim(1, 0);
-        assert_eq!(g.take(4), Some((0, 3)), "the stale item of list 1 named nothing");
+        assert_eq!(
+            g.take(4),
+            Some((0, 3)),
+            "the stale item of list 1 named nothing"
+        );
     }
 }

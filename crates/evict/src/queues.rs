@@ -222,11 +222,6 @@ impl QueueState {
             .map_or(0, |s| s.ghosts.pages(0) + s.ghosts.pages(1))
     }
 
-    /// Items the ghost lists hold in memory (bounded by their page bound).
-    pub fn remembered_items(&self) -> usize {
-        self.shared().map_or(0, |s| s.ghosts.items())
-    }
-
     /// `None` for policies without queue state (so their digests do not
     /// change with this state's existence).
     pub fn digest(&self) -> Option<u64> {
@@ -236,7 +231,12 @@ impl QueueState {
             Self::S3fifo(_) => 0,
         };
         let shared = self.shared().expect("on");
-        Some(Hasher64::default().word(shared.digest()).word(extra).finish())
+        Some(
+            Hasher64::default()
+                .word(shared.digest())
+                .word(extra)
+                .finish(),
+        )
     }
 
     /// Checks the books against a recount of the nodes' device pages per

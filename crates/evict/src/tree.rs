@@ -683,7 +683,9 @@ impl PrefixTree {
             indexed: None,
         });
         let (policy, floor, weights) = (self.policy, self.floor, self.weights());
-        let queued = self.queues.created(content_key(parent, &tokens[..self.page_size]), pages.len());
+        let queued = self
+            .queues
+            .created(content_key(parent, &tokens[..self.page_size]), pages.len());
         self.update(id, |n| access(n, policy, now, floor, weights, queued));
         self.live_pages.extend(pages.iter().copied());
         self.update(parent, |p| {
@@ -758,7 +760,9 @@ impl PrefixTree {
             pages: pages.clone(),
         });
         let (policy, floor, weights) = (self.policy, self.floor, self.weights());
-        let queued = self.queues.reloaded(self.node_ref(id).priority, pages.len());
+        let queued = self
+            .queues
+            .reloaded(self.node_ref(id).priority, pages.len());
         self.update(id, |n| {
             n.device = Some(pages);
             access(n, policy, now, floor, weights, queued);
@@ -1001,7 +1005,10 @@ impl PrefixTree {
             }
         }
         let mut queue_pages = [0u64; 2];
-        for node in self.nodes().filter(|n| self.policy.is_queued() && n.on_device()) {
+        for node in self
+            .nodes()
+            .filter(|n| self.policy.is_queued() && n.on_device())
+        {
             let queue = crate::queues::Slot::unpack(node.priority).queue as usize;
             queue_pages[queue] += node.pages(ps) as u64;
         }

@@ -286,8 +286,8 @@ fn s3fifo_moves_what_was_hit_in_the_small_queue_and_gives_second_chances() {
     let b = t.insert(&[2], &[11], &NS).unwrap().node;
     let c = t.insert(&[3], &[12], &NS).unwrap().node;
     t.match_prefix(&[1], &NS); // a: one hit while in S
-    // All three are in S (3 of 3 pages, over a tenth): S's head `a` was hit,
-    // so it moves to M instead of leaving; then `b` leaves.
+                               // All three are in S (3 of 3 pages, over a tenth): S's head `a` was hit,
+                               // so it moves to M instead of leaving; then `b` leaves.
     let victims = t.evict(1);
     assert_eq!(victims.iter().map(|v| v.node).collect::<Vec<_>>(), [b]);
     assert_eq!(t.eviction_order(Tier::Device), [c, a], "S before M");
@@ -346,7 +346,10 @@ fn replicas_of_every_policy_agree_and_see_one_extra_access() {
         assert_eq!(a, run(false), "{policy:?}");
         let b = run(true);
         assert_eq!(a.0[..150], b.0[..150], "{policy:?}");
-        assert_ne!(a.0[150], b.0[150], "{policy:?}: the extra access shows at once");
+        assert_ne!(
+            a.0[150], b.0[150],
+            "{policy:?}: the extra access shows at once"
+        );
     }
 }
 
@@ -368,10 +371,19 @@ fn what_a_policy_keeps_beyond_the_live_nodes_is_bounded_by_the_capacity() {
             most.shadow_pages = most.shadow_pages.max(m.shadow_pages);
         }
         // Ghost history: 4x the pages held; ARC: B1 + B2 <= c; S3-FIFO: c.
-        assert!(most.remembered_pages <= 4 * CAPACITY, "{policy:?}: {most:?}");
+        assert!(
+            most.remembered_pages <= 4 * CAPACITY,
+            "{policy:?}: {most:?}"
+        );
         // Three shadows, each holding at most c pages and remembering 4c.
-        assert!(most.shadow_pages <= 3 * 5 * CAPACITY, "{policy:?}: {most:?}");
-        assert!(most.shadow_nodes <= 3 * (CAPACITY + 1), "{policy:?}: {most:?}");
+        assert!(
+            most.shadow_pages <= 3 * 5 * CAPACITY,
+            "{policy:?}: {most:?}"
+        );
+        assert!(
+            most.shadow_nodes <= 3 * (CAPACITY + 1),
+            "{policy:?}: {most:?}"
+        );
         if policy == Policy::Ghost {
             assert!(most.shadow_pages > 0);
         } else {

@@ -133,7 +133,11 @@ struct QueueModel {
 impl QueueModel {
     fn slot(&mut self, queue: u64, count: u64) -> QPage {
         self.next_seq += 1;
-        QPage { queue, count, seq: self.next_seq - 1 }
+        QPage {
+            queue,
+            count,
+            seq: self.next_seq - 1,
+        }
     }
 
     fn set(&mut self, pages: &[Prefix], q: QPage) {
@@ -160,7 +164,9 @@ impl QueueModel {
 
     fn trim(&mut self, list: usize, bound: u64) {
         while self.ghost_pages[list] > bound || self.order[list].len() as u64 > bound.max(1) {
-            let Some((seq, key)) = self.order[list].pop_front() else { break };
+            let Some((seq, key)) = self.order[list].pop_front() else {
+                break;
+            };
             if self.live.get(&key).is_some_and(|e| e.0 == seq) {
                 let (_, _, pages) = self.live.remove(&key).unwrap();
                 self.ghost_pages[list] -= pages;
@@ -184,7 +190,10 @@ impl QueueModel {
             self.slot(1, 0)
         } else {
             let old = self.pages[&pages[0]];
-            QPage { count: (old.count + 1).min(3), ..old }
+            QPage {
+                count: (old.count + 1).min(3),
+                ..old
+            }
         };
         self.set(pages, q);
     }
@@ -296,9 +305,8 @@ impl Harness {
     }
 
     fn observe(&mut self) {
-        if self.queues.is_some() {
-            let held = self.model.values().filter(|s| s.device.is_some()).count() as u64;
-            let q = self.queues.as_mut().unwrap();
+        let held = self.model.values().filter(|s| s.device.is_some()).count() as u64;
+        if let Some(q) = self.queues.as_mut() {
             q.peak = q.peak.max(held);
         }
     }
@@ -334,13 +342,14 @@ impl Harness {
             return false; // gone
         };
         let last = pages.last().unwrap();
-        let mut child_pages = self
-            .model
-            .iter()
-            .filter(|(q, _)| q.0 == last.0 && q.1.len() == last.1.len() + PAGE && q.1.starts_with(&last.1));
+        let mut child_pages = self.model.iter().filter(|(q, _)| {
+            q.0 == last.0 && q.1.len() == last.1.len() + PAGE && q.1.starts_with(&last.1)
+        });
         let leaf = match tier {
             Tier::Device => first.device.is_some() && !child_pages.any(|(_, s)| s.device.is_some()),
-            Tier::Host => first.device.is_none() && first.host.is_some() && child_pages.next().is_none(),
+            Tier::Host => {
+                first.device.is_none() && first.host.is_some() && child_pages.next().is_none()
+            }
         };
         leaf && !self.is_locked(&pages[0])
     }
@@ -371,7 +380,11 @@ impl Harness {
                 return Some(id);
             }
             let q = self.queues.as_mut().unwrap();
-            let moved = if state.queue == 0 { q.slot(1, 0) } else { q.slot(1, state.count - 1) };
+            let moved = if state.queue == 0 {
+                q.slot(1, 0)
+            } else {
+                q.slot(1, state.count - 1)
+            };
             q.set(&pages, moved);
         }
     }
@@ -400,7 +413,14 @@ impl Harness {
     fn expected_victim(&self, nodes: &[(NodeId, Vec<Prefix>)], tier: Tier) -> Option<NodeId> {
         let policy = self.tree.policy();
         if self.queues.is_none() {
-            classic_key(policy, Stats { created: 0, last_access: 0, hits: 0 })?;
+            classic_key(
+                policy,
+                Stats {
+                    created: 0,
+                    last_access: 0,
+                    hits: 0,
+                },
+            )?;
         }
         let mut best: Option<((u64, u64), NodeId)> = None;
         for (id, pages) in nodes {
@@ -414,9 +434,12 @@ impl Harness {
                 (None, None) => unreachable!("checked above"),
             };
             for q in pages {
-                assert_eq!(self.stats[q], self.stats[&pages[0]], "pages of node {id} disagree");
+                assert_eq!(
+                    self.stats[q], self.stats[&pages[0]],
+                    "pages of node {id} disagree"
+                );
             }
-            if best.is_none_or(|b| (key, *id) < b) {
+            if best.map_or(true, |b| (key, *id) < b) {
                 best = Some((key, *id));
             }
         }
@@ -569,7 +592,7 @@ impl Harness {
                         s.device = Some(*id);
                     }
                 }
-                if self.queues.is_some() {
+                if self.tree.policy().is_queued() {
                     // Replays the insert on the pre-insert device count: attached
                     // nodes one by one, then the new leaf.
                     let mut held = pre.values().filter(|s| s.device.is_some()).count() as u64;
@@ -645,10 +668,16 @@ impl Harness {
                     if let Some(expected) = expected {
                         assert_eq!(v.node, expected, "victim order of {:?}", self.tree.policy());
                     }
-                    let parent = nodes.iter().find(|(id, _)| *id == v.node).map(|(id, pages)| {
-                        let first = &pages[0];
-                        ((parents[id], first.1[first.1.len() - PAGE..].to_vec()), pages.clone())
-                    });
+                    let parent = nodes
+                        .iter()
+                        .find(|(id, _)| *id == v.node)
+                        .map(|(id, pages)| {
+                            let first = &pages[0];
+                            (
+                                (parents[id], first.1[first.1.len() - PAGE..].to_vec()),
+                                pages.clone(),
+                            )
+                        });
                     assert!(freed < *n, "evicted past the request");
                     freed += v.pages.len();
                     let mut prefixes = Vec::new();
@@ -692,12 +721,23 @@ impl Harness {
                 let mut dropped = 0;
                 for v in &victims {
                     if let Some(expected) = self.expected_victim(&nodes, Tier::Host) {
-                        assert_eq!(v.node, expected, "host victim order of {:?}", self.tree.policy());
+                        assert_eq!(
+                            v.node,
+                            expected,
+                            "host victim order of {:?}",
+                            self.tree.policy()
+                        );
                     }
-                    let parent = nodes.iter().find(|(id, _)| *id == v.node).map(|(id, pages)| {
-                        let first = &pages[0];
-                        ((parents[id], first.1[first.1.len() - PAGE..].to_vec()), pages.clone())
-                    });
+                    let parent = nodes
+                        .iter()
+                        .find(|(id, _)| *id == v.node)
+                        .map(|(id, pages)| {
+                            let first = &pages[0];
+                            (
+                                (parents[id], first.1[first.1.len() - PAGE..].to_vec()),
+                                pages.clone(),
+                            )
+                        });
                     assert!(dropped < *n, "dropped past the request");
                     dropped += v.num_pages;
                     let hits: Vec<Prefix> = self
@@ -841,7 +881,11 @@ impl Harness {
                 let (p, pages) = self.node_prefix(node.id()).unwrap();
                 let want = q.pages[&self.page_prefixes(&p, pages)[0]];
                 let packed = node.priority();
-                let have = QPage { queue: packed >> 62, count: (packed >> 60) & 3, seq: packed & ((1 << 60) - 1) };
+                let have = QPage {
+                    queue: packed >> 62,
+                    count: (packed >> 60) & 3,
+                    seq: packed & ((1 << 60) - 1),
+                };
                 assert_eq!(have, want, "queue state of node {}", node.id());
             }
         }
