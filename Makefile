@@ -8,6 +8,12 @@ DEPS    := $(VENV)/.deps-installed
 BUILT   := $(VENV)/.cpkv-built
 RUST_SRC := $(shell find crates -name '*.rs' -o -name Cargo.toml) Cargo.toml pyproject.toml
 
+# The vLLM integration's own virtualenv (vLLM pins its own torch; about 9.5 GB, built once).
+VLLM_VENV  := .venv-vllm
+VLLM_PY    := $(VLLM_VENV)/bin/python
+VLLM_DEPS  := $(VLLM_VENV)/.deps-installed
+VLLM_BUILT := $(VLLM_VENV)/.cpkv-built
+
 .PHONY: help
 help: ## Show this help
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | \
@@ -20,12 +26,26 @@ $(DEPS): requirements-dev.txt
 	touch $@
 
 $(BUILT): $(DEPS) $(RUST_SRC)
+	rm -f python/cpkv/_cpkv.cpython-*.so  # a version-specific build would shadow the abi3 one
 	VIRTUAL_ENV=$(abspath $(VENV)) PATH=$(abspath $(VENV))/bin:$$PATH \
+		maturin develop --release --quiet
+	touch $@
+
+$(VLLM_DEPS): requirements-vllm.txt constraints-vllm.txt
+	test -x $(VLLM_PY) || python3 -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install --quiet -r requirements-vllm.txt -c constraints-vllm.txt
+	touch $@
+
+$(VLLM_BUILT): $(VLLM_DEPS) $(RUST_SRC)
+	VIRTUAL_ENV=$(abspath $(VLLM_VENV)) PATH=$(abspath $(VLLM_VENV))/bin:$$PATH \
 		maturin develop --release --quiet
 	touch $@
 
 .PHONY: venv
 venv: $(DEPS) ## Create .venv with the Python dependencies
+
+.PHONY: venv-vllm
+venv-vllm: $(VLLM_BUILT) ## Create .venv-vllm (vllm==0.33.0) with cpkv built into it
 
 .PHONY: develop
 develop: $(BUILT) ## Build the extension (release) into .venv
@@ -35,7 +55,7 @@ run: $(BUILT) ## The main job on built-in defaults: cpkv replay
 	$(PY) -m cpkv replay
 
 .PHONY: test
-test: test-rust test-python ## Every test: cargo (all crates), then pytest
+test: test-rust test-python test-wheel test-vllm ## Every test: cargo (all crates), pytest, the wheel's smoke test, the vLLM integration
 
 .PHONY: test-rust
 test-rust: ## cargo tests of every crate
@@ -45,11 +65,34 @@ test-rust: ## cargo tests of every crate
 test-python: $(BUILT) ## pytest
 	$(PY) -m pytest -q
 
+WHEEL_DIR  := target/wheels-abi3
+WHEEL_VENV := target/wheel-venv
+
+.PHONY: test-wheel
+test-wheel: $(DEPS) ## Build the abi3 wheel, install it into a fresh virtualenv, run its smoke test
+	rm -rf $(WHEEL_DIR) $(WHEEL_VENV)
+	maturin build --release --quiet -o $(WHEEL_DIR)
+	@ls -l $(WHEEL_DIR)/*.whl
+	$$($(PY) -c 'import sys; print(sys._base_executable)') -m venv $(WHEEL_VENV)
+	@# torch and numpy from the dev venv's site-packages through a .pth (no multi-GB install);
+	@# cpkv itself only from the wheel (the smoke test checks where every module comes from).
+	$(PY) -c 'import os, numpy, torch; print(os.path.dirname(os.path.dirname(torch.__file__))); \
+		print(os.path.dirname(os.path.dirname(numpy.__file__)))' \
+		> $$(echo $(WHEEL_VENV)/lib/python3*/site-packages)/dev-deps.pth
+	$(WHEEL_VENV)/bin/python -m pip install --quiet --no-index --no-deps $(WHEEL_DIR)/*.whl
+	cd $(WHEEL_VENV) && env -u PYTHONPATH bin/python $(abspath tests/wheel_smoke.py)
+
+.PHONY: test-vllm
+test-vllm: $(VLLM_BUILT) ## The vLLM integration tests, in .venv-vllm
+	$(VLLM_PY) -m pytest -q tests_vllm
+
 .PHONY: bench
 bench: $(BUILT) ## Every Python benchmark (cpkv against its baseline)
 	$(PY) -m cpkv bench allocator
 	$(PY) -m cpkv bench evict
 	$(PY) -m cpkv bench compose
+	$(PY) -m cpkv bench tree-memory
+	$(PY) -m cpkv bench tier
 
 .PHONY: bench-rust
 bench-rust: ## criterion benches of every crate
@@ -62,4 +105,4 @@ lint: ## cargo clippy and fmt check
 
 .PHONY: clean
 clean: ## Remove build outputs and the virtualenv
-	rm -rf target $(VENV)
+	rm -rf target $(VENV) $(VLLM_VENV)

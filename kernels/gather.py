@@ -6,13 +6,16 @@ gloo cannot carry float8).
 
 Implementations of the same contract:
 
-- :func:`gather_runs` (torch tensors; the CPU production path for large pages): the plan compiles its
-  per-slot descriptors into strided *copy runs*. A span's pages owned by one
-  rank are every ``cp``-th dense slot and read consecutive rows of one source,
-  so each (span, owner) is one strided copy: a batch is a few hundred
-  memcpy-speed copies, with no index tensors and no intermediate buffer.
-- :func:`gather_indexed` (CPU, for short runs): one indexed copy per source;
-  :func:`prefer_runs` picks between the two from the plan's shape.
+- :func:`gather_runs`: the plan compiles its per-slot descriptors into strided
+  *copy runs* (a span's pages owned by one rank are every ``cp``-th dense slot
+  and read consecutive rows of one source). On CPU the whole table runs in one
+  native call (``cpkv._cpkv.copy_rows``, crate ``cpkv-copy``: every run checked
+  first, the GIL released, one memcpy per row or contiguous stretch); on a
+  device, one strided ``Tensor.copy_`` per run.
+- :func:`gather_indexed` (CPU): one indexed numpy copy per source, and
+  :func:`gather_runs_numpy`, one strided numpy assignment per run: the two
+  CPU strategies the native call replaced, kept as ``bench compose``'s
+  comparison rows.
 - :func:`gather_triton` (the device path): one program per (slot, block of
   bytes) loads the slot's ``(source, row)`` descriptor and reads through a
   table of int64 base addresses, so the sources need not be contiguous or even
@@ -44,23 +47,43 @@ def as_byte_rows(tensor: Any) -> Any:
     return tensor.reshape(rows, math.prod(tensor.shape[1:])).view(torch.uint8)
 
 
-def gather_runs(out: Any, sources: Sequence[Any], runs: np.ndarray | list) -> Any:
-    """Executes copy runs into ``out`` (uint8 ``[slots, row_bytes]``); returns ``out``.
+def gather_runs(out: Any, sources: Any, runs: np.ndarray | list) -> Any:
+    """Executes copy runs into ``out`` (``[slots, row_bytes]``); returns ``out``.
 
-    On CPU the copies go through numpy views of the same memory: a strided
-    numpy assignment costs about 1 us to dispatch against about 4 us for
-    ``Tensor.copy_``, which matters with a few hundred runs per gather.
+    On CPU, one native call for the whole table (``sources`` may be a list of
+    buffers or a ``cpkv._cpkv.RowSources`` checked once); a bad table raises
+    ``CopyTableError`` before any byte is written. On a device, torch copies.
     """
-    runs = _as_run_list(runs)
     if out.device.type == "cpu":
-        return _gather_runs_numpy(out, sources, runs)
-    return _gather_runs_tensor(out, sources, runs)
+        from cpkv._cpkv import copy_rows
+
+        copy_rows(_numpy_view(out), sources, as_run_table(runs))
+        return out
+    return _gather_runs_tensor(out, sources, _as_run_list(runs))
 
 
-def _gather_runs_numpy(out: Any, sources: Sequence[Any], runs: list) -> Any:
+def _numpy_view(out: Any) -> Any:
+    """``out`` as a numpy view of the same memory where numpy has its dtype (the byte rows the
+    compose moves always): the native call reads a numpy header directly, while a torch tensor
+    costs it several Python attribute calls. bf16/fp8 tensors go as they are."""
+    try:
+        return out.numpy()
+    except (TypeError, RuntimeError):
+        return out
+
+
+def as_run_table(runs: np.ndarray | list) -> np.ndarray:
+    """Runs as the int64 ``[R, RUN_COLUMNS]`` array the native copy reads (no copy when already one)."""
+    if isinstance(runs, np.ndarray) and runs.dtype == np.int64 and runs.ndim == 2:
+        return np.ascontiguousarray(runs)
+    return np.asarray(runs, dtype=np.int64).reshape(-1, RUN_COLUMNS)
+
+
+def gather_runs_numpy(out: Any, sources: Sequence[Any], runs: np.ndarray | list) -> Any:
+    """One strided numpy assignment per run (CPU): the pre-native path, a ``bench compose`` row."""
     dense = out.numpy()
     arrays = [s.numpy() for s in sources]
-    for dst, dst_stride, count, source, src_row, src_stride in runs:
+    for dst, dst_stride, count, source, src_row, src_stride in _as_run_list(runs):
         src = arrays[source]
         # src_stride 0: the dummy row, broadcast without materialising it
         dense[dst : dst + (count - 1) * dst_stride + 1 : dst_stride] = (
@@ -97,8 +120,8 @@ def gather_indexed(out: Any, sources: Sequence[Any], groups: list[tuple[int, np.
     """The gather as one indexed copy per source (CPU): ``out[slots] = source[rows]``.
 
     Two passes over the bytes (numpy gathers into a temporary, then scatters)
-    but only 2 * cp dispatches whatever the batch looks like: the better choice
-    when runs are short (small pages, many requests); see :func:`prefer_runs`.
+    but only 2 * cp dispatches whatever the batch looks like: before the native
+    copy, the better choice when runs were short (small pages, many requests).
     """
     if out.device.type != "cpu":
         raise ValueError("gather_indexed is the CPU path; use gather_triton on a device")
@@ -106,20 +129,6 @@ def gather_indexed(out: Any, sources: Sequence[Any], groups: list[tuple[int, np.
     for source, slots, rows in groups:
         dense[slots] = sources[source].numpy()[rows]
     return out
-
-
-RUN_BYTES_FOR_RUNS = 8 * 1024
-
-
-def prefer_runs(num_runs: int, num_slots: int, row_bytes: int) -> bool:
-    """Copy runs when they are long enough that their dispatch (about 1 us each) is hidden.
-
-    Measured on CPU (``cpkv bench compose``, one thread): at 100+ KB per run,
-    runs reach ~90% of a contiguous copy and indexed copies ~50% (two passes);
-    at 10 KB per run runs still win (0.28 ms against 0.34 ms); at 4-7 KB
-    indexed copies win (0.25 ms against 0.32-0.43 ms). The crossover is near 8 KB.
-    """
-    return num_runs == 0 or num_slots * row_bytes >= RUN_BYTES_FOR_RUNS * num_runs
 
 
 # -- Triton ------------------------------------------------------------------------------

@@ -22,3 +22,12 @@ def traces() -> Path:
     if found is None:
         pytest.skip("Mooncake traces not found (set CPKV_TRACES)")
     return found
+
+
+def default_sigint() -> None:
+    """`preexec_fn` for children the tests interrupt: a harness that started the suite in the
+    background (where a shell ignores SIGINT) would pass that on, and a Python started with SIGINT
+    ignored never raises KeyboardInterrupt."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -13,7 +13,8 @@ import cpkv
 
 def test_bench_allocator_writes_json(tmp_path, capsys):
     out = tmp_path / "alloc.json"
-    argv = ["bench", "allocator", "--workload", "pool64k", "--steps", "30", "--repeat", "1", "--json", str(out)]
+    argv = ["bench", "allocator", "--workload", "pool64k", "--steps", "30", "--repeat", "1",
+            "--call-path-live", "2000", "--json", str(out)]
     assert main(argv) == 0
     data = json.loads(out.read_text())
     assert data["command"] == "bench allocator"
@@ -25,6 +26,9 @@ def test_bench_allocator_writes_json(tmp_path, capsys):
     checksums = {row["placements sha256"] for row in data["tables"][2]["rows"]}
     assert len(checksums) == 1 and len(data["tables"][2]["rows"]) == 4  # all four placed identically
     assert "speedup" in capsys.readouterr().out
+    call_path = data["tables"][3]["rows"]  # the cycle against its floor, both payload sets
+    assert [(row["live objects"], row["payloads"]) for row in call_path] == [(2000, "all"), (2000, '["kv"]')]
+    assert all(row["cycle ns"] > row["floor ns"] > 0 for row in call_path)
 
 
 def test_reference_allocator_matches_cpkv_on_a_tight_stream():

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, default_sigint
 
 GOOD = json.dumps({"timestamp": 0, "input_length": 1000, "output_length": 5, "hash_ids": [0, 1]})
 LINES = {
@@ -141,7 +141,7 @@ def test_sigint_exits_130_with_one_line(tmp_path):
     os.mkfifo(fifo)
     code = ("import sys; from cpkv.cli import main; print('ready', flush=True); "
             f"sys.exit(main(['hitrate', {str(fifo)!r}]))")
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO_ROOT, text=True,
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO_ROOT, text=True, preexec_fn=default_sigint,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout.readline().strip() == "ready"
     time.sleep(0.3)

@@ -15,7 +15,6 @@ from cpkv.compose import ComposePlan, ShmGroup
 from cpkv.compose.launch import run_ranks
 from cpkv.compose.workload import random_batch, uniform_batch
 from cpkv.errors import CollectiveTimeoutError, FallbackError, InvalidArgumentError
-from cpkv.kernels import gather
 from compose_reference import DTYPES, as_bytes, last_pages, random_rows, reference_dense, tail_not_aligned
 
 PAGE_SIZE = 16
@@ -43,14 +42,14 @@ def _byte_exact_worker(rank: int, cp: int, seed: int) -> dict:
     pool_rows = max(b.pool_rows for b in batches)
     max_current = max(b.max_current_pages for b in batches)
     digests, checks = [], 0
-    with ShmGroup(timeout_s=60) as group, ShmGroup(timeout_s=60, allow_allreduce_fallback=True) as lenient:
+    group = ShmGroup(timeout_s=60)
+    lenient = ShmGroup(timeout_s=60, allow_allreduce_fallback=True)
+    with group, lenient:
         names = {dtype: group.register_pool(dtype, pool_rows, PAGE_SHAPE, DTYPES[dtype], max_current)
                  for dtype in DTYPES}
         group.register_pool("tiny", pool_rows, PAGE_SHAPE, torch.bfloat16, 0)  # stagings hold no current page
         small = lenient.register_pool("small", pool_rows, PAGE_SHAPE, torch.bfloat16, 0)
         for batch_index, batch in enumerate(batches):
-            # Alternate the two CPU gathers (copy runs / indexed copies) whatever the batch shape picks.
-            gather.RUN_BYTES_FOR_RUNS = 0 if batch_index % 2 else 1 << 40
             plan = ComposePlan(cp, PAGE_SIZE, batch.requests, batch.num_slots, pool_rows=pool_rows)
             for dtype, pool in names.items():
                 keyed = group.plan(dtype, PAGE_SIZE, batch.requests, batch.num_slots)  # a cache miss per payload
@@ -84,10 +83,12 @@ def _byte_exact_worker(rank: int, cp: int, seed: int) -> dict:
                 dense = lenient.compose(plan, "small", current[rank])
             assert torch.equal(as_bytes(dense), reference_dense(plan, pools, current))
         assert (group.plans.misses, group.plans.hits) == (BATCHES * len(DTYPES), BATCHES * len(DTYPES))
+        stats = (group.stats.barriers, group.stats.collectives, lenient.stats.fallbacks, group.stats.agreements)
         with pytest.raises(InvalidArgumentError, match="payload 'bf16', not 'fp8'"):
             group.compose(group.plan("bf16", PAGE_SIZE, batch.requests, batch.num_slots), "fp8", current[rank])
-        stats = (group.stats.barriers, group.stats.collectives, lenient.stats.fallbacks)
-        run_ids = (group.run_id, lenient.run_id)
+        assert "payload 'bf16', not 'fp8'" in group.broken  # an error inside the protocol breaks the group
+    assert group.closed and lenient.closed
+    run_ids = (group.run_id, lenient.run_id)
     return {"digests": digests, "checks": checks, "stats": stats, "run_ids": run_ids}
 
 
@@ -98,11 +99,14 @@ def test_shm_group_byte_exact_across_real_ranks(cp):
     assert all(r["checks"] == BATCHES * LAYERS * len(DTYPES) for r in results)
     # Every rank composed the same bytes (the dense buffer is replicated by construction).
     assert len({tuple(r["digests"]) for r in results}) == 1
-    barriers, collectives, fallbacks = results[0]["stats"]
+    barriers, collectives, fallbacks, agreements = results[0]["stats"]
     composes = BATCHES * LAYERS * len(DTYPES)
-    # one barrier per staged compose, two per pool fill and two per registration (read before close)
-    assert barriers == composes + 2 * BATCHES * len(DTYPES) + 2 * (len(DTYPES) + 1)
-    assert collectives == composes and fallbacks == BATCHES
+    # one barrier per staged compose, two per pool fill and one per registration (read before close)
+    assert barriers == composes + 2 * BATCHES * len(DTYPES) + (len(DTYPES) + 1)
+    # the all-reduce baseline per compose, and a plan agreement at each return to layer 0 with a plan
+    # (per payload here, since this test runs every layer of one payload before the next; and "tiny")
+    assert agreements == BATCHES * (len(DTYPES) + 1)
+    assert collectives == composes + agreements and fallbacks == BATCHES
     for run_id in results[0]["run_ids"]:
         assert glob.glob(f"/dev/shm/cpkv-{run_id}-*") == []  # every segment unlinked
 
@@ -147,8 +151,8 @@ def test_dead_or_stalled_rank_is_a_timeout_error_not_a_hang(victim, how):
         assert glob.glob(f"/dev/shm/cpkv-{run_id}-*") == []
 
 
-def _setup_and_divergence_worker(rank: int, cp: int) -> dict:
-    """Registration is collective and checked uniformly; a rank composing another batch is caught by digests."""
+def _setup_worker(rank: int, cp: int) -> dict:
+    """Registration is collective and checked uniformly: a refused registration leaves the group usable."""
     outcome: dict = {}
     with ShmGroup(timeout_s=10) as group:
         try:  # rank-dependent pool sizes: every rank must refuse, none may hang
@@ -162,26 +166,22 @@ def _setup_and_divergence_worker(rank: int, cp: int) -> dict:
             outcome["twice"] = str(err)
         pool.copy_(torch.arange(64, dtype=torch.uint8).view(8, 8) + 64 * rank)
         group.barrier("pool fill")
-        same = uniform_batch(cp, requests=2, prefix_pages=3, current_pages=2)
-        other = uniform_batch(cp, requests=2, prefix_pages=2, current_pages=3)  # same shape, other pages
-        digests = []
-        for diverge in (False, True):
-            batch = other if diverge and rank == 1 else same
-            plan = ComposePlan(cp, PAGE_SIZE, batch.requests, batch.num_slots)
-            current = torch.full((plan.num_current(rank), 8), 200 + rank, dtype=torch.uint8)
-            digests.append(hashlib.sha256(as_bytes(group.compose(plan, "kv", current)).numpy().tobytes()).hexdigest())
-        outcome["digests"] = digests
+        batch = uniform_batch(cp, requests=2, prefix_pages=3, current_pages=2)
+        plan = ComposePlan(cp, PAGE_SIZE, batch.requests, batch.num_slots)
+        current = torch.full((plan.num_current(rank), 8), 200 + rank, dtype=torch.uint8)
+        outcome["digest"] = hashlib.sha256(as_bytes(group.compose(plan, "kv", current)).numpy().tobytes()).hexdigest()
+        outcome["broken"] = group.broken
     return outcome
 
 
 @pytest.mark.timeout(120)
-def test_registration_is_uniform_and_divergence_is_detected():
-    results = run_ranks(_setup_and_divergence_worker, 2, timeout_s=60, collective_timeout_s=10)
+def test_registration_is_uniform_and_a_refusal_keeps_the_group_usable():
+    results = run_ranks(_setup_worker, 2, timeout_s=60, collective_timeout_s=10)
     for r in results:
         assert "ranks registered different pools" in r["mismatch"]
         assert "already registered" in r["twice"]
-    assert results[0]["digests"][0] == results[1]["digests"][0]  # same plan: same bytes on both ranks
-    assert results[0]["digests"][1] != results[1]["digests"][1]  # one divergent plan: the digests say so
+        assert r["broken"] is None
+    assert results[0]["digest"] == results[1]["digest"]  # same plan: same bytes on both ranks
 
 
 def _unclosed_worker(rank: int, cp: int) -> str:
@@ -195,3 +195,30 @@ def _unclosed_worker(rank: int, cp: int) -> str:
 def test_segments_are_unlinked_when_a_rank_exits_without_closing():
     run_id = run_ranks(_unclosed_worker, 2, timeout_s=60)[0]
     assert glob.glob(f"/dev/shm/cpkv-{run_id}-*") == []
+
+
+def _oversized_worker(rank: int, cp: int) -> dict:
+    st = os.statvfs("/dev/shm")
+    too_many_rows = (st.f_blocks * st.f_frsize) // 4096 + 1  # more than the whole of /dev/shm
+    with ShmGroup(timeout_s=10) as group:
+        try:
+            group.register_pool("kv", too_many_rows, (4096,), torch.uint8, 1)
+            outcome = {"error": None}
+        except InvalidArgumentError as err:
+            outcome = {"error": str(err)}
+        # Refused alike on every rank, nothing changed: the group still registers and composes.
+        batch = uniform_batch(cp, requests=1, prefix_pages=2, current_pages=1)
+        plan = ComposePlan(cp, PAGE_SIZE, batch.requests, batch.num_slots)
+        group.register_pool("small", batch.pool_rows, (8,), torch.uint8, batch.max_current_pages)
+        group.compose(plan, "small", torch.zeros(plan.num_current(rank), 8, dtype=torch.uint8))
+        outcome["run_id"] = group.run_id
+    return outcome
+
+
+@pytest.mark.timeout(120)
+def test_an_undersized_dev_shm_fails_at_registration_on_every_rank_leaving_nothing():
+    results = run_ranks(_oversized_worker, 2, timeout_s=60, collective_timeout_s=10)
+    for r in results:
+        assert r["error"] is not None and "cannot reserve" in r["error"], r
+        assert "/dev/shm has" in r["error"] and "bytes free" in r["error"], r
+        assert glob.glob(f"/dev/shm/cpkv-{r['run_id']}-*") == []

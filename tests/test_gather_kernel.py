@@ -85,12 +85,6 @@ def test_triton_gather_with_unaligned_rows_uses_byte_words(interpreted):
     assert got[4].tolist() == [0, 0, 0]  # unused slot: the dummy row
 
 
-def test_prefer_runs_only_when_runs_are_long():
-    assert gather.prefer_runs(10, 100, 32 * 1024)  # 320 KB per run
-    assert not gather.prefer_runs(640, 548, 4096)  # 3.5 KB per run: indexed copies win
-    assert gather.prefer_runs(0, 5, 1)
-
-
 def test_word_bytes_picks_the_widest_aligned_word():
     assert gather.word_bytes(64, [0, 4096]) == 8
     assert gather.word_bytes(64, [4]) == 4

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import default_sigint
+
 from cpkv.compose.launch import run_ranks
 from cpkv.replay import ReplayOptions
 from cpkv.replay.options import parse_payloads
@@ -121,7 +123,7 @@ def test_empty_and_malformed_traces(tmp_path: Path) -> None:
 def test_ctrl_c_stops_every_rank_and_leaves_no_shared_memory() -> None:
     before = _shm_names()
     proc = subprocess.Popen([sys.executable, "-m", "cpkv", "replay", "--quiet", "--requests", "5000"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)
     time.sleep(8)  # the ranks are up and replaying
     proc.send_signal(signal.SIGINT)
     try:

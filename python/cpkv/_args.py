@@ -8,9 +8,10 @@ names the option; ``cpkv.cli.main`` prints it as ``cpkv: error: ...``.
 
 from __future__ import annotations
 
+import argparse
 import math
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from cpkv.errors import InvalidArgumentError, UnknownPolicyError
 
@@ -68,3 +69,78 @@ def output_file(path: str | None, option: str) -> None:
         raise InvalidArgumentError(f"{option} {path}: is a directory")
     if not p.parent.is_dir():
         raise InvalidArgumentError(f"{option} {path}: directory {p.parent} does not exist")
+
+
+# -- argparse ``type=`` callables: a bad value is an argparse error (one line, exit 2) -------------
+
+
+def integer(minimum: int | None = None, maximum: int | None = None) -> Callable[[str], int]:
+    """An integer option in [minimum, maximum] (either bound optional); 1.5, nan and junk are refused."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer{_range(minimum, maximum)}") from None
+        if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+            raise argparse.ArgumentTypeError(f"{value} is out of range{_range(minimum, maximum)}")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def real(minimum: float | None = None, maximum: float | None = None, *, above: float | None = None,
+         ) -> Callable[[str], float]:
+    """A finite number in [minimum, maximum], or > ``above``; nan, inf and junk are refused."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text!r} is not finite")
+        if above is not None and not value > above:
+            raise argparse.ArgumentTypeError(f"{text} must be > {above:g}")
+        if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+            raise argparse.ArgumentTypeError(f"{text} is out of range{_range(minimum, maximum)}")
+        return value
+
+    parse.__name__ = "number"
+    return parse
+
+
+def output_path(text: str) -> str:
+    """An output file path (``--json PATH``, ...): its folder must exist and it must not be a folder."""
+    p = Path(text)
+    if p.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: is a directory")
+    if not p.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: directory {p.parent} does not exist")
+    return text
+
+
+def _range(minimum: float | None, maximum: float | None) -> str:
+    if minimum is not None and maximum is not None:
+        return f" (want {minimum:g} to {maximum:g})"
+    if minimum is not None:
+        return f" (want >= {minimum:g})"
+    if maximum is not None:
+        return f" (want <= {maximum:g})"
+    return ""
+
+
+def integer_list(minimum: int, maximum: int) -> Callable[[str], list[int]]:
+    """A comma list of integers in [minimum, maximum] (``2,4,8``), at least one."""
+    one = integer(minimum, maximum)
+
+    def parse(text: str) -> list[int]:
+        values = [one(item.strip()) for item in text.split(",") if item.strip()]
+        if not values:
+            raise argparse.ArgumentTypeError(f"{text!r} has no value (want integers {minimum} to {maximum}, "
+                                             "comma separated)")
+        return values
+
+    parse.__name__ = "integer list"
+    return parse

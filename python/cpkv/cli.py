@@ -5,8 +5,10 @@ Each command lives in its own module exposing ``configure(parser)`` and
 ``cpkv bench allocator`` never pays for importing torch.
 
 Bad input never ends in a traceback: a command's ``CpkvError``, ``OSError``
-or ``ValueError`` is printed as one line ``cpkv: error: ...`` and exits 2
-(argparse's own errors exit 2 too); Ctrl-C exits 130 with one line.
+or ``ValueError`` is printed as one line ``cpkv: error: ...`` and exits 2;
+argparse's own errors (a bad option, a value its ``type=`` from
+:mod:`cpkv._args` refuses) are one such line too, without the usage block.
+Ctrl-C exits 130 with one line.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from typing import Sequence
+from typing import NoReturn, Sequence
 
 from cpkv.errors import CpkvError
 
@@ -22,18 +24,30 @@ from cpkv.errors import CpkvError
 COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("bench", "allocator"), "cpkv.bench.allocator", "PageAllocator against the pure-Python reference"),
     (("hitrate",), "cpkv.hitrate", "Replay a trace through PrefixTree: prefix hit rate per policy vs Belady"),
-    (("bench", "evict"), "cpkv.bench.evict", "PrefixTree eviction against a heap rebuilt over all leaves per call"),
+    (("bench", "evict"), "cpkv.bench.evict", "PrefixTree.evict against SGLang-shaped heapify-once eviction and an O(1) LRU list"),
     (("schedsim",), "cpkv.scheduling.sim", "Replay a trace through the prefill batch-admission policies"),
     (("bench", "compose"), "cpkv.bench.compose", "Staged single-gather CP compose against the all-reduce compose"),
     (("bench", "compose-gpu"), "cpkv.bench.compose_gpu", "The compose on one GPU: 1..8 ranks, CUDA IPC + Triton gather"),
+    (("bench", "tree-memory"), "cpkv.bench.tree_memory", "PrefixTree RSS under insert+evict churn at a fixed live size"),
     (("bench", "tier"), "cpkv.bench.tier", "Two-tier cache: backup/load-back vs a plain copy, decisions vs PrefixTree"),
     (("replay",), "cpkv.replay", "The main job: CP ranks run the two-tier cache over a trace, every byte verified"),
     (("sweep",), "cpkv.sweep", "Hit rate over a grid of capacities x policies, Belady as the ceiling: PNG + CSV"),
+    (("bench", "vllm"), "cpkv.bench.vllm", "cpkv's vLLM offloading manager vs vLLM's LRU and ARC CPU managers on a trace"),
 ]
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse, but a bad command line is one line (no usage block): ``cpkv: error: COMMAND: ...``."""
+
+    def error(self, message: str) -> NoReturn:  # type: ignore[override]
+        command = self.prog.removeprefix("cpkv").strip()
+        text = " ".join(message.split())
+        sys.stderr.write(f"cpkv: error: {command + ': ' if command else ''}{text}\n")
+        sys.exit(2)
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="cpkv", description=__doc__.splitlines()[0])
+    parser = _OneLineParser(prog="cpkv", description=__doc__.splitlines()[0])
     top = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     groups: dict[str, argparse._SubParsersAction] = {}
     for words, module, help_text in COMMANDS:
@@ -67,7 +81,10 @@ def error_line(exc: BaseException) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        args = _parser().parse_args(argv)  # argparse reports its own errors (exit 2)
+        try:
+            args = _parser().parse_args(argv)  # argparse reports its own errors (one line, exit 2)
+        except SystemExit as stop:  # --help (0) or a bad command line (2): a code, for callers of main()
+            return stop.code if isinstance(stop.code, int) else 2
         try:
             return int(importlib.import_module(args._module).run(args) or 0)
         except (CpkvError, OSError, ValueError) as exc:

@@ -23,9 +23,12 @@ __all__ = [
     "TraceError",
     "LockError",
     "SpanError",
+    "CopyTableError",
     "CollectiveTimeoutError",
     "DivergenceError",
     "FallbackError",
+    "GroupBrokenError",
+    "EngineVersionError",
 ]
 
 
@@ -89,6 +92,12 @@ class SpanError(CpkvValueError):
     """Slot spans that overlap, leave the buffer or contradict each other."""
 
 
+class CopyTableError(InvalidArgumentError):
+    """A native row copy refused before moving a byte: a buffer that is not a contiguous CPU
+    array, rows of different sizes or dtypes, a misaligned or overlapping buffer, or a run
+    outside its buffers."""
+
+
 class CollectiveTimeoutError(CpkvError, TimeoutError):
     """A barrier or collective did not complete in time (a rank died or stalled)."""
 
@@ -99,3 +108,12 @@ class DivergenceError(CpkvError):
 
 class FallbackError(CpkvError, RuntimeError):
     """An unexpected fallback to a slow path where none is allowed (CUDA)."""
+
+
+class GroupBrokenError(CpkvError, RuntimeError):
+    """A compose group that saw an error inside its protocol: its ranks may be out of step, so it
+    refuses every further call until it is closed."""
+
+
+class EngineVersionError(CpkvError, ImportError):
+    """A serving engine that is missing, or not the exact version an integration was built for."""

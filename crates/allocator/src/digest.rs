@@ -11,43 +11,7 @@
 use crate::extent::Extent;
 use crate::payload::{PayloadId, Payloads};
 
-/// The SplitMix64 finaliser: a bijection on u64 with full avalanche.
-pub fn mix64(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
-/// The 128-bit product of `a` and `b`, folded to 64 bits (wyhash's mixer).
-#[inline]
-fn fold(a: u64, b: u64) -> u64 {
-    let product = u128::from(a) * u128::from(b);
-    (product as u64) ^ ((product >> 64) as u64)
-}
-
-/// wyhash's constants, XORed into the absorbed words so the two words of a
-/// pair are not interchangeable and zero words still move the state.
-const SECRETS: [u64; 3] = [
-    0xa076_1d64_78bd_642f,
-    0xe703_7ed1_a0b4_28db,
-    0x8ebc_6af0_9c88_c6e3,
-];
-
-/// A strong 64-bit hash of `tag` and `words`: two words absorbed per folded
-/// 128-bit multiply (as wyhash does), the SplitMix64 finaliser on the end.
-/// Element hashes run on every reserve and release, so this is a third of
-/// the multiplies of one finaliser per word.
-#[inline]
-fn hash_words(tag: u64, words: &[u64]) -> u64 {
-    let mut state = mix64(tag ^ words.len() as u64);
-    for pair in words.chunks(2) {
-        let second = pair.get(1).copied().unwrap_or(0);
-        // Adding the old state back keeps it even if one product is zero.
-        state = state.wrapping_add(fold(pair[0] ^ SECRETS[0], second ^ SECRETS[1] ^ state));
-    }
-    mix64(state ^ SECRETS[2])
-}
+use cpkv_hash::hash_words;
 
 const TAG_CONFIG: u64 = 0xc0f1_6000;
 const TAG_FREE: u64 = 0xf4ee_0001;

@@ -279,7 +279,7 @@ impl ExtentTree {
     /// the free extents that end where it starts and start where it ends.
     /// One descent when both neighbours share its leaf (the common case).
     pub fn give_back(&mut self, extent: Extent) -> GiveBack {
-        if let Some(outcome) = self.give_back_at(self.root, extent) {
+        if let Some(outcome) = self.give_back_at(self.root, extent, true, true) {
             self.collapse_root();
             return outcome;
         }
@@ -480,26 +480,44 @@ impl ExtentTree {
     /// the summaries on the path fixed on the way back; `None` (nothing
     /// changed) if a neighbour could lie in another leaf (`extent` would be
     /// the leaf's first or last entry) or the leaf would overflow.
-    fn give_back_at(&mut self, id: u32, extent: Extent) -> Option<GiveBack> {
+    /// `leftmost`/`rightmost`: `id` is the first/last node of its level, so
+    /// no extent lies before/after its entries in another leaf (the lowest
+    /// free extent, the one first fit takes most often, sits at a leaf edge).
+    fn give_back_at(
+        &mut self,
+        id: u32,
+        extent: Extent,
+        leftmost: bool,
+        rightmost: bool,
+    ) -> Option<GiveBack> {
         let node = self.node(id);
         if !node.leaf {
             let i = node.route(extent.start);
             let child = node.children[i];
-            let outcome = self.give_back_at(child, extent)?;
+            let (leftmost, rightmost) = (
+                leftmost && i == 0,
+                rightmost && i + 1 == node.children.len(),
+            );
+            let outcome = self.give_back_at(child, extent, leftmost, rightmost)?;
             self.settle(id, i);
             return Some(outcome);
         }
         let at = count_below(&node.keys, extent.start);
-        if at == 0 || at == node.keys.len() {
+        if (at == 0 && !leftmost) || (at == node.keys.len() && !rightmost) {
             return None;
         }
-        let before = Extent::new(node.keys[at - 1], node.vals[at - 1]);
-        let after = Extent::new(node.keys[at], node.vals[at]);
-        let (touches_before, touches_after) =
-            (before.end() == extent.start, after.start == extent.end());
+        let before = at
+            .checked_sub(1)
+            .map(|b| Extent::new(node.keys[b], node.vals[b]));
+        let after = (at < node.keys.len()).then(|| Extent::new(node.keys[at], node.vals[at]));
+        let touches_before = before.is_some_and(|b| b.end() == extent.start);
+        let touches_after = after.is_some_and(|a| a.start == extent.end());
         if !touches_before && !touches_after && node.keys.len() == CAP {
             return None;
         }
+        // Only read below when the matching `touches_*` is true.
+        let before = before.unwrap_or(extent);
+        let after = after.unwrap_or(extent);
         let node = self.node_mut(id);
         Some(match (touches_before, touches_after) {
             (true, true) => {
@@ -655,7 +673,7 @@ mod tests {
         let mut map = BTreeMap::new();
         let mut x = 99u64;
         let mut next = || {
-            x = crate::digest::mix64(x);
+            x = cpkv_hash::mix64(x);
             x
         };
         for phase in 0..60u64 {
@@ -697,7 +715,7 @@ mod tests {
         let mut used: Vec<u64> = (0..40_000).collect();
         let mut x = 7u64;
         let mut next = || {
-            x = crate::digest::mix64(x);
+            x = cpkv_hash::mix64(x);
             x
         };
         let mut step = 0;
@@ -743,7 +761,7 @@ mod tests {
         let mut map = BTreeMap::new();
         let mut x = 12345u64;
         let mut next = || {
-            x = crate::digest::mix64(x);
+            x = cpkv_hash::mix64(x);
             x
         };
         for step in 0..20_000 {

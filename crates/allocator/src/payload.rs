@@ -9,8 +9,10 @@ pub type PayloadId = usize;
 /// The most payload kinds one allocator holds (a `PayloadSet` is a bit mask).
 pub const MAX_PAYLOADS: usize = 64;
 
-/// The largest pool: page numbers must fit an int64 (numpy on the Python side).
-pub const MAX_CAPACITY: u64 = i64::MAX as u64;
+/// The largest pool, 2**32 pages (16 TiB of 4 KB pages). Any object's page
+/// list can then be materialised (32 GiB at most, never an abort), and page
+/// numbers fit an int64 (numpy on the Python side) with room to spare.
+pub const MAX_CAPACITY: u64 = 1 << 32;
 
 /// The payload names and capacities, in construction order.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -124,6 +126,12 @@ pub struct PayloadSet(u64);
 
 impl PayloadSet {
     pub const EMPTY: PayloadSet = PayloadSet(0);
+
+    /// This set with payload `id` added (`id < MAX_PAYLOADS`).
+    pub fn with(self, id: PayloadId) -> PayloadSet {
+        assert!(id < MAX_PAYLOADS, "payload id {id} out of range");
+        PayloadSet(self.0 | 1 << id)
+    }
 
     pub fn contains(self, id: PayloadId) -> bool {
         id < MAX_PAYLOADS && self.0 & (1 << id) != 0

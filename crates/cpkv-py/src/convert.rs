@@ -11,41 +11,18 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyInt, PyString};
 
 use crate::errors::cpkv_error;
+use pyo3::types::{PyByteArray, PyBytes};
 
 pub(crate) fn invalid(message: String) -> PyErr {
     cpkv_error("InvalidArgumentError", message)
 }
 
-/// A 1-D sequence of non-negative integers (numpy integer array or a
-/// list/tuple of ints); floats, bools, nesting and negatives are refused.
+/// A 1-D sequence of integers in [0, 2**64): a numpy integer array (read
+/// in place when it is already int64/uint64) or a list/tuple of ints (numpy
+/// integer scalars included); floats, bools, nesting and negatives are refused.
 pub(crate) fn int_vector(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u64>> {
     if let Ok(array) = obj.cast::<PyUntypedArray>() {
-        if array.ndim() != 1 {
-            return Err(invalid(format!(
-                "{what} must be 1-D, got {} dimensions",
-                array.ndim()
-            )));
-        }
-        let kind = array.dtype().kind();
-        let values: Vec<i128> = match kind {
-            b'i' => {
-                let a: PyReadonlyArray1<'_, i64> =
-                    obj.call_method1("astype", ("int64",))?.extract()?;
-                a.as_array().iter().map(|v| i128::from(*v)).collect()
-            }
-            b'u' => {
-                let a: PyReadonlyArray1<'_, u64> =
-                    obj.call_method1("astype", ("uint64",))?.extract()?;
-                a.as_array().iter().map(|v| i128::from(*v)).collect()
-            }
-            _ => {
-                let dtype = array.dtype().str()?.to_string();
-                return Err(invalid(format!(
-                    "{what} must be integers, got dtype {dtype}"
-                )));
-            }
-        };
-        return non_negative(values, what);
+        return int_array(obj, array, what);
     }
     if obj.is_instance_of::<PyString>() || !(obj.hasattr("__len__")? && obj.hasattr("__iter__")?) {
         let type_name = obj.get_type().name()?;
@@ -55,45 +32,88 @@ pub(crate) fn int_vector(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u64
     }
     let mut values = Vec::with_capacity(obj.len()?);
     for (i, item) in obj.try_iter()?.enumerate() {
-        let item = item?;
-        // Python ints and numpy integer scalars (anything with __index__),
-        // but not bools (numpy's included) even though they convert.
-        let type_name = item.get_type().name()?.to_string();
-        let value =
-            match item.is_instance_of::<PyBool>() || type_name == "bool" || type_name == "bool_" {
-                true => None,
-                false => item.extract::<i128>().ok(),
-            };
-        let Some(value) = value else {
-            return Err(invalid(format!(
-                "{what}[{i}] must be an int, got {type_name}"
-            )));
-        };
-        values.push(value);
+        values.push(uint(&item?, &format!("{what}[{i}]"))?);
     }
-    non_negative(values, what)
+    Ok(values)
 }
 
-fn non_negative(values: Vec<i128>, what: &str) -> PyResult<Vec<u64>> {
-    values
-        .into_iter()
-        .enumerate()
-        .map(|(i, v)| {
-            u64::try_from(v).map_err(|_| invalid(format!("{what}[{i}] = {v} is out of range")))
-        })
-        .collect()
+fn int_array(
+    obj: &Bound<'_, PyAny>,
+    array: &Bound<'_, PyUntypedArray>,
+    what: &str,
+) -> PyResult<Vec<u64>> {
+    if array.ndim() != 1 {
+        return Err(invalid(format!(
+            "{what} must be 1-D, got {} dimensions",
+            array.ndim()
+        )));
+    }
+    match array.dtype().kind() {
+        b'u' => {
+            let a: PyReadonlyArray1<'_, u64> = match obj.extract() {
+                Ok(a) => a,
+                Err(_) => obj.call_method1("astype", ("uint64",))?.extract()?,
+            };
+            Ok(a.as_array().to_vec())
+        }
+        b'i' => {
+            let a: PyReadonlyArray1<'_, i64> = match obj.extract() {
+                Ok(a) => a,
+                Err(_) => obj.call_method1("astype", ("int64",))?.extract()?,
+            };
+            a.as_array()
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| {
+                    u64::try_from(v)
+                        .map_err(|_| invalid(format!("{what}[{i}] = {v} is out of range")))
+                })
+                .collect()
+        }
+        _ => {
+            let dtype = array.dtype().str()?.to_string();
+            Err(invalid(format!(
+                "{what} must be integers, got dtype {dtype}"
+            )))
+        }
+    }
 }
 
-/// A non-negative int that fits in u64 (bools and floats refused).
+/// An int in [0, 2**64): a Python int or a numpy integer scalar (anything
+/// with `__index__`), never a bool (numpy's included) or a float.
 pub(crate) fn uint(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
-    if obj.is_instance_of::<PyBool>() || !obj.is_instance_of::<PyInt>() {
-        let type_name = obj.get_type().name()?;
+    // The hot path: an exact int in range (bools are a subclass, not exact).
+    if obj.is_exact_instance_of::<PyInt>() {
+        if let Ok(value) = obj.extract::<u64>() {
+            return Ok(value);
+        }
+    }
+    let type_name = obj.get_type().name()?;
+    let is_bool = obj.is_instance_of::<PyBool>() || type_name == "bool_" || type_name == "bool";
+    let int_like = obj.is_instance_of::<PyInt>() || obj.hasattr("__index__")?;
+    if is_bool || !int_like {
         return Err(invalid(format!("{what} must be an int, got {type_name}")));
     }
-    let value: i128 = obj
-        .extract()
-        .map_err(|_| invalid(format!("{what} = {obj} is out of range")))?;
-    u64::try_from(value).map_err(|_| invalid(format!("{what} = {value} is out of range")))
+    let value: i128 = match obj.extract() {
+        Ok(v) => v,
+        // Beyond i128 (or an `__index__` that fails): name the value.
+        Err(err)
+            if err.is_instance_of::<pyo3::exceptions::PyOverflowError>(obj.py())
+                || err.is_instance_of::<pyo3::exceptions::PyTypeError>(obj.py()) =>
+        {
+            return Err(invalid(format!(
+                "{what} = {obj} is out of range [0, 2**64)"
+            )));
+        }
+        Err(err) => return Err(err),
+    };
+    u64::try_from(value)
+        .map_err(|_| invalid(format!("{what} = {value} is out of range [0, 2**64)")))
+}
+
+/// `uint`'s rule as a yes/no, for callers with their own message.
+pub(crate) fn strict_u64(obj: &Bound<'_, PyAny>) -> Result<u64, ()> {
+    uint(obj, "").map_err(|_| ())
 }
 
 pub(crate) fn namespace(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Namespace> {
@@ -111,6 +131,24 @@ pub(crate) fn namespace(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Namespace> {
     Err(invalid(format!(
         "namespace must be None, a str or a non-negative int, got {obj}"
     )))
+}
+
+/// Snapshot bytes (`bytes` or `bytearray`); anything else is a
+/// `SnapshotError` naming its type.
+pub(crate) fn snapshot_bytes(data: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
+    if let Ok(b) = data.cast::<PyBytes>() {
+        return Ok(b.as_bytes().to_vec());
+    }
+    if data.is_instance_of::<PyByteArray>() {
+        return data.extract();
+    }
+    Err(cpkv_error(
+        "SnapshotError",
+        format!(
+            "snapshot data must be bytes, got {}",
+            data.get_type().name()?
+        ),
+    ))
 }
 
 pub(crate) fn pages_array(py: Python<'_>, pages: &[u64]) -> Py<PyArray1<i64>> {

@@ -59,6 +59,7 @@ pub(crate) fn evict_error(err: cpkv_evict::EvictError) -> PyErr {
         | E::InvalidTier { .. }
         | E::PageInUse(_)
         | E::RootNode(_) => "InvalidArgumentError",
+        E::CorruptSnapshot(_) => "SnapshotError",
     };
     cpkv_error(class, err.to_string())
 }

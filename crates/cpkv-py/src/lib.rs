@@ -5,8 +5,10 @@
 
 mod allocator;
 mod convert;
+mod copy;
 mod errors;
 mod prefix_tree;
+mod shared;
 mod tier;
 
 use pyo3::prelude::*;
@@ -15,6 +17,7 @@ use pyo3::prelude::*;
 fn _cpkv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     allocator::register(m)?;
+    copy::register(m)?;
     prefix_tree::register(m)?;
     tier::register(m)?;
     Ok(())

@@ -7,10 +7,11 @@
 use cpkv_evict::{Event, NodeId, Policy, PrefixTree as Core};
 use numpy::PyArray1;
 use pyo3::prelude::*;
-use pyo3::types::PyTuple;
+use pyo3::types::{PyBytes, PyTuple};
 
-use crate::convert::{int_vector, invalid, namespace, pages_array};
+use crate::convert::{int_vector, invalid, namespace, pages_array, snapshot_bytes, uint};
 use crate::errors::{cpkv_error, evict_error};
+use crate::shared::Shared;
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PrefixTree>()?;
@@ -22,17 +23,28 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     Ok(())
 }
 
-fn count(value: i64, what: &str) -> PyResult<usize> {
-    usize::try_from(value).map_err(|_| invalid(format!("{what} must be non-negative, got {value}")))
+/// The largest page size a tree accepts, in tokens.
+pub(crate) const MAX_PAGE_SIZE: u64 = 1 << 20;
+
+fn count(value: &Bound<'_, PyAny>, what: &str) -> PyResult<usize> {
+    let value = uint(value, what)?;
+    // A count beyond the address space asks for everything there is.
+    Ok(usize::try_from(value).unwrap_or(usize::MAX))
 }
 
-fn node_id(value: i64) -> PyResult<NodeId> {
-    u64::try_from(value).map(NodeId).map_err(|_| {
-        cpkv_error(
-            "UnknownNodeError",
-            format!("unknown node {value} (negative id)"),
-        )
-    })
+/// A node id: any int in [0, 2**64) (one that names no node is the core's
+/// `UnknownNodeError`); a negative int names no node either.
+fn node_id(value: &Bound<'_, PyAny>) -> PyResult<NodeId> {
+    match uint(value, "node") {
+        Ok(id) => Ok(NodeId(id)),
+        Err(err) => match value.extract::<i128>() {
+            Ok(negative) if negative < 0 => Err(cpkv_error(
+                "UnknownNodeError",
+                format!("unknown node {negative} (negative id)"),
+            )),
+            _ => Err(err),
+        },
+    }
 }
 
 /// What `PrefixTree.match` found.
@@ -206,23 +218,28 @@ impl TreeEvent {
 }
 
 /// A replicated, page-granular prefix tree with deterministic eviction.
-#[pyclass(module = "cpkv._cpkv")]
+/// Safe to share between threads: one lock guards the core (see `shared`).
+#[pyclass(frozen, module = "cpkv._cpkv")]
 pub(crate) struct PrefixTree {
-    core: Core,
+    core: Shared<Core>,
 }
 
 #[pymethods]
 impl PrefixTree {
     #[new]
-    #[pyo3(signature = (page_size, policy = "lru"))]
-    fn new(page_size: i64, policy: &str) -> PyResult<Self> {
-        let page_size = count(page_size, "page_size")?;
-        if page_size == 0 {
-            return Err(invalid("page_size must be at least 1".into()));
+    #[pyo3(signature = (page_size, policy = "lru", event_limit = cpkv_evict::DEFAULT_EVENT_LIMIT))]
+    fn new(page_size: &Bound<'_, PyAny>, policy: &str, event_limit: usize) -> PyResult<Self> {
+        let page_size = uint(page_size, "page_size")?;
+        if page_size == 0 || page_size > MAX_PAGE_SIZE {
+            return Err(invalid(format!(
+                "page_size must be in [1, {MAX_PAGE_SIZE}], got {page_size}"
+            )));
         }
         let policy: Policy = policy.parse().map_err(evict_error)?;
+        let mut core = Core::new(page_size as usize, policy).map_err(evict_error)?;
+        core.set_event_limit(event_limit);
         Ok(Self {
-            core: Core::new(page_size, policy).map_err(evict_error)?,
+            core: Shared::new(core),
         })
     }
 
@@ -234,14 +251,14 @@ impl PrefixTree {
 
     #[pyo3(name = "match", signature = (tokens, namespace = None))]
     fn match_prefix(
-        &mut self,
+        &self,
         py: Python<'_>,
         tokens: &Bound<'_, PyAny>,
         namespace: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<MatchResult> {
         let tokens = int_vector(tokens, "tokens")?;
         let namespace = self::namespace(namespace)?;
-        let m = self.core.match_prefix(&tokens, &namespace);
+        let m = self.core.with(py, |t| t.match_prefix(&tokens, &namespace));
         Ok(MatchResult {
             length: m.length,
             device_pages: pages_array(py, &m.device_pages),
@@ -253,7 +270,8 @@ impl PrefixTree {
 
     #[pyo3(signature = (tokens, pages, namespace = None))]
     fn insert(
-        &mut self,
+        &self,
+        py: Python<'_>,
         tokens: &Bound<'_, PyAny>,
         pages: &Bound<'_, PyAny>,
         namespace: Option<&Bound<'_, PyAny>>,
@@ -264,7 +282,7 @@ impl PrefixTree {
         let namespace = self::namespace(namespace)?;
         let r = self
             .core
-            .insert(&tokens, &pages, &namespace)
+            .with(py, |t| t.insert(&tokens, &pages, &namespace))
             .map_err(evict_error)?;
         Ok(InsertResult {
             node: r.node.0,
@@ -272,21 +290,23 @@ impl PrefixTree {
         })
     }
 
-    fn lock(&mut self, node: i64) -> PyResult<()> {
-        self.core.lock(node_id(node)?).map_err(evict_error)
+    fn lock(&self, py: Python<'_>, node: &Bound<'_, PyAny>) -> PyResult<()> {
+        let node = node_id(node)?;
+        self.core.with(py, |t| t.lock(node)).map_err(evict_error)
     }
 
-    fn unlock(&mut self, node: i64) -> PyResult<()> {
-        self.core.unlock(node_id(node)?).map_err(evict_error)
+    fn unlock(&self, py: Python<'_>, node: &Bound<'_, PyAny>) -> PyResult<()> {
+        let node = node_id(node)?;
+        self.core.with(py, |t| t.unlock(node)).map_err(evict_error)
     }
 
     /// Frees at least `num_pages` device pages (fewer if not enough are
     /// evictable); returns the victims in eviction order.
-    fn evict(&mut self, py: Python<'_>, num_pages: i64) -> PyResult<Vec<DeviceVictim>> {
+    fn evict(&self, py: Python<'_>, num_pages: &Bound<'_, PyAny>) -> PyResult<Vec<DeviceVictim>> {
         let num_pages = count(num_pages, "num_pages")?;
         Ok(self
             .core
-            .evict(num_pages)
+            .detached(py, |t| t.evict(num_pages))
             .into_iter()
             .map(|v| DeviceVictim {
                 node: v.node.0,
@@ -296,11 +316,15 @@ impl PrefixTree {
     }
 
     /// Drops host-only leaves until at least `num_pages` host pages are gone.
-    fn evict_host(&mut self, num_pages: i64) -> PyResult<Vec<HostVictim>> {
+    fn evict_host(
+        &self,
+        py: Python<'_>,
+        num_pages: &Bound<'_, PyAny>,
+    ) -> PyResult<Vec<HostVictim>> {
         let num_pages = count(num_pages, "num_pages")?;
         Ok(self
             .core
-            .evict_host(num_pages)
+            .detached(py, |t| t.evict_host(num_pages))
             .into_iter()
             .map(|v| HostVictim {
                 node: v.node.0,
@@ -312,29 +336,69 @@ impl PrefixTree {
     }
 
     /// Records that `node` was backed up to host object `object_key`.
-    fn set_host(&mut self, node: i64, object_key: i64) -> PyResult<()> {
-        let key = u64::try_from(object_key)
-            .map_err(|_| invalid(format!("object_key must be non-negative, got {object_key}")))?;
-        self.core.set_host(node_id(node)?, key).map_err(evict_error)
+    fn set_host(
+        &self,
+        py: Python<'_>,
+        node: &Bound<'_, PyAny>,
+        object_key: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let (node, key) = (node_id(node)?, uint(object_key, "object_key")?);
+        self.core
+            .with(py, |t| t.set_host(node, key))
+            .map_err(evict_error)
     }
 
     /// Re-attaches device `pages` to host-only `node` after a load-back.
-    fn attach_device(&mut self, node: i64, pages: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn attach_device(
+        &self,
+        py: Python<'_>,
+        node: &Bound<'_, PyAny>,
+        pages: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let node = node_id(node)?;
         let pages = int_vector(pages, "pages")?;
         check_page_ids(&pages)?;
         self.core
-            .attach_device(node_id(node)?, &pages)
+            .with(py, |t| t.attach_device(node, &pages))
             .map_err(evict_error)
     }
 
     /// Order-independent digest of the replicated state (an unsigned 64-bit int).
-    fn digest(&self) -> u64 {
-        self.core.digest()
+    fn digest(&self, py: Python<'_>) -> u64 {
+        self.core.with(py, |t| t.digest())
     }
 
-    fn take_events(&mut self, py: Python<'_>) -> Vec<TreeEvent> {
+    /// SHA-256 (32 bytes) of the canonical encoding of the replicated state:
+    /// equal exactly when two trees will make the same decisions.
+    fn canonical_digest<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        let digest = self.core.detached(py, |t| t.canonical_digest());
+        PyBytes::new(py, &digest)
+    }
+
+    /// The replicated state as versioned, checksummed bytes (events excluded).
+    fn snapshot<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        let data = self.core.detached(py, |t| t.snapshot());
+        PyBytes::new(py, &data)
+    }
+
+    /// Rebuilds a tree from `snapshot()` bytes (a rank rejoining from a
+    /// peer's state); bad bytes raise `SnapshotError`.
+    #[staticmethod]
+    #[pyo3(signature = (data, event_limit = cpkv_evict::DEFAULT_EVENT_LIMIT))]
+    fn restore(py: Python<'_>, data: &Bound<'_, PyAny>, event_limit: usize) -> PyResult<Self> {
+        let bytes = snapshot_bytes(data)?;
+        let mut core = py.detach(|| Core::restore(&bytes)).map_err(evict_error)?;
+        core.set_event_limit(event_limit);
+        Ok(Self {
+            core: Shared::new(core),
+        })
+    }
+
+    /// Drains the residency events (at most `event_limit`; older ones were
+    /// dropped and counted in `dropped_events`).
+    fn take_events(&self, py: Python<'_>) -> Vec<TreeEvent> {
         self.core
-            .take_events()
+            .with(py, |t| t.take_events())
             .into_iter()
             .map(|e| TreeEvent::new(py, e))
             .collect()
@@ -342,64 +406,86 @@ impl PrefixTree {
 
     /// Raises AssertionError if an invariant or the incremental index/digest
     /// is wrong. O(n): for tests.
-    fn check_invariants(&self) -> PyResult<()> {
+    fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
         self.core
-            .check_invariants()
+            .detached(py, |t| t.check_invariants())
             .map_err(pyo3::exceptions::PyAssertionError::new_err)
     }
 
     /// Device-evictable node ids in eviction order (O(n): for tests and tools).
-    fn eviction_order(&self) -> Vec<u64> {
+    fn eviction_order(&self, py: Python<'_>) -> Vec<u64> {
+        self.core.detached(py, |t| {
+            t.eviction_order(cpkv_evict::Tier::Device)
+                .into_iter()
+                .map(|n| n.0)
+                .collect()
+        })
+    }
+
+    fn __len__(&self, py: Python<'_>) -> usize {
+        self.core.with(py, |t| t.len())
+    }
+
+    #[getter]
+    fn page_size(&self, py: Python<'_>) -> usize {
+        self.core.with(py, |t| t.page_size())
+    }
+    #[getter]
+    fn policy(&self, py: Python<'_>) -> &'static str {
+        self.core.with(py, |t| t.policy().name())
+    }
+    #[getter]
+    fn clock(&self, py: Python<'_>) -> u64 {
+        self.core.with(py, |t| t.clock())
+    }
+    #[getter]
+    fn device_pages(&self, py: Python<'_>) -> usize {
+        self.core.with(py, |t| t.device_pages())
+    }
+    #[getter]
+    fn host_pages(&self, py: Python<'_>) -> usize {
+        self.core.with(py, |t| t.host_pages())
+    }
+    #[getter]
+    fn evictable_device(&self, py: Python<'_>) -> usize {
         self.core
-            .eviction_order(cpkv_evict::Tier::Device)
-            .into_iter()
-            .map(|n| n.0)
-            .collect()
+            .with(py, |t| t.evictable(cpkv_evict::Tier::Device))
+    }
+    #[getter]
+    fn evictable_host(&self, py: Python<'_>) -> usize {
+        self.core.with(py, |t| t.evictable(cpkv_evict::Tier::Host))
+    }
+    /// Node slots ever used: the tree's node storage follows this high-water
+    /// mark of live nodes, not the number of nodes ever created.
+    #[getter]
+    fn node_slots(&self, py: Python<'_>) -> usize {
+        self.core.with(py, |t| t.node_slots())
+    }
+    #[getter]
+    fn namespaces(&self, py: Python<'_>) -> usize {
+        self.core.with(py, |t| t.namespaces())
+    }
+    #[getter]
+    fn event_limit(&self, py: Python<'_>) -> usize {
+        self.core.with(py, |t| t.event_limit())
+    }
+    #[getter]
+    fn dropped_events(&self, py: Python<'_>) -> u64 {
+        self.core.with(py, |t| t.dropped_events())
     }
 
-    fn __len__(&self) -> usize {
-        self.core.len()
-    }
-
-    #[getter]
-    fn page_size(&self) -> usize {
-        self.core.page_size()
-    }
-    #[getter]
-    fn policy(&self) -> &'static str {
-        self.core.policy().name()
-    }
-    #[getter]
-    fn clock(&self) -> u64 {
-        self.core.clock()
-    }
-    #[getter]
-    fn device_pages(&self) -> usize {
-        self.core.device_pages()
-    }
-    #[getter]
-    fn host_pages(&self) -> usize {
-        self.core.host_pages()
-    }
-    #[getter]
-    fn evictable_device(&self) -> usize {
-        self.core.evictable(cpkv_evict::Tier::Device)
-    }
-    #[getter]
-    fn evictable_host(&self) -> usize {
-        self.core.evictable(cpkv_evict::Tier::Host)
-    }
-
-    fn __repr__(&self) -> String {
-        format!(
-            "PrefixTree(page_size={}, policy={:?}, nodes={}, device_pages={}, host_pages={}, clock={})",
-            self.core.page_size(),
-            self.core.policy().name(),
-            self.core.len(),
-            self.core.device_pages(),
-            self.core.host_pages(),
-            self.core.clock()
-        )
+    fn __repr__(&self, py: Python<'_>) -> String {
+        self.core.with(py, |t| {
+            format!(
+                "PrefixTree(page_size={}, policy={:?}, nodes={}, device_pages={}, host_pages={}, clock={})",
+                t.page_size(),
+                t.policy().name(),
+                t.len(),
+                t.device_pages(),
+                t.host_pages(),
+                t.clock()
+            )
+        })
     }
 }
 

@@ -147,5 +147,80 @@ fn evict_one_victim(
     });
 }
 
-criterion_group!(benches, bench);
+/// The Rust baselines beside cpkv's ordered index, over the same leaf keys
+/// (last access, leaf id): an SGLang-shaped eviction (collect every leaf,
+/// heapify a `BinaryHeap` once per call, pop the victim) and an ordered
+/// `BTreeMap` popped from the front. One victim per iteration; the victim is
+/// put back with a fresh key (untimed) so the size stays at `n`.
+fn baseline_bench(c: &mut Criterion) {
+    use std::cmp::Reverse;
+    use std::collections::{BTreeMap, BinaryHeap};
+
+    let mut group = c.benchmark_group("evict_one_victim_baselines");
+    group
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(1))
+        .throughput(criterion::Throughput::Elements(1));
+    for &n in &[10_000u64, 100_000, 1_000_000] {
+        // Leaf j accessed at time i, in build()'s scrambled order.
+        let mut last_access: Vec<u64> = vec![0; n as usize];
+        for i in 0..n {
+            last_access[((i * 7919) % n) as usize] = i;
+        }
+        let mut clock = n;
+        let mut heap_keys = last_access.clone();
+        group.bench_with_input(BenchmarkId::new("binary_heap_per_call", n), &n, |b, _| {
+            b.iter_custom(|iters| {
+                let mut spent = Duration::ZERO;
+                for _ in 0..iters {
+                    let start = Instant::now();
+                    let heap: BinaryHeap<Reverse<(u64, usize)>> = heap_keys
+                        .iter()
+                        .enumerate()
+                        .map(|(id, &t)| Reverse((t, id)))
+                        .collect();
+                    let Reverse((_, victim)) = *heap.peek().expect("leaves");
+                    spent += start.elapsed();
+                    black_box(heap);
+                    heap_keys[victim] = clock; // the victim's slot comes back as a new leaf
+                    clock += 1;
+                }
+                spent
+            })
+        });
+        let mut ordered: BTreeMap<(u64, usize), ()> = last_access
+            .iter()
+            .enumerate()
+            .map(|(id, &t)| ((t, id), ()))
+            .collect();
+        group.bench_with_input(BenchmarkId::new("btreemap_ordered", n), &n, |b, _| {
+            b.iter_custom(|iters| {
+                let mut spent = Duration::ZERO;
+                for _ in 0..iters {
+                    let start = Instant::now();
+                    let ((_, victim), ()) = ordered.pop_first().expect("leaves");
+                    spent += start.elapsed();
+                    ordered.insert((clock, victim), ());
+                    clock += 1;
+                }
+                spent
+            })
+        });
+        let (mut tree, mut next_page) = build(n, Policy::Lru);
+        let mut fresh = n;
+        group.throughput(criterion::Throughput::Elements(1));
+        evict_one_victim(
+            &mut group,
+            "cpkv_prefix_tree_lru",
+            n,
+            &mut tree,
+            &mut fresh,
+            &mut next_page,
+        );
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench, baseline_bench);
 criterion_main!(benches);

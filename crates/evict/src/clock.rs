@@ -21,4 +21,9 @@ impl LogicalClock {
     pub fn now(&self) -> Stamp {
         self.now
     }
+
+    /// A clock that reads `now` (restoring a snapshot).
+    pub fn at(now: Stamp) -> Self {
+        Self { now }
+    }
 }

@@ -29,6 +29,8 @@ pub enum EvictError {
     HostKeyInUse(u64),
     /// The root of a namespace cannot be locked, evicted or backed up.
     RootNode(NodeId),
+    /// Snapshot bytes that are truncated, corrupted or inconsistent.
+    CorruptSnapshot(String),
 }
 
 impl fmt::Display for EvictError {
@@ -54,6 +56,7 @@ impl fmt::Display for EvictError {
             Self::PageInUse(page) => write!(f, "device page {page} is already held by the tree"),
             Self::HostKeyInUse(key) => write!(f, "host object key {key} is already recorded"),
             Self::RootNode(id) => write!(f, "node {id} is a namespace root"),
+            Self::CorruptSnapshot(why) => write!(f, "corrupt prefix tree snapshot: {why}"),
         }
     }
 }

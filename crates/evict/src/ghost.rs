@@ -5,7 +5,7 @@
 //! its reuse distance is longer than the cache reaches. Remembering the hit
 //! count it had lets the re-inserted node resume where it left off instead
 //! of restarting as one-shot traffic. Entries are keyed by content (the
-//! parent's id and the first page's tokens: ids are never reused and a split
+//! parent's id and the first page's tokens: ids are never reused, only slots are, and a split
 //! keeps a node's id on its suffix, so the parent of a dropped node keeps
 //! naming the same prefix) and forgotten first-in first-out once the history
 //! holds more pages than `GHOST_PAGES_PER_CACHED_PAGE` times the most pages
@@ -23,6 +23,7 @@ use std::collections::{HashMap, VecDeque};
 
 use crate::digest::{Hasher64, WordHashing};
 use crate::node::{NodeId, Token};
+use crate::wire::{Reader, Writer};
 
 /// `Policy::Ghost`'s weights, in sixteenths of the horizon: how far behind
 /// its access one-shot content goes, and how far ahead each reuse puts it.
@@ -50,6 +51,9 @@ pub struct GhostHistory {
     /// (seq, key) in recording order; an entry taken back or re-recorded
     /// leaves a stale item here, skipped when it reaches the front.
     order: VecDeque<(u64, u64)>,
+    /// Wrapping sum of the queue items' hashes (stale ones count too: they
+    /// take room in the queue's bound).
+    order_digest: u64,
     next_seq: u64,
     pages: usize,
     /// The most pages (device and host) the tree held when it dropped a node.
@@ -86,7 +90,16 @@ fn entry_hash(key: u64, entry: &Entry) -> u64 {
         .finish()
 }
 
+fn item_hash(seq: u64, key: u64) -> u64 {
+    Hasher64::new(1).word(seq).word(key).finish()
+}
+
 impl GhostHistory {
+    fn push_order(&mut self, seq: u64, key: u64) {
+        self.order.push_back((seq, key));
+        self.order_digest = self.order_digest.wrapping_add(item_hash(seq, key));
+    }
+
     /// Remembers that content `key` of `pages` pages left with `hits` hits
     /// from a tree that held `cached_pages` pages (it included), then forgets
     /// the oldest entries until the history is within its bound (in pages
@@ -106,11 +119,12 @@ impl GhostHistory {
         if let Some(old) = self.entries.insert(key, entry) {
             self.discount(key, &old);
         }
-        self.order.push_back((entry.seq, key));
+        self.push_order(entry.seq, key);
         while self.pages > bound || self.order.len() > bound.max(1) {
             let Some((seq, key)) = self.order.pop_front() else {
                 break;
             };
+            self.order_digest = self.order_digest.wrapping_sub(item_hash(seq, key));
             // Stale items (taken back or re-recorded since) name no entry.
             if let Slot::Occupied(slot) = self.entries.entry(key) {
                 if slot.get().seq == seq {
@@ -184,6 +198,65 @@ impl GhostHistory {
         self.pages
     }
 
+    /// Every field, for snapshots: live entries in key order, then the queue
+    /// as it is (stale items included: they decide when entries are forgotten).
+    pub(crate) fn encode(&self, w: &mut Writer) {
+        let mut keys: Vec<&u64> = self.entries.keys().collect();
+        keys.sort_unstable();
+        w.u64(keys.len() as u64);
+        for key in keys {
+            let e = &self.entries[key];
+            for v in [*key, e.seq, e.hits, e.pages as u64] {
+                w.u64(v);
+            }
+        }
+        w.u64(self.order.len() as u64);
+        for (seq, key) in &self.order {
+            w.u64(*seq);
+            w.u64(*key);
+        }
+        for v in [
+            self.next_seq,
+            self.pages as u64,
+            self.peak_cached_pages as u64,
+            self.hit_pages,
+            self.returned_pages,
+        ] {
+            w.u64(v);
+        }
+    }
+
+    pub(crate) fn decode(r: &mut Reader<'_>) -> Result<Self, String> {
+        let mut g = Self::default();
+        for _ in 0..r.len(32)? {
+            let (key, seq, hits, pages) = (r.u64()?, r.u64()?, r.u64()?, r.u64()?);
+            let pages = usize::try_from(pages).map_err(|_| "ghost pages out of range")?;
+            let entry = Entry { seq, hits, pages };
+            if g.entries.insert(key, entry).is_some() {
+                return Err(format!("ghost key {key} listed twice"));
+            }
+            g.digest_sum = g.digest_sum.wrapping_add(entry_hash(key, &entry));
+        }
+        for _ in 0..r.len(16)? {
+            let (seq, key) = (r.u64()?, r.u64()?);
+            g.push_order(seq, key);
+        }
+        let to_usize = |v: u64| usize::try_from(v).map_err(|_| "ghost count out of range");
+        g.next_seq = r.u64()?;
+        g.pages = to_usize(r.u64()?)?;
+        g.peak_cached_pages = to_usize(r.u64()?)?;
+        g.hit_pages = r.u64()?;
+        g.returned_pages = r.u64()?;
+        let counted: usize = g.entries.values().map(|e| e.pages).sum();
+        if counted != g.pages {
+            return Err(format!(
+                "ghost pages {} != {counted} in its entries",
+                g.pages
+            ));
+        }
+        Ok(g)
+    }
+
     /// O(1): the live entries, the recording counter, the queue length and
     /// the reuse mix.
     pub fn digest(&self) -> u64 {
@@ -195,6 +268,7 @@ impl GhostHistory {
             .word(sum)
             .word(self.next_seq)
             .word(self.order.len() as u64)
+            .word(self.order_digest)
             .word(self.pages as u64)
             .word(self.peak_cached_pages as u64)
             .word(self.hit_pages)
@@ -209,6 +283,14 @@ impl GhostHistory {
             .iter()
             .map(|(k, e)| entry_hash(*k, e))
             .fold(0u64, u64::wrapping_add);
+        let order_sum = self
+            .order
+            .iter()
+            .map(|(seq, key)| item_hash(*seq, *key))
+            .fold(0u64, u64::wrapping_add);
+        if order_sum != self.order_digest {
+            return self.seal(sum).wrapping_add(1);
+        }
         self.seal(sum)
     }
 }

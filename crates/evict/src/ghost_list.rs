@@ -9,6 +9,7 @@ use std::collections::hash_map::Entry as Slot;
 use std::collections::{HashMap, VecDeque};
 
 use crate::digest::{Hasher64, WordHashing};
+use crate::wire::{Reader, Writer};
 
 /// How many tagged lists one `GhostLists` keeps.
 pub const LISTS: usize = 2;
@@ -29,6 +30,17 @@ pub struct GhostLists {
     pages: [u64; LISTS],
     next_seq: u64,
     digest_sum: u64,
+    /// Wrapping sum of the queue items' hashes, per list (stale items count:
+    /// they take room in the bound and decide when entries are forgotten).
+    order_digest: u64,
+}
+
+fn item_hash(list: usize, seq: u64, key: u64) -> u64 {
+    Hasher64::new(2)
+        .word(list as u64)
+        .word(seq)
+        .word(key)
+        .finish()
 }
 
 fn entry_hash(key: u64, e: &Entry) -> u64 {
@@ -55,7 +67,12 @@ impl GhostLists {
         }
         self.pages[list] += pages;
         self.digest_sum = self.digest_sum.wrapping_add(entry_hash(key, &entry));
-        self.order[list].push_back((entry.seq, key));
+        self.push_order(list, entry.seq, key);
+    }
+
+    fn push_order(&mut self, list: usize, seq: u64, key: u64) {
+        self.order[list].push_back((seq, key));
+        self.order_digest = self.order_digest.wrapping_add(item_hash(list, seq, key));
     }
 
     /// Content `key` came back: forgets it and says which list held it and
@@ -74,6 +91,7 @@ impl GhostLists {
             let Some((seq, key)) = self.order[list].pop_front() else {
                 break;
             };
+            self.order_digest = self.order_digest.wrapping_sub(item_hash(list, seq, key));
             if let Slot::Occupied(slot) = self.entries.entry(key) {
                 if slot.get().seq == seq {
                     let old = slot.remove();
@@ -102,15 +120,95 @@ impl GhostLists {
             .iter()
             .map(|(k, e)| entry_hash(*k, e))
             .fold(0u64, u64::wrapping_add);
+        let order_sum = (0..LISTS)
+            .flat_map(|list| {
+                self.order[list]
+                    .iter()
+                    .map(move |(seq, key)| item_hash(list, *seq, *key))
+            })
+            .fold(0u64, u64::wrapping_add);
+        if order_sum != self.order_digest {
+            return self.seal(sum).wrapping_add(1);
+        }
         self.seal(sum)
     }
 
     fn seal(&self, sum: u64) -> u64 {
-        let mut h = Hasher64::default().word(sum).word(self.next_seq);
+        let mut h = Hasher64::default()
+            .word(sum)
+            .word(self.next_seq)
+            .word(self.order_digest);
         for list in 0..LISTS {
             h = h.word(self.pages[list]).word(self.order[list].len() as u64);
         }
         h.finish()
+    }
+}
+
+impl GhostLists {
+    /// Every field, for snapshots: live entries in key order, each list's
+    /// queue as it is (stale items included), the recording counter.
+    pub(crate) fn encode(&self, w: &mut Writer) {
+        let mut keys: Vec<&u64> = self.entries.keys().collect();
+        keys.sort_unstable();
+        w.u64(keys.len() as u64);
+        for key in keys {
+            let e = &self.entries[key];
+            for v in [*key, e.seq, e.list as u64, e.pages] {
+                w.u64(v);
+            }
+        }
+        for queue in &self.order {
+            w.u64(queue.len() as u64);
+            for (seq, key) in queue {
+                w.u64(*seq);
+                w.u64(*key);
+            }
+        }
+        w.u64(self.next_seq);
+    }
+
+    /// The inverse of `encode`; page counts and digests are recomputed, and
+    /// every live entry must still have its item in its list's queue (else
+    /// it could never be forgotten).
+    pub(crate) fn decode(r: &mut Reader<'_>) -> Result<Self, String> {
+        let mut g = Self::default();
+        for _ in 0..r.len(32)? {
+            let (key, seq, list, pages) = (r.u64()?, r.u64()?, r.u64()?, r.u64()?);
+            let list = usize::try_from(list)
+                .ok()
+                .filter(|l| *l < LISTS)
+                .ok_or(format!("ghost list {list} out of range"))?;
+            let entry = Entry { seq, list, pages };
+            if g.entries.insert(key, entry).is_some() {
+                return Err(format!("ghost list key {key} listed twice"));
+            }
+            g.pages[list] = g.pages[list]
+                .checked_add(pages)
+                .ok_or("ghost list pages overflow")?;
+            g.digest_sum = g.digest_sum.wrapping_add(entry_hash(key, &entry));
+        }
+        let mut queued = std::collections::BTreeSet::new();
+        for list in 0..LISTS {
+            for _ in 0..r.len(16)? {
+                let (seq, key) = (r.u64()?, r.u64()?);
+                if g.entries
+                    .get(&key)
+                    .is_some_and(|e| e.seq == seq && e.list == list)
+                {
+                    queued.insert(key);
+                }
+                g.push_order(list, seq, key);
+            }
+        }
+        if queued.len() != g.entries.len() {
+            return Err("a ghost list entry has no item in its queue".into());
+        }
+        g.next_seq = r.u64()?;
+        if g.entries.values().any(|e| e.seq >= g.next_seq) {
+            return Err("a ghost list entry is newer than the recording counter".into());
+        }
+        Ok(g)
     }
 }
 

@@ -6,6 +6,7 @@
 //! victims without exchanging a word. `digest` makes that checkable.
 
 mod arc;
+mod arena;
 mod child_key;
 mod clock;
 mod digest;
@@ -20,7 +21,9 @@ mod policy;
 mod queues;
 mod s3fifo;
 mod shadow;
+mod snapshot;
 mod tree;
+mod wire;
 
 pub use clock::Stamp;
 pub use error::EvictError;
@@ -29,4 +32,8 @@ pub use namespace::Namespace;
 pub use node::{HostKey, Node, NodeId, PageId, Tier, Token};
 pub use policy::{Policy, PolicyKey};
 pub use shadow::PolicyMemory;
-pub use tree::{DeviceVictim, HostVictim, InsertResult, MatchResult, PrefixTree};
+pub use snapshot::TREE_SNAPSHOT_VERSION;
+pub use tree::{
+    DeviceVictim, HostVictim, InsertResult, MatchResult, PrefixTree, DEFAULT_EVENT_LIMIT,
+    IDLE_ROOTS_KEPT,
+};

@@ -13,8 +13,10 @@ pub type PageId = u64;
 /// The host allocator's key of a node's backup object (L2).
 pub type HostKey = u64;
 
-/// Node ids come from a counter and are never reused, so every rank names
-/// the same node with the same id.
+/// A node's slot in the tree's arena (low 32 bits) and that slot's
+/// generation (high 32 bits). Slots are reused, ids are not: every rank that
+/// replays the same calls names the same node with the same id, and an id
+/// kept past its node's removal names nothing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct NodeId(pub u64);
 

@@ -19,6 +19,7 @@ use crate::ghost_list::GhostLists;
 use crate::node::{NodeId, Tier};
 use crate::policy::{Policy, PolicyKey};
 use crate::s3fifo::S3fifoState;
+use crate::wire::{Reader, Writer};
 
 const QUEUE_SHIFT: u32 = 62;
 const COUNT_SHIFT: u32 = 60;
@@ -237,6 +238,63 @@ impl QueueState {
                 .word(extra)
                 .finish(),
         )
+    }
+
+    /// The replicated part, for snapshots (nothing for other policies): the
+    /// peak, the sequence counter, the ghost lists, ARC's target. The pages
+    /// per queue are not written: restore recounts them from the nodes.
+    pub(crate) fn encode(&self, w: &mut Writer) {
+        let Some(s) = self.shared() else {
+            return;
+        };
+        w.u64(s.peak_pages);
+        w.u64(s.next_seq);
+        s.ghosts.encode(w);
+        if let Self::Arc(arc) = self {
+            w.u64(arc.target);
+        }
+    }
+
+    /// The inverse of `encode` for `policy`, with empty queue books.
+    pub(crate) fn decode(policy: Policy, r: &mut Reader<'_>) -> Result<Self, String> {
+        let mut state = Self::new(policy);
+        let Some(s) = state.shared_mut() else {
+            return Ok(state);
+        };
+        s.peak_pages = r.u64()?;
+        s.next_seq = r.u64()?;
+        s.ghosts = GhostLists::decode(r)?;
+        if let Self::Arc(arc) = &mut state {
+            arc.target = r.u64()?;
+            if arc.target > arc.shared.peak_pages {
+                return Err(format!(
+                    "ARC target {} above the cache size {}",
+                    arc.target, arc.shared.peak_pages
+                ));
+            }
+        }
+        Ok(state)
+    }
+
+    /// Whether this is the state `policy` keeps.
+    pub(crate) fn belongs_to(&self, policy: Policy) -> bool {
+        matches!(
+            (self, policy),
+            (Self::Off, _) if !policy.is_queued()
+        ) || matches!(
+            (self, policy),
+            (Self::Arc(_), Policy::Arc) | (Self::S3fifo(_), Policy::S3fifo)
+        )
+    }
+
+    /// Whether node state `priority` can belong to this policy's books
+    /// (a queue it has, a position already handed out).
+    pub(crate) fn accepts(&self, priority: u64) -> bool {
+        let Some(s) = self.shared() else {
+            return true;
+        };
+        let slot = Slot::unpack(priority);
+        slot.queue < 2 && (slot.seq < s.next_seq || priority == 0)
     }
 
     /// Checks the books against a recount of the nodes' device pages per

@@ -27,6 +27,7 @@ use crate::namespace::Namespace;
 use crate::node::{Node, Token};
 use crate::policy::{Policy, PolicyKey};
 use crate::tree::PrefixTree;
+use crate::wire::{Reader, Writer};
 
 /// A way to order leaves that `Policy::Ghost` can follow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -164,6 +165,59 @@ impl Shadows {
             h = h.word(t.digest()).word(*s);
         }
         h.finish()
+    }
+
+    /// Every field, for snapshots: the counters, then per candidate its
+    /// score and its tree's whole body.
+    pub(crate) fn encode(&self, w: &mut Writer) {
+        for v in [
+            self.leader as u64,
+            self.next_page,
+            self.capacity as u64,
+            self.since_switch,
+        ] {
+            w.u64(v);
+        }
+        for (t, score) in self.trees.iter().zip(&self.scores) {
+            w.u64(*score);
+            t.encode_state(w);
+        }
+    }
+
+    /// The inverse of `encode`: each shadow rebuilt and checked like a
+    /// restored tree, with the main tree's page size and its candidate's
+    /// ranking.
+    pub(crate) fn decode(r: &mut Reader<'_>, page_size: usize) -> Result<Self, String> {
+        let leader = r.u64()?;
+        let leader = usize::try_from(leader)
+            .ok()
+            .filter(|l| *l < CANDIDATES.len())
+            .ok_or(format!("shadow leader {leader} out of range"))?;
+        let next_page = r.u64()?;
+        let capacity = usize::try_from(r.u64()?).map_err(|_| "shadow capacity out of range")?;
+        let since_switch = r.u64()?;
+        let mut trees = Vec::with_capacity(CANDIDATES.len());
+        let mut scores = Vec::with_capacity(CANDIDATES.len());
+        for ranking in CANDIDATES {
+            scores.push(r.u64()?);
+            let d = crate::snapshot::decode_from(r, true)?;
+            if d.page_size != page_size || d.fixed_ranking != Some(ranking) {
+                return Err(format!("shadow {ranking:?}: wrong page size or ranking"));
+            }
+            let t = PrefixTree::rebuild(d).map_err(|e| format!("shadow {ranking:?}: {e}"))?;
+            if t.device_pages() > capacity {
+                return Err(format!("shadow {ranking:?} holds more than its capacity"));
+            }
+            trees.push(t);
+        }
+        Ok(Self {
+            trees,
+            scores,
+            leader,
+            next_page,
+            capacity,
+            since_switch,
+        })
     }
 
     pub fn memory(&self) -> (usize, usize) {

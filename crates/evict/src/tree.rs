@@ -13,7 +13,9 @@
 //! Every public mutating call validates first and changes nothing when it
 //! fails; when it succeeds it advances the clock by exactly one.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
+
+use crate::arena::NodeArena;
 
 use crate::child_key::{ChildKey, Page, PageKey};
 use crate::clock::{LogicalClock, Stamp};
@@ -75,9 +77,16 @@ pub struct PrefixTree {
     page_size: usize,
     policy: Policy,
     clock: LogicalClock,
-    /// Arena indexed by node id; ids are never reused.
-    nodes: Vec<Option<Node>>,
+    nodes: NodeArena,
     roots: BTreeMap<Namespace, NodeId>,
+    root_names: BTreeMap<NodeId, Namespace>,
+    /// Roots without children or locks, with the clock when they became so;
+    /// beyond `IDLE_ROOTS_KEPT` the longest idle one leaves the tree, so a
+    /// stream of one-off namespaces does not grow it.
+    idle_roots: BTreeMap<NodeId, Stamp>,
+    idle_order: BTreeSet<(Stamp, NodeId)>,
+    /// Wrapping sum of the idle roots' hashes.
+    idle_digest: u64,
     index: EvictableIndex,
     /// Wrapping sum of the live nodes' digest terms.
     digest_sum: u64,
@@ -87,7 +96,6 @@ pub struct PrefixTree {
     /// Nodes referring to each host object.
     host_refs: BTreeMap<HostKey, usize>,
     host_pages: usize,
-    live_nodes: usize,
     /// How far back the cache currently reaches, which scales
     /// `Policy::Ghost`'s weights: the latest position among device victims,
     /// a victim's position being its priority or, if later, its last access
@@ -101,8 +109,16 @@ pub struct PrefixTree {
     shadows: Option<Box<Shadows>>,
     /// In a shadow: the ranking it always uses.
     fixed_ranking: Option<Ranking>,
-    events: Vec<Event>,
+    events: VecDeque<Event>,
+    event_limit: usize,
+    dropped_events: u64,
 }
+
+/// Idle namespace roots kept before the longest idle one is dropped.
+pub const IDLE_ROOTS_KEPT: usize = 1024;
+/// Residency events buffered until `take_events` by default; beyond it the
+/// oldest are dropped and counted, so a caller that never drains stays bounded.
+pub const DEFAULT_EVENT_LIMIT: usize = 1 << 16;
 
 /// One step of a read-only walk: a node and how many of its pages matched
 /// (fewer than all only for the last step).
@@ -132,20 +148,25 @@ impl PrefixTree {
             page_size,
             policy,
             clock: LogicalClock::default(),
-            nodes: Vec::new(),
+            nodes: NodeArena::default(),
             roots: BTreeMap::new(),
+            root_names: BTreeMap::new(),
+            idle_roots: BTreeMap::new(),
+            idle_order: BTreeSet::new(),
+            idle_digest: 0,
             index: EvictableIndex::default(),
             digest_sum: 0,
             live_pages: HashSet::default(),
             host_refs: BTreeMap::new(),
             host_pages: 0,
-            live_nodes: 0,
             floor: 0,
             ghost: GhostHistory::default(),
             queues: QueueState::new(policy),
             shadows: None,
             fixed_ranking: None,
-            events: Vec::new(),
+            events: VecDeque::new(),
+            event_limit: DEFAULT_EVENT_LIMIT,
+            dropped_events: 0,
         })
     }
 
@@ -162,10 +183,19 @@ impl PrefixTree {
     }
     /// Live nodes, namespace roots included.
     pub fn len(&self) -> usize {
-        self.live_nodes
+        self.nodes.len()
     }
     pub fn is_empty(&self) -> bool {
-        self.live_nodes == 0
+        self.nodes.len() == 0
+    }
+    /// Node slots ever used: the high-water mark of live nodes, which bounds
+    /// the tree's node storage.
+    pub fn node_slots(&self) -> usize {
+        self.nodes.slots()
+    }
+    /// Namespace roots currently in the tree.
+    pub fn namespaces(&self) -> usize {
+        self.roots.len()
     }
     pub fn device_pages(&self) -> usize {
         self.live_pages.len()
@@ -191,14 +221,14 @@ impl PrefixTree {
         self.index.len(tier)
     }
     pub fn node(&self, id: NodeId) -> Option<&Node> {
-        self.nodes.get(usize::try_from(id.0).ok()?)?.as_ref()
+        self.nodes.get(id)
     }
     pub fn root(&self, namespace: &Namespace) -> Option<NodeId> {
         self.roots.get(namespace).copied()
     }
-    /// Live nodes in id order.
+    /// Live nodes in slot order (the same on every replica).
     pub fn nodes(&self) -> impl Iterator<Item = &Node> + '_ {
-        self.nodes.iter().flatten()
+        self.nodes.iter()
     }
     /// The index of `tier` in eviction order.
     pub fn eviction_order(&self, tier: Tier) -> Vec<NodeId> {
@@ -230,7 +260,8 @@ impl PrefixTree {
                     .position(|p| *p == self.policy)
                     .unwrap_or(0) as u64,
             )
-            .word(self.nodes.len() as u64)
+            .word(self.nodes.digest())
+            .word(self.idle_digest)
             .word(self.floor)
             .word(self.ghost.digest());
         // Only the queue policies add a word: other policies' digests stay as pinned.
@@ -245,12 +276,39 @@ impl PrefixTree {
         .finish()
     }
 
-    /// Drains the residency events since the last call. The next buffer
-    /// starts as large as this one, so a steady stream of calls between
-    /// drains pushes its events without regrowing it.
+    /// Drains the residency events since the last call (at most the event
+    /// limit: older ones were dropped, see `dropped_events`).
     pub fn take_events(&mut self) -> Vec<Event> {
-        let room = Vec::with_capacity(self.events.len());
-        std::mem::replace(&mut self.events, room)
+        self.events.drain(..).collect()
+    }
+
+    /// Bounds the event buffer to `limit` events (0 records none); events
+    /// beyond it drop the oldest. Events are not replicated state.
+    pub fn set_event_limit(&mut self, limit: usize) {
+        self.event_limit = limit;
+        while self.events.len() > limit {
+            self.events.pop_front();
+            self.dropped_events += 1;
+        }
+    }
+    pub fn event_limit(&self) -> usize {
+        self.event_limit
+    }
+    /// Events dropped because the buffer was full, since the tree was made.
+    pub fn dropped_events(&self) -> u64 {
+        self.dropped_events
+    }
+
+    fn record(&mut self, event: Event) {
+        if self.events.len() == self.event_limit {
+            if self.event_limit == 0 {
+                self.dropped_events += 1;
+                return;
+            }
+            self.events.pop_front();
+            self.dropped_events += 1;
+        }
+        self.events.push_back(event);
     }
 
     // ---- the engine's calls --------------------------------------------
@@ -451,7 +509,7 @@ impl PrefixTree {
         self.update(node, |n| n.host = Some(key));
         self.host_refs.insert(key, 1);
         self.host_pages += num_pages;
-        self.events.push(Event::HostStored {
+        self.record(Event::HostStored {
             node,
             start,
             num_pages,
@@ -632,15 +690,44 @@ impl PrefixTree {
             indexed: None,
         });
         self.roots.insert(namespace.clone(), id);
+        self.root_names.insert(id, namespace.clone());
+        self.reap_idle_roots(id);
         id
     }
 
+    /// Drops the longest idle roots beyond `IDLE_ROOTS_KEPT`, sparing `keep`.
+    fn reap_idle_roots(&mut self, keep: NodeId) {
+        while self.idle_roots.len() > IDLE_ROOTS_KEPT {
+            let &(since, oldest) = self
+                .idle_order
+                .iter()
+                .find(|(_, id)| *id != keep)
+                .expect("more idle roots than one");
+            self.set_idle(oldest, None);
+            debug_assert!(since <= self.clock.now());
+            self.detach(oldest);
+            self.nodes.remove(oldest);
+            let namespace = self.root_names.remove(&oldest).expect("named root");
+            self.roots.remove(&namespace);
+        }
+    }
+
+    /// Records whether root `id` is idle (since `since`), keeping its digest term.
+    fn set_idle(&mut self, id: NodeId, since: Option<Stamp>) {
+        if let Some(old) = self.idle_roots.remove(&id) {
+            self.idle_order.remove(&(old, id));
+            self.idle_digest = self.idle_digest.wrapping_sub(idle_term(id, old));
+        }
+        if let Some(since) = since {
+            self.idle_roots.insert(id, since);
+            self.idle_order.insert((since, id));
+            self.idle_digest = self.idle_digest.wrapping_add(idle_term(id, since));
+        }
+    }
+
     /// Puts a fully built node into the arena under the next id.
-    fn alloc(&mut self, mut node: Node) -> NodeId {
-        let id = NodeId(self.nodes.len() as u64);
-        node.id = id;
-        self.nodes.push(Some(node));
-        self.live_nodes += 1;
+    fn alloc(&mut self, node: Node) -> NodeId {
+        let id = self.nodes.insert(node);
         self.reattach(id);
         id
     }
@@ -692,7 +779,7 @@ impl PrefixTree {
             p.children.insert(key, id);
             p.device_children += 1;
         });
-        self.events.push(Event::DeviceStored {
+        self.record(Event::DeviceStored {
             node: id,
             start: depth,
             pages: pages.to_vec(),
@@ -754,7 +841,7 @@ impl PrefixTree {
         let node = self.node_ref(id);
         let (parent, start) = (node.parent.expect("non-root"), node.depth);
         self.live_pages.extend(pages.iter().copied());
-        self.events.push(Event::DeviceStored {
+        self.record(Event::DeviceStored {
             node: id,
             start,
             pages: pages.clone(),
@@ -775,11 +862,7 @@ impl PrefixTree {
     fn next_device_victim(&mut self) -> Option<NodeId> {
         loop {
             let nodes = &self.nodes;
-            let priority_of = |id: NodeId| {
-                nodes[id.0 as usize]
-                    .as_ref()
-                    .map_or(0, |n: &Node| n.priority)
-            };
+            let priority_of = |id: NodeId| nodes.get(id).map_or(0, |n: &Node| n.priority);
             match self.queues.choose(&self.index, priority_of)? {
                 Choice::Evict(id) => return Some(id),
                 Choice::Requeue(id, priority) => self.update(id, |n| n.priority = priority),
@@ -794,9 +877,7 @@ impl PrefixTree {
         self.floor = self.floor.max(node.last_access.min(node.priority));
         // Pages leave the live set first: the ghost history sizes itself by
         // what the tree holds once the victim is gone.
-        let device = self.nodes[id.0 as usize]
-            .as_ref()
-            .and_then(|n| n.device.as_ref());
+        let device = self.nodes.get(id).and_then(|n| n.device.as_ref());
         for page in device.expect("indexed on device") {
             self.live_pages.remove(page);
         }
@@ -814,7 +895,7 @@ impl PrefixTree {
             self.remove(id).device
         }
         .expect("indexed on device");
-        self.events.push(Event::DeviceRemoved {
+        self.record(Event::DeviceRemoved {
             node: id,
             start,
             pages: pages.clone(),
@@ -833,7 +914,7 @@ impl PrefixTree {
             self.host_refs.remove(&key);
         }
         self.host_pages -= num_pages;
-        self.events.push(Event::HostRemoved {
+        self.record(Event::HostRemoved {
             node: id,
             start,
             num_pages,
@@ -852,8 +933,7 @@ impl PrefixTree {
     /// policies that keep one) and hands it back.
     fn remove(&mut self, id: NodeId) -> Node {
         self.detach(id);
-        let node = self.nodes[id.0 as usize].take().expect("live");
-        self.live_nodes -= 1;
+        let node = self.nodes.remove(id);
         let parent = node.parent.expect("roots are never removed");
         let on_device = node.device.is_some();
         let key = &node.tokens[..self.page_size];
@@ -881,12 +961,12 @@ impl PrefixTree {
     /// index, apply `change`, and put it back with its new hash and key.
     fn update(&mut self, id: NodeId, change: impl FnOnce(&mut Node)) {
         self.detach(id);
-        change(self.nodes[id.0 as usize].as_mut().expect("live"));
+        change(self.nodes.live_mut(id));
         self.reattach(id);
     }
 
     fn detach(&mut self, id: NodeId) {
-        let node = self.nodes[id.0 as usize].as_mut().expect("live");
+        let node = self.nodes.live_mut(id);
         self.digest_sum = self.digest_sum.wrapping_sub(node.digest_term);
         self.queues
             .leave(node.priority, node.device.as_ref().map_or(0, Vec::len));
@@ -896,8 +976,23 @@ impl PrefixTree {
     }
 
     fn reattach(&mut self, id: NodeId) {
-        let key = self.key_of(self.nodes[id.0 as usize].as_ref().expect("live"));
-        let node = self.nodes[id.0 as usize].as_mut().expect("live");
+        self.index_node(id);
+        let now = self.clock.now();
+        let node = self.nodes.live_mut(id);
+        if node.is_root() {
+            let idle = node.children.is_empty() && node.locks == 0;
+            match (idle, self.idle_roots.contains_key(&id)) {
+                (true, false) => self.set_idle(id, Some(now)),
+                (false, true) => self.set_idle(id, None),
+                _ => {}
+            }
+        }
+    }
+
+    /// Puts a detached node's digest term, queue pages and index entry back.
+    fn index_node(&mut self, id: NodeId) {
+        let key = self.key_of(self.nodes.get(id).expect("internal ids are live"));
+        let node = self.nodes.live_mut(id);
         node.digest_term = node_hash(node, node.tokens_hash);
         self.digest_sum = self.digest_sum.wrapping_add(node.digest_term);
         self.queues
@@ -906,6 +1001,123 @@ impl PrefixTree {
             node.indexed = Some((tier, key));
             self.index.insert(tier, key, id);
         }
+    }
+
+    // ---- snapshots (see `snapshot`) -------------------------------------
+
+    pub(crate) fn floor(&self) -> Stamp {
+        self.floor
+    }
+    pub(crate) fn arena_parts(&self) -> (Vec<(u32, Option<&Node>)>, &[u32]) {
+        self.nodes.parts()
+    }
+    pub(crate) fn roots_map(&self) -> &BTreeMap<Namespace, NodeId> {
+        &self.roots
+    }
+    pub(crate) fn idle_roots_map(&self) -> &BTreeMap<NodeId, Stamp> {
+        &self.idle_roots
+    }
+    pub(crate) fn ghost_history(&self) -> &GhostHistory {
+        &self.ghost
+    }
+    pub(crate) fn queue_state(&self) -> &QueueState {
+        &self.queues
+    }
+    pub(crate) fn shadow_state(&self) -> Option<&Shadows> {
+        self.shadows.as_deref()
+    }
+    pub(crate) fn fixed(&self) -> Option<Ranking> {
+        self.fixed_ranking
+    }
+
+    /// A tree from decoded snapshot state: every derived structure rebuilt,
+    /// every invariant checked; an inconsistency is an error, not a panic.
+    pub(crate) fn rebuild(d: crate::snapshot::Decoded) -> Result<Self, String> {
+        let ps = d.page_size;
+        let mut tree = Self::without_shadows(ps, d.policy).map_err(|e| e.to_string())?;
+        for (slot, (_, node)) in d.slots.iter().enumerate() {
+            let Some(n) = node else { continue };
+            if !d.queues.accepts(n.priority) {
+                return Err(format!("node in slot {slot} has a bad queue state"));
+            }
+            let shape_ok = match n.parent {
+                None => n.tokens.is_empty() && n.device.is_none() && n.host.is_none(),
+                Some(_) => !n.tokens.is_empty() && n.tokens.len() % ps == 0,
+            };
+            let pages_ok = n
+                .device
+                .as_ref()
+                .is_none_or(|d| d.len() == n.tokens.len() / ps);
+            if !shape_ok || !pages_ok {
+                return Err(format!("node in slot {slot} has a malformed shape"));
+            }
+        }
+        // The policy's own state first: the index keys below depend on it.
+        if !d.queues.belongs_to(d.policy)
+            || (d.policy == Policy::Ghost) != (d.shadows.is_some() || d.fixed_ranking.is_some())
+        {
+            return Err(format!(
+                "policy state does not match policy {}",
+                d.policy.name()
+            ));
+        }
+        tree.queues = d.queues;
+        tree.shadows = d.shadows;
+        tree.fixed_ranking = d.fixed_ranking;
+        tree.nodes = NodeArena::from_parts(d.slots, d.free)?;
+        let ids: Vec<NodeId> = tree.nodes().map(|n| n.id).collect();
+        for &id in &ids {
+            let n = tree.nodes.live_mut(id);
+            n.tokens_hash = tokens_hash(&n.tokens);
+            let Some(parent) = n.parent else { continue };
+            let (key, on_device) = (ChildKey::new(&n.tokens[..ps]), n.device.is_some());
+            let p = tree
+                .nodes
+                .get_mut(parent)
+                .ok_or(format!("node {id}: parent {parent} is not live"))?;
+            if p.children.insert(key, id).is_some() {
+                return Err(format!("node {parent}: two children share a first page"));
+            }
+            p.device_children += usize::from(on_device);
+        }
+        for (namespace, &id) in &d.roots {
+            let root = tree
+                .nodes
+                .get_mut(id)
+                .filter(|n| n.is_root())
+                .ok_or(format!("namespace {namespace}: {id} is not a live root"))?;
+            root.tokens_hash = namespace_hash(namespace);
+            tree.root_names.insert(id, namespace.clone());
+        }
+        if tree.nodes().filter(|n| n.is_root()).count() != d.roots.len() {
+            return Err("a root has no namespace".into());
+        }
+        tree.roots = d.roots;
+        for &id in &ids {
+            let n = tree.nodes.live_mut(id);
+            let (device, host, pages) = (n.device.clone(), n.host, n.tokens.len() / ps);
+            for page in device.into_iter().flatten() {
+                if !tree.live_pages.insert(page) {
+                    return Err(format!("device page {page} held twice"));
+                }
+            }
+            if let Some(key) = host {
+                *tree.host_refs.entry(key).or_default() += 1;
+                tree.host_pages += pages;
+            }
+            tree.index_node(id);
+        }
+        for (&id, &since) in &d.idle_roots {
+            if !tree.root_names.contains_key(&id) {
+                return Err(format!("idle root {id} is not a root"));
+            }
+            tree.set_idle(id, Some(since));
+        }
+        tree.clock = LogicalClock::at(d.clock);
+        tree.floor = d.floor;
+        tree.ghost = d.ghost;
+        tree.check_invariants()?;
+        Ok(tree)
     }
 
     /// Checks every structural invariant and that the incremental index and
@@ -1022,11 +1234,38 @@ impl PrefixTree {
         if self.digest() != self.digest_from_scratch() {
             return Err("incremental digest differs from recomputation".into());
         }
-        if self.nodes().count() != self.live_nodes {
-            return Err("live node count out of sync".into());
+        self.nodes.check()?;
+        let idle: BTreeSet<NodeId> = self
+            .nodes()
+            .filter(|n| n.is_root() && n.children.is_empty() && n.locks == 0)
+            .map(|n| n.id)
+            .collect();
+        if idle.iter().ne(self.idle_roots.keys()) || self.idle_order.len() != idle.len() {
+            return Err("idle roots out of sync".into());
+        }
+        let idle_sum = self
+            .idle_roots
+            .iter()
+            .map(|(id, since)| idle_term(*id, *since))
+            .fold(0u64, u64::wrapping_add);
+        if idle_sum != self.idle_digest || self.idle_roots.len() > IDLE_ROOTS_KEPT + 1 {
+            return Err("idle roots digest or bound wrong".into());
+        }
+        let named: Vec<(NodeId, &Namespace)> =
+            self.roots.iter().map(|(ns, id)| (*id, ns)).collect();
+        if named.len() != self.root_names.len()
+            || named
+                .iter()
+                .any(|(id, ns)| self.root_names.get(id) != Some(*ns))
+        {
+            return Err("root names out of sync".into());
         }
         Ok(())
     }
+}
+
+fn idle_term(id: NodeId, since: Stamp) -> u64 {
+    Hasher64::default().word(id.0).word(since).finish()
 }
 
 /// Stamps an access: the last-access time and the policy's priority.

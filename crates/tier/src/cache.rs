@@ -20,10 +20,10 @@ use cpkv_evict::{Namespace, NodeId, PageId, Policy, PrefixTree, Token};
 use crate::config::TierConfig;
 use crate::device_pool::DevicePool;
 use crate::error::{Result, TierError};
-use crate::mix::term;
 use crate::plan::{Backup, CommitOutcome, InsertOutcome, LoadPlan, LoadRun, Lookup};
 use crate::segments::{Segment, Segments};
 use crate::stats::TierStats;
+use cpkv_hash::hash_words as term;
 
 /// The allocator's one pool: a host page is one row of every payload's slab.
 const HOST_POOL: &str = "host";

@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use cpkv_evict::PageId;
 
 use crate::error::{Result, TierError};
-use crate::mix::term;
+use cpkv_hash::hash_words as term;
 
 const FREE_PAGE: u64 = 0x4650;
 const HELD_PAGE: u64 = 0x4850;

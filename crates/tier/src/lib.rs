@@ -37,7 +37,6 @@ mod device_pool;
 /// `TierError`, the one error type.
 mod error;
 /// The fixed-seed mixer behind the digest terms.
-mod mix;
 /// Plain results: lookups, load plans, backups, commits.
 mod plan;
 /// Host segments: tree host keys into allocator objects.

@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::mix::term;
+use cpkv_hash::hash_words as term;
 
 const SEGMENT: u64 = 0x5345;
 

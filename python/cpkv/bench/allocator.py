@@ -38,28 +38,47 @@ WORKLOADS = {
 
 
 def _pools(text: str) -> dict[str, int]:
+    """``payload=pages,...``: each name given once, each capacity a positive integer."""
     pools = {}
     for item in text.split(","):
-        name, _, capacity = item.partition("=")
-        pools[name.strip()] = int(capacity)
+        name, eq, capacity = (part.strip() for part in item.partition("="))
+        if not eq or not name:
+            raise argparse.ArgumentTypeError(f"{item.strip()!r} is not payload=pages")
+        try:
+            pages = int(capacity)
+        except ValueError:
+            pages = 0
+        if pages < 1:
+            raise argparse.ArgumentTypeError(f"{item.strip()!r}: pages must be a positive integer")
+        if name in pools:
+            raise argparse.ArgumentTypeError(f"payload {name!r} is given twice")
+        pools[name] = pages
     return pools
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    from cpkv._args import integer, output_path, real
+
     parser.add_argument(
         "--workload", action="append", choices=sorted(WORKLOADS),
         help="built-in workload(s) to run (default: all)",
     )
     parser.add_argument("--pools", type=_pools, help="a custom workload instead: payload=pages,...")
-    parser.add_argument("--steps", type=int, help="batches per stream (default: per workload)")
-    parser.add_argument("--seed", type=int, default=0, help="stream seed (default %(default)s)")
-    parser.add_argument("--batch", type=int, default=32, help="reserves per batch (default %(default)s)")
+    parser.add_argument("--steps", type=integer(1), help="batches per stream (default: per workload)")
+    parser.add_argument("--seed", type=integer(0), default=0, help="stream seed (default %(default)s)")
+    parser.add_argument("--batch", type=integer(1), default=32, help="reserves per batch (default %(default)s)")
     parser.add_argument(
-        "--occupancy", type=float, default=0.9, help="used fraction releases return to (default %(default)s)"
+        "--occupancy", type=real(above=0, maximum=1), default=0.9,
+        help="used fraction releases return to, in (0, 1] (default %(default)s)"
     )
-    parser.add_argument("--max-pages", type=int, default=64, help="largest object in pages (default %(default)s)")
-    parser.add_argument("--repeat", type=int, default=3, help="timed runs per row; the best counts (default %(default)s)")
-    parser.add_argument("--json", metavar="PATH", help="also write the tables as JSON")
+    parser.add_argument("--max-pages", type=integer(1), default=64, help="largest object in pages (default %(default)s)")
+    parser.add_argument("--repeat", type=integer(1), default=3,
+                        help="timed runs per row; the best counts (default %(default)s)")
+    parser.add_argument(
+        "--call-path-live", type=integer(1), nargs="*", default=list(CALL_PATH_LIVE), metavar="N",
+        help="live objects for the call-path table (default: %(default)s; none: skip it)",
+    )
+    parser.add_argument("--json", metavar="PATH", type=output_path, help="also write the tables as JSON")
 
 
 def _best(repeat: int, run_once):
@@ -142,8 +161,80 @@ def _measure(args: argparse.Namespace, pools: dict[str, int], steps: int) -> dic
     }
 
 
+# Live objects for the call-path table (the issue's 10k and 100k).
+CALL_PATH_LIVE = (10_000, 100_000)
+
+
+def _fragmented(live: int):
+    """An allocator with `live` objects of 1..8 pages in two payloads and a
+    free hole after every 10th (the criterion benches' shape): `live / 10`
+    free extents of 1..8 pages, so a 5-page reserve is a real first-fit."""
+    import cpkv
+
+    total = live + live // 10
+    sizes = [1 + (i * 7 + i // 3) % 8 for i in range(total)]
+    capacity = sum(sizes) + 64
+    alloc = cpkv.PageAllocator({"kv": capacity, "index": capacity})
+    alloc.reserve_batch(list(range(total)), sizes)
+    alloc.release_many([i for i in range(total) if i % 11 == 5])
+    return alloc
+
+
+def _best_per_call(run_chunk, chunk: int, chunks: int) -> float:
+    """Seconds per iteration: the best of `chunks` timed runs of `chunk`
+    iterations (short runs, so a run the scheduler interrupted is dropped)."""
+    best = float("inf")
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(chunks):
+            started = time.perf_counter()
+            run_chunk(chunk)
+            best = min(best, time.perf_counter() - started)
+    finally:
+        gc.enable()
+    return best / chunk
+
+
+def _call_path(live: int, chunk: int = 20_000, chunks: int = 25) -> dict:
+    """One reserve(5 pages)+release cycle from Python against its floor, two
+    empty calls into the same object with the same arguments, interleaved
+    chunk by chunk so both see the same machine."""
+    alloc = _fragmented(live)
+    reserve, release, noop = alloc.reserve, alloc.release, alloc._noop
+    key = 1 << 62
+    kv = ["kv"]
+
+    def cycle(n):
+        for _ in range(n):
+            reserve(key, 5)
+            release(key)
+
+    def cycle_kv(n):
+        for _ in range(n):
+            reserve(key, 5, kv)
+            release(key)
+
+    def floor(n):
+        for _ in range(n):
+            noop(key, 5)
+            noop(key)
+
+    times = {"floor": float("inf"), "cycle": float("inf"), "cycle_kv": float("inf")}
+    for _ in range(5):
+        for name, fn in (("floor", floor), ("cycle", cycle), ("cycle_kv", cycle_kv)):
+            times[name] = min(times[name], _best_per_call(fn, chunk, max(1, chunks // 5)))
+    if len(alloc) != live or key in alloc:
+        raise SystemExit("error: the call-path cycle changed the allocator")
+    return times
+
+
 def run(args: argparse.Namespace) -> int:
+    from cpkv._args import positive_int
     from cpkv._report import Table, emit
+
+    for live in args.call_path_live:
+        positive_int(live, "--call-path-live")
 
     if args.pools:
         workloads = {"custom": (args.pools, args.steps or 600)}
@@ -160,6 +251,16 @@ def run(args: argparse.Namespace) -> int:
         ["workload", "payload", "capacity", "reserves", "misses", "releases", "used", "free extents"],
     )
     agreement = Table("agreement (every placement, op for op)", ["workload", "run", "placements sha256"])
+    call_path = Table(
+        "call path: one reserve(key, 5)+release(key) from Python vs its floor (two empty calls into the same object)",
+        ["live objects", "payloads", "floor ns", "cycle ns", "cycle / floor", "target"],
+    )
+    call_path_json = {}
+    for live in args.call_path_live:
+        times = _call_path(live)
+        call_path_json[live] = {k: v * 1e9 for k, v in times.items()}
+        for label, cycle in (("all", times["cycle"]), ('["kv"]', times["cycle_kv"])):
+            call_path.add(live, label, times["floor"] * 1e9, cycle * 1e9, cycle / times["floor"], "<= 2")
     speedups = {}
     for name, (pools, steps) in workloads.items():
         result = _measure(args, pools, steps)
@@ -186,7 +287,7 @@ def run(args: argparse.Namespace) -> int:
 
     emit(
         "bench allocator",
-        [speed, shape, agreement],
+        [speed, shape, agreement, call_path],
         args.json,
         seed=args.seed,
         batch=args.batch,
@@ -195,6 +296,7 @@ def run(args: argparse.Namespace) -> int:
         repeat=args.repeat,
         workloads={name: {"pools": pools, "steps": steps} for name, (pools, steps) in workloads.items()},
         speedups=speedups,
+        call_path_ns=call_path_json,
         targets={"single": 20.0, "batched": 50.0, "arrays": 50.0},
     )
     return 0

@@ -5,8 +5,13 @@ batch layer after layer both ways, in the same launch, on the same pools:
 
 - staged: write this rank's current rows into its staging, one barrier, one
   gather through the 2 * cp source table;
-- all-reduce: zero the dense buffer, write the slots this rank owns, all-reduce
-  (uint8 SUM) the whole buffer.
+- all-reduce over gloo: zero the dense buffer, write the slots this rank owns,
+  all-reduce (uint8 SUM) the whole buffer over gloo's TCP transport;
+- all-reduce over shared memory (the same transport as the staged path, so the
+  design is compared on one transport): write the owned slots into a zeroed
+  contribution in /dev/shm, barrier, each rank sums its 1/cp chunk of every
+  rank's contribution (a reduce-scatter), barrier, each rank copies every
+  chunk (an all-gather); double-buffered, two barriers per layer.
 
 Time per layer is the slowest rank's (the step waits for it). Barriers and
 collectives per layer are counted from what the group actually issued. Bytes
@@ -14,10 +19,12 @@ per rank: staged = rows read from other ranks' pools/stagings + rows staged;
 all-reduce = 2 (cp - 1) / cp of the dense buffer sent and as much received
 (ring all-reduce volume).
 
-Then the gather alone, in this process on one thread: both CPU strategies
-(strided copy runs; one indexed copy per source) over 2 * cp separate sources
-against one contiguous copy of the same bytes (the memory bound; target >=
-70%), on the default batch and on a small-page batch where runs are short.
+Then the gather alone, in this process on one thread: the native copy (what
+the compose runs on CPU) and the two numpy strategies it replaced (strided copy
+runs; one indexed copy per source), over 2 * cp separate sources, against one
+contiguous copy of the same bytes (the memory bound; target >= 0.9), at 4 KB
+and 32 KB pages, with a dense buffer of 2 MB (in cache: sources + dense fit a
+32 MB last-level cache) and of 256 MB (out of cache: 8x that cache).
 """
 
 from __future__ import annotations
@@ -27,15 +34,31 @@ import time
 from typing import Any
 
 
+def add_batch_arguments(parser: argparse.ArgumentParser, *, cp: str, requests: int, prefix_pages: int,
+                        current_pages: int, page_bytes: int, layers: int) -> None:
+    """The batch shape both compose benches take (CPU and GPU), with each bench's defaults."""
+    from cpkv._args import integer, integer_list
+
+    parser.add_argument("--cp", type=integer_list(1, 16), default=cp, help="cp sizes to run (default %(default)s)")
+    parser.add_argument("--requests", type=integer(1), default=requests, help="requests per batch (default %(default)s)")
+    parser.add_argument("--prefix-pages", type=integer(0), default=prefix_pages,
+                        help="cached pages per request (default %(default)s)")
+    parser.add_argument("--current-pages", type=integer(0), default=current_pages,
+                        help="new pages per request (default %(default)s)")
+    parser.add_argument("--page-bytes", type=integer(1), default=page_bytes,
+                        help="bytes per page and layer (default %(default)s)")
+    parser.add_argument("--layers", type=integer(1), default=layers, help="timed layers per path (default %(default)s)")
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--cp", default="2,4,8", help="cp sizes to run (default %(default)s)")
-    parser.add_argument("--requests", type=int, default=8, help="requests per batch (default %(default)s)")
-    parser.add_argument("--prefix-pages", type=int, default=48, help="cached pages per request (default %(default)s)")
-    parser.add_argument("--current-pages", type=int, default=4, help="new pages per request (default %(default)s)")
-    parser.add_argument("--page-bytes", type=int, default=32768, help="bytes per page and layer (default %(default)s)")
-    parser.add_argument("--layers", type=int, default=40, help="timed layers per path (default %(default)s)")
-    parser.add_argument("--gather-reps", type=int, default=20, help="timed gathers per cp (default %(default)s)")
-    parser.add_argument("--json", metavar="PATH", help="also write the tables as JSON")
+    from cpkv._args import integer, output_path
+
+    add_batch_arguments(parser, cp="2,4,8", requests=8, prefix_pages=48, current_pages=4, page_bytes=32768,
+                        layers=40)
+    parser.add_argument("--gather-reps", type=integer(1), default=20, help="timed gathers per cp (default %(default)s)")
+    parser.add_argument("--out-of-cache-mb", type=integer(0), default=256,
+                        help="dense MB of the out-of-cache gather rows (default %(default)s; 0 skips them)")
+    parser.add_argument("--json", metavar="PATH", type=output_path, help="also write the tables as JSON")
 
 
 def _rank_worker(rank: int, cp: int, args: dict) -> dict:
@@ -54,7 +77,9 @@ def _rank_worker(rank: int, cp: int, args: dict) -> dict:
         out = torch.empty(plan.num_slots, row_bytes, dtype=torch.uint8)
         group.barrier("pool fill")
         result: dict[str, Any] = {}
-        for name, compose in (("staged", group.compose), ("allreduce", group.compose_allreduce)):
+        shm_reduce = _ShmReduce(group, plan, row_bytes)
+        paths = (("staged", group.compose), ("allreduce", group.compose_allreduce), ("shm_reduce", shm_reduce))
+        for name, compose in paths:
             for layer in range(2):  # warm-up: first touch of every mapped page
                 compose(plan, "kv", current, layer=layer, out=out)
             group.barrier("timing start")
@@ -69,47 +94,116 @@ def _rank_worker(rank: int, cp: int, args: dict) -> dict:
                 "collectives": (group.stats.collectives - before[1]) / args["layers"],
                 "barrier_s": (group.stats.barrier_s - before[2]) / args["layers"],
             }
+        # The baselines compose the same bytes as the staged path (checked, not assumed).
+        want = group.compose(plan, "kv", current, layer=0, out=torch.empty_like(out)).clone()
+        for name, compose in paths[1:]:
+            if not torch.equal(compose(plan, "kv", current, layer=0, out=out), want):
+                raise RuntimeError(f"rank {rank}: the {name} baseline composed different bytes")
         staged_bytes = (plan.remote_slots(rank) + plan.num_current(rank)) * row_bytes
         result["staged"]["bytes"] = staged_bytes
         result["allreduce"]["bytes"] = int(2 * (cp - 1) / cp * plan.num_slots * row_bytes)
+        # Contribution written, cp chunks of 1/cp read and one written, every chunk read back.
+        result["shm_reduce"]["bytes"] = int((3 + 1 / cp) * plan.num_slots * row_bytes)
         result["dense_bytes"] = plan.num_slots * row_bytes
+        shm_reduce.close()
     return result
 
 
+class _ShmReduce:
+    """The dense all-reduce baseline over /dev/shm (reduce-scatter then all-gather), so it runs
+    on the staged path's transport; byte-exact like the gloo all-reduce (one contributor per slot).
+
+    Each rank's segment holds, per parity, its contribution and its reduced chunk; names are
+    unlinked as soon as every rank has mapped them."""
+
+    def __init__(self, group: Any, plan: Any, row_bytes: int) -> None:
+        from cpkv.compose.segment import SharedSegment
+
+        self.group, self.plan, self.rank, cp = group, plan, group.rank, group.cp_size
+        self.dense_bytes = plan.num_slots * row_bytes
+        self.row_bytes, self.layer = row_bytes, 0
+        names = [f"cpkv-{group.run_id}-reduce-r{r}" for r in range(cp)]
+        own = SharedSegment(names[self.rank], 4 * self.dense_bytes, create=True)
+        group.barrier("reduce segments")
+        self.segments = [own if r == self.rank else SharedSegment(names[r], 4 * self.dense_bytes, create=False)
+                         for r in range(cp)]
+        group.barrier("reduce segments")
+        own.unlink()
+        rows = plan.num_slots
+        views = [s.tensor.view(4, rows, row_bytes) for s in self.segments]
+        self.contribution = [[v[parity] for v in views] for parity in (0, 1)]
+        self.reduced = [[v[2 + parity] for v in views] for parity in (0, 1)]
+        bounds = [rows * r // cp for r in range(cp + 1)]
+        self.chunks = list(zip(bounds, bounds[1:]))
+
+    def __call__(self, plan: Any, payload: str, current: Any, *, layer: int = 0, out: Any = None) -> Any:
+        from cpkv.compose.groups.base import check_current_rows, check_pool
+        from cpkv.kernels.gather import gather_runs
+
+        group, rank, parity = self.group, self.rank, self.layer % 2
+        self.layer += 1
+        pool = check_pool(plan, rank, group.pool(payload), payload)
+        rows = check_current_rows(plan, rank, current, self.row_bytes, plan.staging_rows(rank))
+        mine = self.contribution[parity][rank].zero_()
+        gather_runs(mine, [pool, rows], plan.owned_runs(rank))
+        group.barrier("shm reduce: contributions", layer=layer)
+        lo, hi = self.chunks[rank]
+        reduced = self.reduced[parity][rank][lo:hi]
+        reduced.copy_(self.contribution[parity][0][lo:hi])
+        for r in range(1, group.cp_size):
+            reduced.add_(self.contribution[parity][r][lo:hi])  # uint8: exact, one contributor per slot
+        group.barrier("shm reduce: chunks", layer=layer)
+        for r, (lo, hi) in enumerate(self.chunks):
+            out[lo:hi].copy_(self.reduced[parity][r][lo:hi])
+        group.stats.composes += 1
+        return out
+
+    def close(self) -> None:
+        self.contribution = self.reduced = []
+        for segment in self.segments:
+            segment.close()
+
+
 def _gather_vs_copy(cp: int, requests: int, prefix: int, current: int, row_bytes: int, reps: int) -> dict:
-    """Seconds per gather (both CPU strategies) and per contiguous copy of the same bytes, one thread."""
+    """Seconds per gather (native; the numpy runs and indexed strategies) and per contiguous copy
+    of the same bytes, one thread, best of ``reps`` interleaved rounds."""
     import torch
 
+    from cpkv._cpkv import RowSources
     from cpkv.compose import ComposePlan
     from cpkv.compose.workload import uniform_batch
-    from cpkv.kernels.gather import gather_indexed, gather_runs, prefer_runs
+    from cpkv.kernels.gather import gather_indexed, gather_runs, gather_runs_numpy
 
     batch = uniform_batch(cp, requests, prefix, current)
     plan = ComposePlan(cp, 64, batch.requests, batch.num_slots)
     sources = [torch.randint(0, 256, (batch.pool_rows, row_bytes), dtype=torch.uint8) for _ in range(cp)]
     sources += [torch.randint(0, 256, (plan.staging_rows(r), row_bytes), dtype=torch.uint8) for r in range(cp)]
-    runs = plan.copy_runs(0).tolist()
-    groups = plan.index_groups(0)
+    table = RowSources(sources)  # as ShmGroup holds its mapped sources
+    runs = plan.copy_runs(0)
     out = torch.empty(plan.num_slots, row_bytes, dtype=torch.uint8)
     flat = torch.randint(0, 256, (plan.num_slots, row_bytes), dtype=torch.uint8)
 
-    def median(fn: Any) -> float:
-        fn()
-        times = []
-        for _ in range(reps):
+    groups = plan.index_groups(0)
+    paths = {
+        "native_s": lambda: gather_runs(out, table, runs),
+        "copy_s": lambda: out.copy_(flat),
+        "runs_s": lambda: gather_runs_numpy(out, sources, runs),
+        "indexed_s": lambda: gather_indexed(out, sources, groups),
+    }
+    gather_runs(out, table, runs)
+    native = out.clone()
+    gather_runs_numpy(out, sources, runs)
+    if not torch.equal(out, native):
+        raise RuntimeError("the native gather and the numpy runs gather disagree")
+    # Interleaved repetitions, best of each: every path sees the same machine (the other
+    # processes on it only ever add time), warm-up included in the first round.
+    best = {name: float("inf") for name in paths}
+    for _ in range(reps + 1):
+        for name, fn in paths.items():
             started = time.perf_counter()
             fn()
-            times.append(time.perf_counter() - started)
-        return sorted(times)[len(times) // 2]  # robust to the other processes on the machine
-
-    return {
-        "runs": len(runs),
-        "bytes": plan.num_slots * row_bytes,
-        "runs_s": median(lambda: gather_runs(out, sources, runs)),
-        "indexed_s": median(lambda: gather_indexed(out, sources, groups)),
-        "copy_s": median(lambda: out.copy_(flat)),
-        "chosen": "runs" if prefer_runs(len(runs), plan.num_slots, row_bytes) else "indexed",
-    }
+            best[name] = min(best[name], time.perf_counter() - started)
+    return {"runs": len(runs), "bytes": plan.num_slots * row_bytes, **best}
 
 
 def _plan_costs(cp: int, requests: int, prefix: int, current: int) -> tuple[float, float, float, int]:
@@ -139,43 +233,53 @@ def run(args: argparse.Namespace) -> int:
     from cpkv._report import Table, emit
     from cpkv.compose.launch import run_ranks
 
-    cps = [int(c) for c in args.cp.split(",") if c]
+    cps = args.cp
     params = {k: getattr(args, k) for k in ("requests", "prefix_pages", "current_pages", "page_bytes", "layers")}
     slots = args.requests * (args.prefix_pages + args.current_pages)
     compose = Table(
         f"compose per layer, CPU processes (gloo + /dev/shm): {args.requests} requests x "
         f"({args.prefix_pages} prefix + {args.current_pages} current) pages = {slots} slots of {args.page_bytes:,} B",
         ["cp", "path", "ms/layer (slowest rank)", "MB moved/rank", "barriers/layer", "collectives/layer",
-         "barrier wait ms/layer (max rank)", "speedup vs all-reduce"],
+         "barrier wait ms/layer (max rank)", "speedup vs gloo all-reduce", "speedup vs shm all-reduce"],
     )
+    labels = {"allreduce": "all-reduce over gloo TCP (baseline)",
+              "shm_reduce": "all-reduce over /dev/shm (baseline, same transport)",
+              "staged": "staged single gather (/dev/shm)"}
     for cp in cps:
         results = run_ranks(_rank_worker, cp, params, timeout_s=600, collective_timeout_s=120)
-        slowest = {p: max(r[p]["s_per_layer"] for r in results) for p in ("staged", "allreduce")}
-        for path in ("allreduce", "staged"):
+        slowest = {p: max(r[p]["s_per_layer"] for r in results) for p in labels}
+        for path in ("allreduce", "shm_reduce", "staged"):
             r0 = results[0][path]
-            compose.add(cp, "all-reduce (baseline)" if path == "allreduce" else "staged single gather",
-                        slowest[path] * 1e3, max(r[path]["bytes"] for r in results) / 1e6,
+            compose.add(cp, labels[path], slowest[path] * 1e3, max(r[path]["bytes"] for r in results) / 1e6,
                         r0["barriers"], r0["collectives"], max(r[path]["barrier_s"] for r in results) * 1e3,
-                        slowest["allreduce"] / slowest[path])
+                        slowest["allreduce"] / slowest[path], slowest["shm_reduce"] / slowest[path])
 
     torch.set_num_threads(1)
     gather = Table(
         "gather alone, one thread: 2*cp separate sources vs one contiguous copy of the same bytes "
-        "(target >= 70%); the compose uses the strategy marked chosen",
-        ["cp", "workload", "dense MB", "runs", "KB/run", "runs ms", "indexed ms", "copy ms", "chosen",
-         "chosen GB/s", "chosen fraction of copy"],
+        "(target: native >= 0.9 of the copy); the compose runs the native copy on CPU",
+        ["cp", "data", "workload", "dense MB", "runs", "KB/run", "native ms", "numpy runs ms", "numpy indexed ms",
+         "copy ms", "native fraction of copy", "fastest"],
     )
-    workloads = [
-        ("default", args.requests, args.prefix_pages, args.current_pages, args.page_bytes),
-        ("small pages", 64, 8, 2, 4096),
+    workloads = [  # (data, requests, prefix pages, current pages, page bytes): 2 MB and N MB dense buffers
+        ("in cache", 8, 60, 4, 4096),
+        ("in cache", 4, 14, 2, 32768),
     ]
-    for name, requests, prefix, current, row_bytes in workloads:
+    if args.out_of_cache_mb:
+        slots_4k, slots_32k = args.out_of_cache_mb * 256, args.out_of_cache_mb * 32
+        workloads += [("out of cache", max(1, slots_4k // 256), 248, 8, 4096),
+                      ("out of cache", max(1, slots_32k // 128), 120, 8, 32768)]
+    fractions = []
+    for data, requests, prefix, current, row_bytes in workloads:
+        big = data == "out of cache"
         for cp in cps:
-            g = _gather_vs_copy(cp, requests, prefix, current, row_bytes, args.gather_reps)
-            chosen_s = g[f"{g['chosen']}_s"]
-            gather.add(cp, f"{name}: {requests} x ({prefix}+{current}) x {row_bytes // 1024} KB", g["bytes"] / 1e6,
-                       g["runs"], g["bytes"] / max(g["runs"], 1) / 1024, g["runs_s"] * 1e3, g["indexed_s"] * 1e3,
-                       g["copy_s"] * 1e3, g["chosen"], g["bytes"] / chosen_s / 1e9, g["copy_s"] / chosen_s)
+            g = _gather_vs_copy(cp, requests, prefix, current, row_bytes, 5 if big else args.gather_reps)
+            times = {"native": g["native_s"], "numpy runs": g["runs_s"], "numpy indexed": g["indexed_s"]}
+            fraction = g["copy_s"] / g["native_s"]
+            fractions.append(fraction)
+            gather.add(cp, data, f"{requests} x ({prefix}+{current}) x {row_bytes // 1024} KB", g["bytes"] / 1e6,
+                       g["runs"], g["bytes"] / max(g["runs"], 1) / 1024, g["native_s"] * 1e3, g["runs_s"] * 1e3,
+                       g["indexed_s"] * 1e3, g["copy_s"] * 1e3, fraction, min(times, key=times.__getitem__))
     plans = Table(
         "plan: built once per batch on the CPU (vectorised numpy) and reused by every layer; cache lookups after",
         ["cp", "batch", "slots", "build ms", "per-rank views ms", "cache hit us"],
@@ -184,5 +288,6 @@ def run(args: argparse.Namespace) -> int:
         for requests, prefix, current in ((args.requests, args.prefix_pages, args.current_pages), (64, 200, 8)):
             build_s, views_s, hit_s, slots_n = _plan_costs(cp, requests, prefix, current)
             plans.add(cp, f"{requests} x ({prefix}+{current})", slots_n, build_s * 1e3, views_s * 1e3, hit_s * 1e6)
-    emit("bench compose", [compose, gather, plans], args.json, **params, cp=cps)
+    emit("bench compose", [compose, gather, plans], args.json, **params, cp=cps,
+         out_of_cache_mb=args.out_of_cache_mb, gather_fraction_min=min(fractions) if fractions else None)
     return 0

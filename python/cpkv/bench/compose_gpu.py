@@ -22,13 +22,13 @@ from typing import Any
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--cp", default="1,2,4,8", help="cp sizes (processes on GPU 0) (default %(default)s)")
-    parser.add_argument("--requests", type=int, default=16, help="requests per batch (default %(default)s)")
-    parser.add_argument("--prefix-pages", type=int, default=240, help="cached pages per request (default %(default)s)")
-    parser.add_argument("--current-pages", type=int, default=16, help="new pages per request (default %(default)s)")
-    parser.add_argument("--page-bytes", type=int, default=65536, help="bytes per page and layer (default %(default)s)")
-    parser.add_argument("--layers", type=int, default=10, help="timed layers per path (default %(default)s)")
-    parser.add_argument("--json", metavar="PATH", help="also write the tables as JSON")
+    from cpkv._args import output_path
+    from cpkv.bench.compose import add_batch_arguments
+
+    # cp sizes are processes on GPU 0.
+    add_batch_arguments(parser, cp="1,2,4,8", requests=16, prefix_pages=240, current_pages=16, page_bytes=65536,
+                        layers=10)
+    parser.add_argument("--json", metavar="PATH", type=output_path, help="also write the tables as JSON")
 
 
 def _rank_worker(rank: int, cp: int, args: dict) -> dict:
@@ -126,9 +126,10 @@ def run(args: argparse.Namespace) -> int:
     from cpkv.compose.launch import run_ranks
 
     if not torch.cuda.is_available():
-        print("bench compose-gpu needs a CUDA GPU; none is available here", file=sys.stderr)
-        return 2
-    cps = [int(c) for c in args.cp.split(",") if c]
+        from cpkv.errors import InvalidArgumentError
+
+        raise InvalidArgumentError("bench compose-gpu needs a CUDA GPU; none is available here")
+    cps = args.cp
     params = {k: getattr(args, k) for k in ("requests", "prefix_pages", "current_pages", "page_bytes", "layers")}
     slots = args.requests * (args.prefix_pages + args.current_pages)
     compose = Table(

@@ -14,6 +14,7 @@ which staging the unused slots read.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -70,6 +71,11 @@ class ComposePlan:
             self.check_pool_rows(pool_rows)
         self._per_rank: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._index_groups: dict[int, list[tuple[int, np.ndarray, np.ndarray]]] = {}
+        self.digest = plan_digest(self.key)
+
+    @property
+    def digest_hex(self) -> str:
+        return f"{self.digest:016x}"
 
     @property
     def requests(self) -> tuple[SlotSpans, ...]:
@@ -226,6 +232,29 @@ class ComposePlan:
             f"ComposePlan(cp_size={self.cp_size}, page_size={self.page_size}, "
             f"requests={len(self.requests)}, num_slots={self.num_slots})"
         )
+
+
+_DIGEST_VERSION = 1
+
+
+def plan_digest(key: PlanKey) -> int:
+    """A 63-bit digest of everything the ranks must agree on for a batch's compose.
+
+    Covers the layout (cp size, page size, pool rows), the dense buffer size and every span of every
+    request, in order. Leaves out the device (each rank has its own) and the payload name (the k and
+    v plans of one batch share a digest, so one agreement per batch covers both; payloads are agreed
+    at registration). SHA-256 of a fixed little-endian int64 encoding: the same on every platform.
+    """
+    words = [_DIGEST_VERSION, key.cp_size, key.page_size, key.num_slots,
+             -1 if key.pool_rows is None else key.pool_rows, len(key.requests)]
+    for request in key.requests:
+        for spans in (request.prefix, request.current):
+            words.append(len(spans))
+            for span in spans:
+                words.extend(span)
+    data = np.array(words, dtype="<i8").tobytes()
+    # 63 bits, so that -digest fits in an int64 (a MAX all-reduce of [d, -d] gives max and min).
+    return int.from_bytes(hashlib.sha256(data).digest()[:8], "little") >> 1
 
 
 @dataclass

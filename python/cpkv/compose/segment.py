@@ -16,12 +16,15 @@ from typing import Any
 
 SHM_DIR = "/dev/shm"
 
-# Segments this process created and has not unlinked, removed when the process exits
-# as a safety net for callers that never close their group. (A SIGKILL still leaks
-# them; the surviving ranks' abort() removes those.) Multiprocessing children leave
+# Segments this process created and has not unlinked yet, removed when the process exits.
+# Callers drop a name as soon as every rank has mapped the segment, so this only matters
+# inside that window (a registration cut short); a SIGKILL there leaves the name, which
+# the surviving ranks' error path removes (every name of a run is known to every rank).
+# Multiprocessing children leave
 # through os._exit, which skips atexit, so the hook is also a multiprocessing finalizer,
 # registered per process: a forked child must never unlink its parent's segments.
 _owned: set[str] = set()
+_fallocate = os.posix_fallocate  # a module global, so a test can make reservation fail
 _owner_pid: int | None = None
 
 
@@ -73,7 +76,22 @@ def unlink_created_by(pids: list[int]) -> None:
             unlink_now(os.path.join(SHM_DIR, name))
 
 
+def shm_room() -> str:
+    """How much room /dev/shm has, and what to do about it (for error messages)."""
+    try:
+        st = os.statvfs(SHM_DIR)
+        return (f"{SHM_DIR} has {st.f_bavail * st.f_frsize} of {st.f_blocks * st.f_frsize} bytes free; "
+                "enlarge it (e.g. docker run --shm-size) or ask for less")
+    except OSError:
+        return f"{SHM_DIR} cannot be inspected"
+
+
 class SharedSegment:
+    """One /dev/shm file mapped shared. The creator reserves all of its memory at creation
+    (``posix_fallocate``), so a /dev/shm too small fails here, not with a SIGBUS at first touch;
+    a failed creation leaves no file. Callers drop the name (:meth:`unlink`) as soon as every
+    process that needs the segment has mapped it: the mapping outlives the name."""
+
     def __init__(self, name: str, nbytes: int, *, create: bool) -> None:
         if "/" in name or not name:
             raise ValueError(f"bad segment name {name!r}")
@@ -85,14 +103,23 @@ class SharedSegment:
         fd = os.open(self.path, flags, 0o600)
         try:
             if create:
-                os.ftruncate(fd, nbytes)  # zero-filled: staging dummy rows start (and stay) zero
+                unlink_at_exit(self.path)
+                try:
+                    # Zero-filled, and every byte reserved now: staging dummy rows start (and stay) zero.
+                    _fallocate(fd, 0, max(nbytes, 1))
+                except OSError as err:
+                    unlink_now(self.path)
+                    raise OSError(err.errno, f"cannot reserve {nbytes} bytes at {self.path}: "
+                                             f"{err.strerror or err} ({shm_room()})") from err
             elif os.fstat(fd).st_size != nbytes:
                 raise ValueError(f"segment {name} has {os.fstat(fd).st_size} bytes, expected {nbytes}")
             self._map = mmap.mmap(fd, max(nbytes, 1))
+        except BaseException:
+            if create:
+                unlink_now(self.path)
+            raise
         finally:
             os.close(fd)
-        if create:
-            unlink_at_exit(self.path)
         self._tensor: Any = None
 
     @property

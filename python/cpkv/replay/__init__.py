@@ -23,10 +23,12 @@ __all__ = ["ReplayOptions", "configure", "run", "run_replay"]
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    from cpkv._args import integer, output_path
+
     d = ReplayOptions()
     parser.add_argument("--trace", metavar="PATH", help="a Mooncake-format JSONL trace (default: a generated one)")
-    parser.add_argument("--requests", type=int, default=800, help="requests to generate (default %(default)s)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the generated workload (default %(default)s)")
+    parser.add_argument("--requests", type=integer(1), default=800, help="requests to generate (default %(default)s)")
+    parser.add_argument("--seed", type=integer(0), default=0, help="seed of the generated workload (default %(default)s)")
     parser.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
     parser.add_argument("--ranks", type=int, default=d.ranks, help="CP ranks (processes) (default %(default)s)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
@@ -48,14 +50,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=d.timeout_s,
                         help="seconds before a stalled collective is an error (default %(default)s)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    parser.add_argument("--json", metavar="PATH", help="also write the report as JSON")
+    parser.add_argument("--json", metavar="PATH", type=output_path, help="also write the report as JSON")
 
 
-def options_from(args: argparse.Namespace) -> ReplayOptions:
+def options_from(args: argparse.Namespace, *, payloads: bool = True) -> ReplayOptions:
+    """The options; ``payloads=False`` leaves them unparsed (parsing imports torch, seconds)."""
     from cpkv.replay.options import parse_payloads
 
     return ReplayOptions(ranks=args.ranks, page_size=args.page_size, layers=args.layers,
-                         payloads=parse_payloads(args.payloads), device_pages=args.device_pages,
+                         payloads=parse_payloads(args.payloads) if payloads else None,
+                         device_pages=args.device_pages,
                          host_pages=args.host_pages, policy=args.policy, check_every=args.check_every,
                          admission=not args.no_admission, batch=args.batch, timeout_s=args.timeout,
                          progress=not args.quiet)
@@ -98,8 +102,10 @@ def run(args: argparse.Namespace) -> int:
         parent = os.path.dirname(os.path.abspath(args.json))
         if not os.path.isdir(parent):
             raise InvalidArgumentError(f"--json {args.json}: directory {parent} does not exist")
-    options = options_from(args)
+    # Everything that needs no torch first, so a bad value fails at once.
+    check(options_from(args, payloads=False), 0)
     requests = load_requests(args)
+    options = options_from(args)
     check(options, max(len(r) for r in requests))
     if args.device == "cuda":
         import torch

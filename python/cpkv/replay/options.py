@@ -28,12 +28,10 @@ class ReplayOptions:
 
 
 def parse_payloads(text: str) -> dict[str, Any]:
-    """``name:AxB:dtype,...`` into SlabSpecs, e.g. ``kv:8x16:float8_e4m3fn,index:32:bfloat16``."""
-    import torch
+    """``name:AxB:dtype,...`` into SlabSpecs, e.g. ``kv:8x16:float8_e4m3fn,index:32:bfloat16``.
 
-    from cpkv.tier import SlabSpec
-
-    specs: dict[str, Any] = {}
+    The text is checked before torch is imported (seconds), so a typo fails at once."""
+    parsed: dict[str, tuple[tuple[int, ...], str]] = {}
     for item in (part.strip() for part in text.split(",") if part.strip()):
         fields = item.split(":")
         if len(fields) != 3 or not fields[0]:
@@ -43,14 +41,22 @@ def parse_payloads(text: str) -> dict[str, Any]:
             shape = tuple(int(d) for d in shape_text.split("x"))
         except ValueError:
             raise InvalidArgumentError(f"--payloads: {item!r}: shape {shape_text!r} is not like 8x16") from None
+        if name in parsed:
+            raise InvalidArgumentError(f"--payloads: payload {name!r} is given twice")
+        parsed[name] = (shape, dtype_name)
+    if not parsed:
+        raise InvalidArgumentError("--payloads needs at least one payload")
+    import torch
+
+    from cpkv.tier import SlabSpec
+
+    specs: dict[str, Any] = {}
+    for name, (shape, dtype_name) in parsed.items():
         dtype = getattr(torch, dtype_name, None)
         if not isinstance(dtype, torch.dtype):
-            raise InvalidArgumentError(f"--payloads: {item!r}: unknown dtype {dtype_name!r}")
-        if name in specs:
-            raise InvalidArgumentError(f"--payloads: payload {name!r} is given twice")
+            raise InvalidArgumentError(f"--payloads: {name}:{'x'.join(map(str, shape))}:{dtype_name}: "
+                                       f"unknown dtype {dtype_name!r}")
         specs[name] = SlabSpec(shape, dtype)
-    if not specs:
-        raise InvalidArgumentError("--payloads needs at least one payload")
     return specs
 
 

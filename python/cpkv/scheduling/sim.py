@@ -36,6 +36,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
+from cpkv.errors import InvalidArgumentError
 from cpkv.scheduling.affinity import Action, AffinityPolicy, Reason
 from cpkv.scheduling.budget import BudgetConfig
 from cpkv.scheduling.candidate import Candidate
@@ -182,43 +183,43 @@ def simulate(
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("trace", help="Mooncake-format JSONL trace")
-    parser.add_argument("--json", metavar="PATH", help="also write the tables as JSON")
-    parser.add_argument("--limit", type=int, help="replay only the first N requests")
-    parser.add_argument("--load", type=float, default=0.7, help="offered load sets the speedup (default 0.7)")
-    parser.add_argument("--speedup", type=float, help="arrival time divisor (overrides --load)")
-    parser.add_argument("--floor", type=int, default=1024, help="warm floor, tokens (default 1024; see module doc)")
-    parser.add_argument("--cache-blocks", type=int, default=50_000, help="LRU prefix cache, 512-token blocks")
-    parser.add_argument("--skip-window", type=int, default=16)
-    parser.add_argument("--defer-limit", type=int, default=3)
+    from cpkv._args import integer, output_path, real
+
+    parser.add_argument("trace", help="Mooncake-format JSONL trace (timestamps non-decreasing)")
+    parser.add_argument("--json", metavar="PATH", type=output_path, help="also write the tables as JSON")
+    parser.add_argument("--limit", type=integer(1), help="replay only the first N requests")
+    parser.add_argument("--load", type=real(above=0, maximum=1000), default=0.7,
+                        help="offered load sets the speedup (default 0.7)")
+    parser.add_argument("--speedup", type=real(above=0, maximum=1e9), help="arrival time divisor (overrides --load)")
+    parser.add_argument("--floor", type=integer(0), default=1024, help="warm floor, tokens (default 1024; see module doc)")
+    parser.add_argument("--cache-blocks", type=integer(0), default=50_000, help="LRU prefix cache, 512-token blocks")
+    parser.add_argument("--skip-window", type=integer(0), default=16)
+    parser.add_argument("--defer-limit", type=integer(0), default=3)
     parser.add_argument("--no-cp-mode", action="store_true", help="use the age bound (single-rank engine)")
-    parser.add_argument("--age-bound-s", type=float, default=5.0, help="age bound outside CP mode")
-    parser.add_argument("--page-size", type=int, default=64)
-    parser.add_argument("--extend-cap", type=int, default=16384, help="extend tokens per forward (chunk size)")
-    parser.add_argument("--cached-cap", type=int, default=262144, help="cached prefix tokens per forward")
-    parser.add_argument("--fixed-ms", type=float, default=30.0, help="fixed cost per forward")
-    parser.add_argument("--extend-us", type=float, default=300.0, help="cost per extend token")
-    parser.add_argument("--cached-us", type=float, default=20.0, help="cost per cached token")
+    parser.add_argument("--age-bound-s", type=real(0), default=5.0, help="age bound outside CP mode")
+    parser.add_argument("--page-size", type=integer(1), default=64)
+    parser.add_argument("--extend-cap", type=integer(1), default=16384, help="extend tokens per forward (chunk size)")
+    parser.add_argument("--cached-cap", type=integer(0), default=262144, help="cached prefix tokens per forward")
+    parser.add_argument("--fixed-ms", type=real(0, 1e6), default=30.0, help="fixed cost per forward")
+    parser.add_argument("--extend-us", type=real(0, 1e6), default=300.0, help="cost per extend token")
+    parser.add_argument("--cached-us", type=real(0, 1e6), default=20.0, help="cost per cached token")
 
 
 def run(args: argparse.Namespace) -> int:
     from cpkv._report import Table, emit
     from cpkv.traces import load_trace
 
+    if args.fixed_ms == 0 and args.extend_us == 0 and args.cached_us == 0:
+        # A forward that costs nothing never advances the clock: refuse rather than spin.
+        raise InvalidArgumentError("--fixed-ms, --extend-us and --cached-us are all 0: a forward must cost something")
     requests = load_trace(args.trace, limit=args.limit)
-    if not requests:
-        raise SystemExit(f"{args.trace}: no requests")
     cost = CostModel(args.fixed_ms / 1e3, args.extend_us / 1e6, args.cached_us / 1e6)
     span_s = (requests[-1].timestamp_ms - requests[0].timestamp_ms) / 1e3
     work_s = offered_work_s(requests, cost, args.cache_blocks)
     if args.speedup is not None:
         speedup = args.speedup
     else:
-        if args.load <= 0:
-            raise SystemExit(f"--load must be > 0, got {args.load}")
-        speedup = args.load * span_s / work_s if span_s > 0 else 1.0
-    if speedup <= 0:
-        raise SystemExit(f"--speedup must be > 0, got {speedup}")
+        speedup = args.load * span_s / work_s if span_s > 0 and work_s > 0 else 1.0
     arrivals = [(r.timestamp_ms - requests[0].timestamp_ms) / 1e3 / speedup for r in requests]
     offered = work_s / (arrivals[-1] or 1.0)
 

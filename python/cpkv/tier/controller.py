@@ -54,6 +54,19 @@ class _Copy:
     slab_rows: Any  # int64 tensor, on the CPU
     _runs: list[tuple[slice, slice]] | None = field(default=None, repr=False)
     _pool_index: Any = field(default=None, repr=False)
+    _tables: dict[bool, np.ndarray] = field(default_factory=dict, repr=False)
+
+    def run_table(self, to_slab: bool) -> np.ndarray:
+        """The native copy's run table (int64 ``[R, 6]``, each constant-step stretch of rows one
+        run) for one direction: into the slab (backup) or into the pool (load-back). Built once
+        per copy, used for every layer and payload."""
+        table = self._tables.get(to_slab)
+        if table is None:
+            from cpkv._cpkv import row_runs
+
+            pool, slab = self.pool_rows.numpy(), self.slab_rows.numpy()
+            table = self._tables[to_slab] = row_runs(slab, pool) if to_slab else row_runs(pool, slab)
+        return table
 
     def pool_index(self, device: Any) -> Any:
         """``pool_rows`` on the pool's device (moved once)."""
@@ -62,7 +75,8 @@ class _Copy:
         return self._pool_index
 
     def runs(self) -> list[tuple[slice, slice]]:
-        """(pool rows, slab rows) slices, each a run of rows at a constant step on both sides, when
+        """Device pools only (CPU pools use the native copy's `run_table`): (pool rows, slab rows)
+        slices, each a run of rows at a constant step on both sides, when
         the runs are long enough for slice copies to beat one indexed gather and scatter (pages are
         taken lowest first and slab objects are contiguous, so they usually are); else []. Computed
         once per copy, used for every layer."""
@@ -210,6 +224,7 @@ class CacheController:
             raise InvalidArgumentError(f"slab has {self.slab.num_pages} pages x {self.slab.num_layers} layers, "
                                        f"the cache needs {host_pages} x {self.num_layers}")
         self._slab_rows = {name: self.slab.rows(name).view(self._words[name]) for name in self.payloads}
+        self._sources_cache: dict[tuple[str, int, int], Any] = {}
         # CUDA pools (not run on a CPU-only machine): copies cross the host link, loads on a side stream.
         self._cuda_pools = any(p.is_cuda for layers in device_pools.values() for p in layers)
         self._load_stream = torch.cuda.Stream() if self._cuda_pools else None
@@ -407,6 +422,7 @@ class CacheController:
             self._copy_cv.notify_all()
         if self._copier is not None:
             self._copier.join(timeout=self.settings.transfer_timeout_s)
+        self._sources_cache.clear()  # they hold views of the slab's mapping
         self._slab_rows.clear()
         self._pools.clear()
         self.slab.close()
@@ -434,6 +450,18 @@ class CacheController:
     def _copy_layer(self, layer: int, copy: _Copy, *, to_slab: bool) -> None:
         if copy.pool_rows.numel() == 0:
             return
+        if not self._cuda_pools:
+            # CPU pools: one native copy per payload (every run checked first, GIL released).
+            from cpkv._cpkv import copy_rows
+
+            table = copy.run_table(to_slab)
+            for name in self.payloads:
+                pool, slab = self._pools[name][layer], self._slab_rows[name][layer]
+                if to_slab:
+                    copy_rows(slab, self._row_sources(name, layer, pool), table)
+                else:
+                    copy_rows(pool, self._row_sources(name, layer, slab), table)
+            return
         runs = copy.runs()
         for name in self.payloads:
             pool, slab = self._pools[name][layer], self._slab_rows[name][layer]
@@ -454,6 +482,17 @@ class CacheController:
             import torch
 
             torch.cuda.current_stream().synchronize()
+
+    def _row_sources(self, name: str, layer: int, rows: Any) -> Any:
+        """``rows`` (a layer's pool or slab rows, fixed for this controller's life) as a native
+        source table, checked once."""
+        key = (name, layer, rows.data_ptr())
+        table = self._sources_cache.get(key)
+        if table is None:
+            from cpkv._cpkv import RowSources
+
+            table = self._sources_cache[key] = RowSources([rows])
+        return table
 
     def _copy_bytes(self, copy: _Copy) -> int:
         row_bytes = sum(spec.row_bytes for spec in self.payloads.values())

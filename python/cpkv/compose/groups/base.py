@@ -2,16 +2,30 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence, TypeVar
 
 from cpkv.compose.config import compose_config
 from cpkv.compose.debug import check_current, check_plan
 from cpkv.compose.plan import ComposePlan, PlanCache
 from cpkv.compose.spans import SlotSpans
 from cpkv.compose.timeouts import guarded
-from cpkv.errors import InvalidArgumentError
-from cpkv.kernels.gather import as_byte_rows, gather_indexed, gather_runs, prefer_runs
+from cpkv.errors import DivergenceError, GroupBrokenError, InvalidArgumentError
+from cpkv.kernels.gather import as_byte_rows, gather_runs
+
+
+_EVERY_RANK = "_cpkv_raised_on_every_rank"
+
+
+def on_every_rank(err: BaseException) -> BaseException:
+    """Marks an error that every rank raises alike, at the same step, having changed nothing
+    (decided from exchanged or agreed values): the ranks stay in step, so it does not break the group."""
+    setattr(err, _EVERY_RANK, True)
+    return err
+
+
+_Group = TypeVar("_Group", bound="DistributedGroup")
 
 
 @dataclass
@@ -22,6 +36,7 @@ class GroupStats:
     barriers: int = 0
     collectives: int = 0
     fallbacks: int = 0
+    agreements: int = 0  # plan-digest agreements (one small all-reduce each, once per batch)
     barrier_s: float = 0.0  # wall time spent waiting in barriers (what the stragglers cost)
 
 
@@ -52,7 +67,22 @@ class DistributedGroup(ComposeGroup):
 
     Subclasses provide ``_dist``, ``_pg``, ``rank``, ``timeout_s``, ``plans``,
     ``device``, ``pool``, ``_payload`` (with ``rows``, ``row_bytes``, ``dtype``,
-    ``page_shape``) and ``_out``.
+    ``page_shape``) and ``_out``, and call :meth:`_init_protocol`.
+
+    Agreement: a batch's plan is agreed by one small MAX all-reduce of ``[digest, -digest]`` when
+    its first layer (``layer == 0``) is composed; ranks that differ raise :class:`DivergenceError` on
+    every rank. The trigger reads only replicated values (the layer index and the call sequence),
+    so every rank issues the all-reduce or none does: a plan that changed since the last layer-0
+    call is agreed again, and consecutive layer-0 calls with one plan (one per payload: every
+    payload of a batch shares the digest) are agreed once. A rank whose plan alone changes in the
+    middle of a batch issues an all-reduce its peers do not: every rank then fails with
+    :class:`CollectiveTimeoutError` (bounded by ``timeout_s``) rather than composing wrong bytes.
+
+    Broken state: an error escaping any step of the protocol (registration, compose, barrier,
+    agreement) may leave the ranks out of step (unless every rank raised it alike, having changed
+    nothing: see :func:`on_every_rank`) (a staging parity, a barrier one rank skipped), so
+    the group marks itself broken and every later call raises :class:`GroupBrokenError` until
+    :meth:`close` (which then releases locally, without a collective).
     """
 
     _dist: Any
@@ -61,6 +91,109 @@ class DistributedGroup(ComposeGroup):
     timeout_s: float
     plans: PlanCache
     device: Any
+
+    def _init_protocol(self) -> None:
+        self._batch_digest: int | None = None  # the last agreed plan digest
+        self._last_call: tuple[int, int] | None = None  # (layer, digest) of the last compose
+        self._broken: str | None = None
+        self._closed = False
+
+    @property
+    def broken(self) -> str | None:
+        """Why the group is broken (the first error inside its protocol), or None."""
+        return self._broken
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Collective: waits until no peer reads, then releases. A broken group releases locally."""
+        if self._closed:
+            return
+        if self._broken is not None:
+            self._release()
+            return
+        try:
+            self._quiesce()
+            self.barrier("close", layer=-1)
+        finally:
+            self._release()
+
+    def _quiesce(self) -> None:
+        """This rank's own queued work, finished before the closing barrier (none on the CPU)."""
+
+    def _release(self) -> None:
+        raise NotImplementedError
+
+    def abort(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self: _Group) -> _Group:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        """A clean exit closes the group (with its ranks); an exception aborts it (locally)."""
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise InvalidArgumentError("the group is closed")
+        if self._broken is not None:
+            raise GroupBrokenError(
+                f"rank {self.rank}: the group is broken by an earlier error ({self._broken}); "
+                "its ranks may be out of step, so it refuses every call: close it and build a new one"
+            )
+
+    @contextmanager
+    def _protocol(self, what: str) -> Iterator[None]:
+        """One step of the protocol: refused when broken or closed; any error in it breaks the group."""
+        self._check_usable()
+        try:
+            yield
+        except BaseException as err:
+            if self._broken is None and not self._closed and not getattr(err, _EVERY_RANK, False):
+                detail = str(err).splitlines()[0] if str(err) else ""
+                self._broken = f"{what}: {type(err).__name__}: {detail}"[:500]
+            raise
+
+    def _agreement_group(self) -> Any:
+        """The process group that carries the agreement (a CPU int64 all-reduce)."""
+        return self._pg
+
+    def _agree(self, plan: ComposePlan, layer: int) -> None:
+        """Every rank holds a plan with the same digest, or every rank raises DivergenceError."""
+        digest = plan.digest
+        first_layer = layer == 0 and self._last_call != (0, digest)
+        self._last_call = (layer, digest)
+        if not first_layer and digest == self._batch_digest:
+            return
+        import torch
+
+        group = self._agreement_group()
+        bounds = torch.tensor([digest, -digest], dtype=torch.int64)
+        guarded("plan agreement", self.rank, layer, self.timeout_s,
+                lambda: self._dist.all_reduce(bounds, op=self._dist.ReduceOp.MAX, group=group))
+        self.stats.collectives += 1
+        self.stats.agreements += 1
+        high, low = int(bounds[0]), -int(bounds[1])
+        if high != low:
+            # Every rank saw the same bounds, so every rank takes this branch: name who holds what.
+            digests: list[Any] = [None] * self.cp_size
+            guarded("plan agreement", self.rank, layer, self.timeout_s,
+                    lambda: self._dist.all_gather_object(digests, digest, group=group))
+            by_digest: dict[int, list[int]] = {}
+            for r, d in enumerate(digests):
+                by_digest.setdefault(d, []).append(r)
+            held = "; ".join(f"ranks {ranks} hold {d:016x}" for d, ranks in sorted(by_digest.items()))
+            raise DivergenceError(
+                f"rank {self.rank}: layer {layer}: the ranks composed with different plans: this rank's plan "
+                f"digest is {digest:016x} ({plan!r}); {held}"
+            )
+        self._batch_digest = digest
 
     def plan(self, payload: str, page_size: int, requests: Sequence[SlotSpans], num_slots: int) -> ComposePlan:
         """The batch's plan for ``payload``, from this group's cache (keyed by everything it depends on)."""
@@ -71,8 +204,13 @@ class DistributedGroup(ComposeGroup):
         self, plan: ComposePlan, payload: str, current: Any, *, layer: int = 0, out: Any = None
     ) -> Any:
         """The explicit dense baseline: zero, fill the slots this rank owns, all-reduce (uint8 SUM) the buffer."""
+        with self._protocol(f"compose_allreduce of layer {layer}"):
+            return self._compose_allreduce(plan, payload, current, layer, out)
+
+    def _compose_allreduce(self, plan: ComposePlan, payload: str, current: Any, layer: int, out: Any) -> Any:
         p = self._payload(payload)  # type: ignore[attr-defined]
         self._check_plan(plan)
+        self._agree(plan, layer)
         pool = check_pool(plan, self.rank, self.pool(payload), payload)  # type: ignore[attr-defined]
         rows = check_current_rows(plan, self.rank, current, p.row_bytes, plan.staging_rows(self.rank))
         dense = self._out(plan, p, out).zero_()  # type: ignore[attr-defined]
@@ -121,9 +259,7 @@ def check_current_rows(plan: ComposePlan, rank: int, current: Any, row_bytes: in
     return rows
 
 
-def gather_planned(out: Any, sources: list[Any], plan: ComposePlan, rank: int) -> Any:
-    """``rank``'s gather on CPU, by copy runs or indexed copies, whichever suits the batch's shape."""
-    runs = plan.copy_runs(rank)
-    if prefer_runs(len(runs), plan.num_slots, out.shape[1]):
-        return gather_runs(out, sources, runs)
-    return gather_indexed(out, sources, plan.index_groups(rank))
+def gather_planned(out: Any, sources: Any, plan: ComposePlan, rank: int) -> Any:
+    """``rank``'s gather: the plan's copy runs in one native call on CPU (``sources``: a list of
+    buffers or a ``RowSources``), torch copies on a device."""
+    return gather_runs(out, sources, plan.copy_runs(rank))

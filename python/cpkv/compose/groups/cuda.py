@@ -29,7 +29,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from cpkv.compose.groups.base import DistributedGroup, check_current_rows, check_pool
+from cpkv.compose.groups.base import DistributedGroup, check_current_rows, check_pool, on_every_rank
 from cpkv.compose.plan import ComposePlan, PlanCache, PlanKey
 from cpkv.compose.timeouts import DEFAULT_TIMEOUT_S, as_timedelta, guarded
 from cpkv.errors import FallbackError, InvalidArgumentError
@@ -79,11 +79,21 @@ class CudaIpcGroup(DistributedGroup):
         # Handles are Python objects: exchange them over gloo whatever the data backend is
         # (created here, on every rank, in the same order).
         self._objects = process_group if self.backend == "gloo" else dist.new_group(backend="gloo")
+        self._init_protocol()
+
+    def _agreement_group(self) -> Any:
+        return self._objects  # a CPU int64 all-reduce, once per batch, whatever the data backend
 
     def register_pool(
         self, payload: str, rows: int, page_shape: Sequence[int], dtype: Any, max_current_pages: int
     ) -> Any:
         """Collective: allocates this rank's pool and stagings, maps every peer's; returns the pool."""
+        with self._protocol(f"registration of payload {payload!r}"):
+            return self._register_pool(payload, rows, page_shape, dtype, max_current_pages)
+
+    def _register_pool(
+        self, payload: str, rows: int, page_shape: Sequence[int], dtype: Any, max_current_pages: int
+    ) -> Any:
         from torch.multiprocessing.reductions import reduce_tensor
 
         torch = self._torch
@@ -101,7 +111,8 @@ class CudaIpcGroup(DistributedGroup):
         # Decided from the gathered values only, so every rank raises (or not) alike.
         specs = [s for s, _, _ in gathered]
         if any(s != spec for s in specs) or any(again for _, again, _ in gathered):
-            raise InvalidArgumentError(f"payload {payload!r}: ranks registered different (or repeated) pools: {specs}")
+            raise on_every_rank(InvalidArgumentError(
+                f"payload {payload!r}: ranks registered different (or repeated) pools: {specs}"))
         buffers = [own if r == self.rank else fn(*args) for r, (_, _, (fn, args)) in enumerate(gathered)]
         pools = [b[: rows * row_bytes].view(rows, row_bytes) for b in buffers]
         stagings = [
@@ -123,15 +134,23 @@ class CudaIpcGroup(DistributedGroup):
         return p.pools[self.rank].view(p.dtype).view(p.rows, *p.page_shape)
 
     def compose(self, plan: ComposePlan, payload: str, current: Any, *, layer: int = 0, out: Any = None) -> Any:
-        """This rank's dense buffer: stage, one barrier, one Triton gather through the address table."""
+        """This rank's dense buffer: stage, one barrier, one Triton gather through the address table.
+
+        The first compose of a batch's plan first agrees on its digest (see :class:`DistributedGroup`).
+        """
+        with self._protocol(f"compose of layer {layer}"):
+            return self._compose(plan, payload, current, layer, out)
+
+    def _compose(self, plan: ComposePlan, payload: str, current: Any, layer: int, out: Any) -> Any:
         p = self._payload(payload)
         self._check_plan(plan)
+        self._agree(plan, layer)
         check_pool(plan, self.rank, self.pool(payload), payload)
         if plan.max_staging_rows > p.staging_capacity:
-            raise FallbackError(
+            raise on_every_rank(FallbackError(
                 f"payload {payload!r} layer {layer}: the batch stages {plan.max_staging_rows - 1} current pages on "
                 f"one rank, the staging holds {p.staging_capacity - 1}; refusing to fall back to a dense all-reduce"
-            )
+            ))
         if current.device != self.device:
             raise InvalidArgumentError(
                 f"rank {self.rank}: current rows are on {current.device}, the group on {self.device}"
@@ -149,19 +168,33 @@ class CudaIpcGroup(DistributedGroup):
 
 
     def barrier(self, what: str = "barrier", *, layer: int = -1) -> None:
-        if self.backend == "nccl":
-            guarded(what, self.rank, layer, self.timeout_s,
-                    lambda: self._dist.all_reduce(self._flag, group=self._pg))
-        else:
-            self._torch.cuda.current_stream(self.device).synchronize()
-            guarded(what, self.rank, layer, self.timeout_s,
-                    lambda: self._dist.monitored_barrier(group=self._pg, timeout=self._timeout))
+        with self._protocol(what):
+            if self.backend == "nccl":
+                guarded(what, self.rank, layer, self.timeout_s,
+                        lambda: self._dist.all_reduce(self._flag, group=self._pg))
+            else:
+                self._torch.cuda.current_stream(self.device).synchronize()
+                guarded(what, self.rank, layer, self.timeout_s,
+                        lambda: self._dist.monitored_barrier(group=self._pg, timeout=self._timeout))
         self.stats.barriers += 1
 
-    def close(self) -> None:
-        """Collective: waits until no peer reads, then drops every mapping."""
+    def _quiesce(self) -> None:
         self._torch.cuda.synchronize(self.device)
-        self.barrier("close", layer=-1)
+
+    def abort(self) -> None:
+        """Local, for error paths: drops every mapping without waiting for peers (which may be gone).
+
+        Peers' allocations stay alive in their own processes until those exit; this rank only stops
+        referring to them. Waits for this rank's own queued work first, so no kernel still reads them.
+        """
+        try:
+            self._torch.cuda.synchronize(self.device)
+        except Exception:  # noqa: BLE001 -- a failed device must not stop the release
+            pass
+        self._release()
+
+    def _release(self) -> None:
+        self._closed = True
         self._payloads.clear()
 
     def _descriptors(self, plan: ComposePlan, p: _DevicePayload) -> tuple[Any, Any]:
@@ -189,6 +222,7 @@ class CudaIpcGroup(DistributedGroup):
         return out
 
     def _payload(self, payload: str) -> _DevicePayload:
+        self._check_usable()
         try:
             return self._payloads[payload]
         except KeyError:

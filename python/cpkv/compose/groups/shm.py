@@ -17,9 +17,19 @@ peers' composes with :meth:`ShmGroup.barrier`.
 
 Rank-uniform by construction: every branch before the barrier (staging
 capacity, fallback, pool rows) is decided from the plan and the registered
-pools, which are the same on every rank. Only a caller's own mistake (wrong
-number of current rows) raises on one rank; its peers then fail at the
-barrier with :class:`~cpkv.errors.CollectiveTimeoutError` instead of hanging.
+pools, which are the same on every rank, and the plan itself is agreed once per
+batch (one MAX all-reduce of its digest; :class:`~cpkv.errors.DivergenceError`
+on every rank when they differ). Only a caller's own mistake (wrong number of
+current rows) raises on one rank; its peers then fail at the barrier with
+:class:`~cpkv.errors.CollectiveTimeoutError` instead of hanging, and every rank
+that saw an error refuses further calls (:class:`~cpkv.errors.GroupBrokenError`).
+
+Names: a segment's /dev/shm name exists only during registration. Each rank
+reserves its segment's memory at creation (``posix_fallocate``: a /dev/shm too
+small fails there, on every rank, with a message naming the bytes and the room
+left), maps every peer's, and once every rank has mapped every segment the
+names are unlinked: the mappings outlive them, so no exit of any process
+(SIGTERM, SIGKILL) after registration leaves anything in /dev/shm.
 """
 
 from __future__ import annotations
@@ -29,12 +39,14 @@ import os
 import secrets
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from cpkv.compose.groups.base import DistributedGroup, check_current_rows, check_pool, gather_planned
+from cpkv.compose.groups.base import (
+    DistributedGroup, check_current_rows, check_pool, gather_planned, on_every_rank,
+)
 from cpkv.compose.plan import ComposePlan, PlanCache
-from cpkv.compose.segment import SharedSegment
+from cpkv.compose.segment import SHM_DIR, SharedSegment, unlink_now
 from cpkv.compose.timeouts import DEFAULT_TIMEOUT_S, as_timedelta, guarded
 from cpkv.errors import FallbackError, InvalidArgumentError
 
@@ -54,6 +66,16 @@ class _Payload:
     pools: list[Any]  # uint8 [rows, row_bytes] per rank
     stagings: list[list[Any]]  # [rank][parity] uint8 [staging_capacity, row_bytes]
     calls: int = 0
+    tables: list[Any] = field(default_factory=list)  # per parity: the 2 * cp sources, checked once
+
+    def sources(self, parity: int) -> Any:
+        """The gather's source table for ``parity`` (every pool, then every staging of that parity),
+        a native ``RowSources`` built on first use: the mappings live as long as the group."""
+        if not self.tables:
+            from cpkv._cpkv import RowSources
+
+            self.tables = [RowSources([*self.pools, *(s[q] for s in self.stagings)]) for q in (0, 1)]
+        return self.tables[parity]
 
 
 def _layout(rows: int, row_bytes: int, staging_capacity: int) -> tuple[int, int, int]:
@@ -92,7 +114,7 @@ class ShmGroup(DistributedGroup):
         self.allow_allreduce_fallback = allow_allreduce_fallback
         self._payloads: dict[str, _Payload] = {}
         self.plans = PlanCache()
-        self._closed = False
+        self._init_protocol()
         # Segment names must be unique per group and agreed by all ranks: rank 0 picks, everyone hears.
         run_id = [f"{os.getpid()}-{secrets.token_hex(4)}" if self.rank == 0 else None]
         guarded("setup broadcast", self.rank, -1, self.timeout_s,
@@ -110,6 +132,12 @@ class ShmGroup(DistributedGroup):
         the same arguments, and maps every peer's segment before returning.
         Returns this rank's pool, ``[rows, *page_shape]`` of ``dtype``, zeroed.
         """
+        with self._protocol(f"registration of payload {payload!r}"):
+            return self._register_pool(payload, rows, page_shape, dtype, max_current_pages)
+
+    def _register_pool(
+        self, payload: str, rows: int, page_shape: Sequence[int], dtype: Any, max_current_pages: int
+    ) -> Any:
         import torch
 
         spec = (payload, int(rows), tuple(int(d) for d in page_shape), str(dtype), int(max_current_pages))
@@ -119,11 +147,11 @@ class ShmGroup(DistributedGroup):
                 lambda: self._dist.all_gather_object(specs, mine, group=self._pg))
         # Every rank sees the same gathered specs, so every rank raises (or not) alike.
         if any(s != specs[0] for s in specs):
-            raise InvalidArgumentError(f"payload {payload!r}: ranks registered different pools: {specs}")
+            raise on_every_rank(InvalidArgumentError(f"payload {payload!r}: ranks registered different pools: {specs}"))
         if specs[0][1]:
-            raise InvalidArgumentError(f"payload {payload!r} is already registered")
+            raise on_every_rank(InvalidArgumentError(f"payload {payload!r} is already registered"))
         if rows < 1 or max_current_pages < 0 or any(d < 1 for d in spec[2]):
-            raise InvalidArgumentError(f"payload {payload!r}: bad pool spec {spec}")
+            raise on_every_rank(InvalidArgumentError(f"payload {payload!r}: bad pool spec {spec}"))
         row_bytes = math.prod(spec[2]) * torch.empty((), dtype=dtype).element_size()
         capacity = max_current_pages + 1
         pool_bytes, staging_bytes, total = _layout(rows, row_bytes, capacity)
@@ -132,25 +160,33 @@ class ShmGroup(DistributedGroup):
         index = len(self._payloads)
         names = [f"cpkv-{self.run_id}-p{index}-r{r}" for r in range(self.cp_size)]
 
-        own, error = None, None
+        segments: list[SharedSegment] = []
         try:
-            own = SharedSegment(names[self.rank], total, create=True)
-        except OSError as err:
-            error = f"rank {self.rank}: cannot create /dev/shm/{names[self.rank]} ({total} bytes): {err}"
-        errors: list[Any] = [None] * self.cp_size
-        guarded("pool registration", self.rank, -1, self.timeout_s,
-                lambda: self._dist.all_gather_object(errors, error, group=self._pg))
-        if any(errors):
-            if own is not None:
-                own.unlink()
-                own.close()
-            raise InvalidArgumentError(f"payload {payload!r}: {'; '.join(e for e in errors if e)}")
-        self.barrier("pool registration", layer=-1)  # every segment exists before anyone opens one
-        try:
-            segments = [own if r == self.rank else SharedSegment(names[r], total, create=False)
-                        for r in range(self.cp_size)]
-        except OSError:
-            own.unlink()  # peers waiting at the next barrier time out with an error naming this step
+            # 1. Each rank creates its segment, its memory reserved now; the outcomes are exchanged,
+            #    so a /dev/shm too small fails here on every rank with the creator's message.
+            own, error = None, None
+            try:
+                own = SharedSegment(names[self.rank], total, create=True)
+            except OSError as err:
+                error = f"rank {self.rank}: cannot create /dev/shm/{names[self.rank]} ({total} bytes): {err}"
+            self._raise_agreed(payload, "pool registration", error)
+            # 2. Each rank maps every peer's; the outcomes are exchanged, which also tells every
+            #    creator that every rank now holds a mapping of its segment.
+            error = None
+            try:
+                for r in range(self.cp_size):
+                    segments.append(own if r == self.rank else SharedSegment(names[r], total, create=False))
+            except (OSError, ValueError) as err:
+                error = f"rank {self.rank}: cannot map {names[len(segments)]}: {err}"
+            self._raise_agreed(payload, "pool mapping", error)
+            # 3. The names go: from here no exit of any process can leave anything in /dev/shm.
+            own.unlink()
+            self.barrier("pool registration", layer=-1)  # every name is gone once any rank returns
+        except BaseException:
+            for segment in segments:
+                segment.close()
+            for name in names:  # peers' names too: their creator may be dead
+                unlink_now(os.path.join(SHM_DIR, name))
             raise
         pools, stagings = [], []
         for segment in segments:
@@ -161,8 +197,15 @@ class ShmGroup(DistributedGroup):
                 for start in (pool_bytes, pool_bytes + staging_bytes)
             ])
         self._payloads[payload] = _Payload(index, rows, spec[2], dtype, row_bytes, capacity, segments, pools, stagings)
-        self.barrier("pool registration", layer=-1)  # every rank has mapped every segment
         return self.pool(payload)
+
+    def _raise_agreed(self, payload: str, what: str, error: str | None) -> None:
+        """Exchanges this rank's outcome of a registration step; any failure raises alike on every rank."""
+        errors: list[Any] = [None] * self.cp_size
+        guarded(what, self.rank, -1, self.timeout_s,
+                lambda: self._dist.all_gather_object(errors, error, group=self._pg))
+        if any(errors):
+            raise on_every_rank(InvalidArgumentError(f"payload {payload!r}: {'; '.join(e for e in errors if e)}"))
 
     def pool(self, payload: str) -> Any:
         """This rank's pool for ``payload``, ``[rows, *page_shape]`` of its dtype (writes go to shared memory)."""
@@ -172,9 +215,17 @@ class ShmGroup(DistributedGroup):
     # -- the hot path ---------------------------------------------------------------------
 
     def compose(self, plan: ComposePlan, payload: str, current: Any, *, layer: int = 0, out: Any = None) -> Any:
-        """This rank's dense buffer ``[num_slots, *page_shape]``: stage, one barrier, one gather."""
+        """This rank's dense buffer ``[num_slots, *page_shape]``: stage, one barrier, one gather.
+
+        The first compose of a batch's plan first agrees on its digest (see :class:`DistributedGroup`).
+        """
+        with self._protocol(f"compose of layer {layer}"):
+            return self._compose(plan, payload, current, layer, out)
+
+    def _compose(self, plan: ComposePlan, payload: str, current: Any, layer: int, out: Any) -> Any:
         p = self._payload(payload)
         self._check_plan(plan)
+        self._agree(plan, layer)
         check_pool(plan, self.rank, self.pool(payload), payload)
         if plan.max_staging_rows > p.staging_capacity:
             # Decided from the plan alone, so every rank takes the same branch.
@@ -185,8 +236,7 @@ class ShmGroup(DistributedGroup):
         p.stagings[self.rank][parity][1 : rows.shape[0] + 1].copy_(rows)
         self.barrier("compose barrier", layer=layer)
         dense = self._out(plan, p, out)
-        sources = [*p.pools, *(s[parity] for s in p.stagings)]
-        gather_planned(dense, sources, plan, self.rank)
+        gather_planned(dense, p.sources(parity), plan, self.rank)
         self.stats.composes += 1
         return dense.view(p.dtype).view(plan.num_slots, *p.page_shape)
 
@@ -194,8 +244,9 @@ class ShmGroup(DistributedGroup):
     def barrier(self, what: str = "barrier", *, layer: int = -1) -> None:
         """A gloo barrier with this group's timeout; failure names this rank and the layer."""
         started = time.perf_counter()
-        guarded(what, self.rank, layer, self.timeout_s,
-                lambda: self._dist.monitored_barrier(group=self._pg, timeout=self._timeout))
+        with self._protocol(what):
+            guarded(what, self.rank, layer, self.timeout_s,
+                    lambda: self._dist.monitored_barrier(group=self._pg, timeout=self._timeout))
         self.stats.barriers += 1
         self.stats.barrier_s += time.perf_counter() - started
 
@@ -203,7 +254,8 @@ class ShmGroup(DistributedGroup):
         message = (f"payload {payload!r}: the batch stages up to {plan.max_staging_rows - 1} current pages on one "
                    f"rank, the staging holds {p.staging_capacity - 1}")
         if not self.allow_allreduce_fallback:
-            raise FallbackError(message + " (allow_allreduce_fallback is off)")
+            # Decided from the agreed plan and the registered capacity: every rank raises it here.
+            raise on_every_rank(FallbackError(message + " (allow_allreduce_fallback is off)"))
         self.stats.fallbacks += 1
         if self.stats.fallbacks == 1 or self.stats.fallbacks % 1000 == 0:  # rate-limited
             warnings.warn(f"{message}: composing by all-reduce (fallback #{self.stats.fallbacks})", stacklevel=3)
@@ -219,8 +271,7 @@ class ShmGroup(DistributedGroup):
         return out
 
     def _payload(self, payload: str) -> _Payload:
-        if self._closed:
-            raise InvalidArgumentError("the group is closed")
+        self._check_usable()
         try:
             return self._payloads[payload]
         except KeyError:
@@ -228,35 +279,20 @@ class ShmGroup(DistributedGroup):
 
     # -- teardown -------------------------------------------------------------------------
 
-    def close(self) -> None:
-        """Collective: waits until no peer reads, then unlinks this rank's segments."""
-        if self._closed:
-            return
-        try:
-            self.barrier("close", layer=-1)
-        finally:
-            self._release(all_peers=False)
-
     def abort(self) -> None:
-        """Local, for error paths: unlinks every segment of the group (peers may be gone)."""
-        self._release(all_peers=True)
+        """Local, for error paths: unmaps everything without waiting for peers (the names are
+        already gone: registration drops them once every rank has mapped)."""
+        self._release()
 
-    def _release(self, *, all_peers: bool) -> None:
+    def _release(self) -> None:
         self._closed = True
         for p in self._payloads.values():
+            p.tables.clear()  # they hold views of the mappings closed below
             p.pools.clear()
             p.stagings.clear()
             for segment in p.segments:
-                if segment.owner or all_peers:
-                    segment.unlink()
+                if segment.owner:
+                    segment.unlink()  # a no-op after registration (the name is already gone)
                 segment.close()
         self._payloads.clear()
 
-    def __enter__(self) -> "ShmGroup":
-        return self
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()

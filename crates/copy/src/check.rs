@@ -1,0 +1,128 @@
+//! Validation of a run table against the buffers it names, before any copy.
+
+use std::fmt;
+
+use crate::runs::Run;
+
+/// Why a copy was refused; nothing was written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CopyError {
+    /// Rows of zero bytes, or a buffer that is not a whole number of rows.
+    RowBytes {
+        what: String,
+        bytes: usize,
+        row_bytes: usize,
+    },
+    /// Run `index` names a source the table does not have.
+    UnknownSource {
+        index: usize,
+        source: u64,
+        sources: usize,
+    },
+    /// Run `index` reads or writes past the end of a buffer.
+    OutOfRange {
+        index: usize,
+        side: &'static str,
+        last_row: u128,
+        rows: usize,
+    },
+    /// Run `index` writes one row several times (`dst_stride` 0 with `count` > 1).
+    ZeroDstStride { index: usize },
+}
+
+impl fmt::Display for CopyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CopyError::RowBytes {
+                what,
+                bytes,
+                row_bytes,
+            } => write!(
+                f,
+                "{what} holds {bytes} bytes, not a whole number of {row_bytes}-byte rows"
+            ),
+            CopyError::UnknownSource {
+                index,
+                source,
+                sources,
+            } => write!(
+                f,
+                "run {index} reads source {source}, the table has {sources} sources"
+            ),
+            CopyError::OutOfRange {
+                index,
+                side,
+                last_row,
+                rows,
+            } => write!(
+                f,
+                "run {index} reaches {side} row {last_row}, the {side} buffer has {rows} rows"
+            ),
+            CopyError::ZeroDstStride { index } => write!(
+                f,
+                "run {index} has dst_stride 0 and count > 1 (it would write one row several times)"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for CopyError {}
+
+/// The last row a run touches on one side (`u128`: no overflow for any u64 input).
+fn last_row(first: u64, stride: u64, count: u64) -> u128 {
+    u128::from(first) + u128::from(stride) * u128::from(count - 1)
+}
+
+/// Checks every run against a destination of `dst_rows` rows and sources of
+/// `source_rows[s]` rows each.
+pub fn check_runs(runs: &[Run], dst_rows: usize, source_rows: &[usize]) -> Result<(), CopyError> {
+    for (index, run) in runs.iter().enumerate() {
+        if run.count == 0 {
+            continue;
+        }
+        let Some(&rows) = usize::try_from(run.source)
+            .ok()
+            .and_then(|s| source_rows.get(s))
+        else {
+            return Err(CopyError::UnknownSource {
+                index,
+                source: run.source,
+                sources: source_rows.len(),
+            });
+        };
+        if run.dst_stride == 0 && run.count > 1 {
+            return Err(CopyError::ZeroDstStride { index });
+        }
+        let dst_last = last_row(run.dst_row, run.dst_stride, run.count);
+        if dst_last >= dst_rows as u128 {
+            return Err(CopyError::OutOfRange {
+                index,
+                side: "destination",
+                last_row: dst_last,
+                rows: dst_rows,
+            });
+        }
+        let src_last = last_row(run.src_row, run.src_stride, run.count);
+        if src_last >= rows as u128 {
+            return Err(CopyError::OutOfRange {
+                index,
+                side: "source",
+                last_row: src_last,
+                rows,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Rows in a buffer of `bytes` bytes, or the error naming it.
+pub(crate) fn rows_of(what: &str, bytes: usize, row_bytes: usize) -> Result<usize, CopyError> {
+    if row_bytes == 0 || bytes % row_bytes != 0 {
+        return Err(CopyError::RowBytes {
+            what: what.into(),
+            bytes,
+            row_bytes,
+        });
+    }
+    Ok(bytes / row_bytes)
+}

@@ -1,0 +1,420 @@
+//! `copy_rows`, `RowSources` and `row_runs`: the native row copy (crate
+//! `cpkv-copy`) over numpy arrays and CPU torch tensors.
+//!
+//! Every buffer is checked (CPU, C-contiguous, aligned to its element size,
+//! one row size and dtype for all, the destination writable and not
+//! overlapping any source) and the whole run table is checked against the
+//! buffers before the GIL is released and the first byte moves; a refused
+//! call raises `CopyTableError` naming what is wrong and writes nothing.
+//! `RowSources` checks a fixed source table once (a compose group's mapped
+//! pools and stagings, a tier layer's pool) so the hot call checks only the
+//! destination and the runs.
+
+// Raw buffer addresses become slices here, and only here: each one was
+// checked above to be a live, contiguous, CPU allocation of that many bytes,
+// kept alive by a reference held for the whole call.
+#![allow(unsafe_code)]
+
+use cpkv_copy::{Run, RUN_COLUMNS};
+use numpy::npyffi::flags::NPY_ARRAY_WRITEABLE;
+use numpy::{
+    PyArray1, PyArray2, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods,
+};
+use pyo3::prelude::*;
+use pyo3::types::{PyList, PyTuple};
+
+use crate::errors::cpkv_error;
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyRowSources>()?;
+    m.add_function(wrap_pyfunction!(copy_rows, m)?)?;
+    m.add_function(wrap_pyfunction!(row_runs, m)?)?;
+    Ok(())
+}
+
+fn refused(message: String) -> PyErr {
+    cpkv_error("CopyTableError", message)
+}
+
+/// One checked buffer: where its bytes are and how they split into rows.
+#[derive(Clone, Debug)]
+struct Rows {
+    address: usize,
+    bytes: usize,
+    rows: usize,
+    row_bytes: usize,
+    dtype: String,
+    writable: bool,
+}
+
+impl Rows {
+    fn overlaps(&self, other: &Rows) -> bool {
+        self.bytes > 0
+            && other.bytes > 0
+            && self.address < other.address + other.bytes
+            && other.address < self.address + self.bytes
+    }
+}
+
+/// A torch dtype in numpy's `kind + itemsize` code where numpy has the
+/// same dtype ("torch.int16" -> "i2"), else its own name ("bfloat16"), so a
+/// numpy buffer and a torch buffer of one dtype compare equal.
+fn torch_dtype_code(name: &str) -> String {
+    let name = name.trim_start_matches("torch.");
+    let code = match name {
+        "uint8" => "u1",
+        "int8" => "i1",
+        "int16" => "i2",
+        "int32" => "i4",
+        "int64" => "i8",
+        "uint16" => "u2",
+        "uint32" => "u4",
+        "uint64" => "u8",
+        "float16" => "f2",
+        "float32" => "f4",
+        "float64" => "f8",
+        "bool" => "b1",
+        "complex64" => "c8",
+        "complex128" => "c16",
+        other => other,
+    };
+    code.to_string()
+}
+
+/// A numpy array or a CPU torch tensor as rows (`shape[0]` rows of
+/// `prod(shape[1:]) * itemsize` bytes).
+fn rows_of(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Rows> {
+    // `is_instance_of` first: a failed `cast` builds an error object, which
+    // costs more than the rest of the call on the torch path.
+    let numpy_array = obj
+        .is_instance_of::<PyUntypedArray>()
+        .then(|| obj.cast::<PyUntypedArray>().ok())
+        .flatten();
+    let (address, shape, itemsize, dtype, writable) = if let Some(array) = numpy_array {
+        if !array.is_c_contiguous() {
+            return Err(refused(format!(
+                "{what} must be C-contiguous (a strided view cannot move as rows)"
+            )));
+        }
+        // SAFETY: a live ndarray (we hold a reference); reading its header fields.
+        let (data, flags) = unsafe {
+            let raw = array.as_array_ptr();
+            ((*raw).fields.data as usize, (*raw).fields.flags)
+        };
+        let dtype = array.dtype();
+        (
+            data,
+            array.shape().to_vec(),
+            dtype.itemsize(),
+            format!("{}{}", char::from(dtype.kind()), dtype.itemsize()),
+            flags & NPY_ARRAY_WRITEABLE != 0,
+        )
+    } else if obj.hasattr("data_ptr")? && obj.hasattr("is_contiguous")? {
+        if !obj.getattr("is_cpu")?.extract::<bool>()? {
+            let device = obj.getattr("device")?.str()?.to_string();
+            return Err(refused(format!(
+                "{what} is on {device}: the native copy moves CPU memory (devices use the torch/Triton paths)"
+            )));
+        }
+        if !obj.call_method0("is_contiguous")?.extract::<bool>()? {
+            return Err(refused(format!(
+                "{what} must be contiguous (a strided view cannot move as rows)"
+            )));
+        }
+        // Plain ints only on this path: a `torch.Size` per call is a tuple
+        // the cyclic GC tracks, and its collections cost more than the call.
+        let dims: usize = obj.call_method0("dim")?.extract()?;
+        let shape = if dims == 0 {
+            Vec::new()
+        } else {
+            let rows: usize = obj.call_method1("size", (0,))?.extract()?;
+            let numel: usize = obj.call_method0("numel")?.extract()?;
+            if rows == 0 {
+                obj.getattr("shape")?.extract()? // row size from the shape itself
+            } else {
+                vec![rows, numel / rows]
+            }
+        };
+        (
+            obj.call_method0("data_ptr")?.extract()?,
+            shape,
+            obj.call_method0("element_size")?.extract()?,
+            torch_dtype_code(obj.getattr("dtype")?.str()?.to_str()?),
+            true,
+        )
+    } else {
+        return Err(refused(format!(
+            "{what} must be a numpy array or a CPU torch tensor, got {}",
+            obj.get_type().name()?
+        )));
+    };
+    let Some((&rows, page)) = shape.split_first() else {
+        return Err(refused(format!(
+            "{what} must have at least one dimension (rows), got a scalar"
+        )));
+    };
+    let row_bytes = page.iter().product::<usize>() * itemsize;
+    if itemsize > 1 && address % itemsize != 0 {
+        return Err(refused(format!(
+            "{what} starts at address {address:#x}, not aligned to its {itemsize}-byte elements"
+        )));
+    }
+    Ok(Rows {
+        address,
+        bytes: rows * row_bytes,
+        rows,
+        row_bytes,
+        dtype,
+        writable,
+    })
+}
+
+/// A fixed table of source buffers, checked once: one row size and dtype.
+#[pyclass(name = "RowSources", module = "cpkv._cpkv", frozen)]
+pub(crate) struct PyRowSources {
+    /// Held so the memory stays mapped while the table lives.
+    _owners: Vec<Py<PyAny>>,
+    rows: Vec<Rows>,
+}
+
+impl PyRowSources {
+    fn build(buffers: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let items: Vec<Bound<'_, PyAny>> = if let Ok(list) = buffers.cast::<PyList>() {
+            list.iter().collect()
+        } else if let Ok(tuple) = buffers.cast::<PyTuple>() {
+            tuple.iter().collect()
+        } else {
+            return Err(refused(format!(
+                "sources must be a list or tuple of buffers, got {}",
+                buffers.get_type().name()?
+            )));
+        };
+        let rows = items
+            .iter()
+            .enumerate()
+            .map(|(i, b)| rows_of(b, &format!("source {i}")))
+            .collect::<PyResult<Vec<_>>>()?;
+        if let Some(first) = rows.first() {
+            for (i, r) in rows.iter().enumerate().skip(1) {
+                if r.row_bytes != first.row_bytes || r.dtype != first.dtype {
+                    return Err(refused(format!(
+                        "source {i} has rows of {} bytes of {}, source 0 of {} bytes of {}",
+                        r.row_bytes, r.dtype, first.row_bytes, first.dtype
+                    )));
+                }
+            }
+        }
+        Ok(PyRowSources {
+            _owners: items.into_iter().map(Bound::unbind).collect(),
+            rows,
+        })
+    }
+}
+
+#[pymethods]
+impl PyRowSources {
+    #[new]
+    fn new(buffers: &Bound<'_, PyAny>) -> PyResult<Self> {
+        Self::build(buffers)
+    }
+
+    fn __len__(&self) -> usize {
+        self.rows.len()
+    }
+
+    /// Rows in each source.
+    #[getter]
+    fn rows(&self) -> Vec<usize> {
+        self.rows.iter().map(|r| r.rows).collect()
+    }
+
+    fn __repr__(&self) -> String {
+        let row_bytes = self.rows.first().map_or(0, |r| r.row_bytes);
+        format!(
+            "RowSources(sources={}, row_bytes={row_bytes})",
+            self.rows.len()
+        )
+    }
+}
+
+/// An int64 `[R, 6]` run table as runs; negative entries refused.
+fn runs_arg(runs: &Bound<'_, PyAny>) -> PyResult<Vec<Run>> {
+    let Ok(array) = runs.cast::<PyUntypedArray>() else {
+        return Err(refused(format!(
+            "runs must be an int64 numpy array of shape [R, {RUN_COLUMNS}], got {}",
+            runs.get_type().name()?
+        )));
+    };
+    if array.cast::<PyArray2<i64>>().is_err() {
+        return Err(refused(format!(
+            "runs must be int64, got dtype {} with {} dimension(s)",
+            array.dtype().str()?,
+            array.ndim()
+        )));
+    }
+    let (rows, columns) = (array.shape()[0], array.shape()[1]);
+    if columns != RUN_COLUMNS {
+        return Err(refused(format!(
+            "runs must have {RUN_COLUMNS} columns (dst_row, dst_stride, count, source, src_row, src_stride), got {columns}"
+        )));
+    }
+    if !array.is_c_contiguous() {
+        return Err(refused("runs must be C-contiguous".into()));
+    }
+    let values: &[i64] = if rows == 0 {
+        &[]
+    } else {
+        // SAFETY: a C-contiguous int64 array of rows * 6 elements (checked
+        // above), alive while `runs` is; read before any Python code runs.
+        unsafe {
+            std::slice::from_raw_parts(
+                (*array.as_array_ptr()).fields.data as *const i64,
+                rows * RUN_COLUMNS,
+            )
+        }
+    };
+    values
+        .chunks_exact(RUN_COLUMNS)
+        .enumerate()
+        .map(|(i, r)| {
+            if let Some(c) = r.iter().position(|&v| v < 0) {
+                return Err(refused(format!(
+                    "run {i} has a negative entry {} in column {c}",
+                    r[c]
+                )));
+            }
+            let v = |c: usize| r[c] as u64;
+            Ok(Run {
+                dst_row: v(0),
+                dst_stride: v(1),
+                count: v(2),
+                source: v(3),
+                src_row: v(4),
+                src_stride: v(5),
+            })
+        })
+        .collect()
+}
+
+/// `out[dst_row + k * dst_stride] = sources[source][src_row + k * src_stride]`
+/// for every run `(dst_row, dst_stride, count, source, src_row, src_stride)`
+/// and `k < count`; the GIL is released while the bytes move.
+///
+/// `out`: a writable numpy array or CPU torch tensor (C-contiguous);
+/// `sources`: a `RowSources` or a list of buffers, all with `out`'s row size
+/// and dtype; `runs`: int64 `[R, 6]`. Raises `CopyTableError` (nothing
+/// written) on any bad buffer or run.
+#[pyfunction]
+fn copy_rows(
+    py: Python<'_>,
+    out: &Bound<'_, PyAny>,
+    sources: &Bound<'_, PyAny>,
+    runs: &Bound<'_, PyAny>,
+) -> PyResult<()> {
+    let owned;
+    let checked = sources
+        .is_instance_of::<PyRowSources>()
+        .then(|| sources.cast::<PyRowSources>().ok())
+        .flatten();
+    let table: &PyRowSources = match checked {
+        Some(t) => t.get(),
+        None => {
+            owned = PyRowSources::build(sources)?;
+            &owned
+        }
+    };
+    let dst = rows_of(out, "out")?;
+    if !dst.writable {
+        return Err(refused("out is read-only".into()));
+    }
+    for (i, s) in table.rows.iter().enumerate() {
+        if s.row_bytes != dst.row_bytes || s.dtype != dst.dtype {
+            return Err(refused(format!(
+                "source {i} has rows of {} bytes of {}, out has rows of {} bytes of {}",
+                s.row_bytes, s.dtype, dst.row_bytes, dst.dtype
+            )));
+        }
+        if s.overlaps(&dst) {
+            return Err(refused(format!("source {i} overlaps out in memory")));
+        }
+    }
+    let runs = runs_arg(runs)?;
+    let source_rows: Vec<usize> = table.rows.iter().map(|r| r.rows).collect();
+    cpkv_copy::check_runs(&runs, dst.rows, &source_rows).map_err(|e| refused(e.to_string()))?;
+    if runs.is_empty() || dst.row_bytes == 0 {
+        return Ok(());
+    }
+    let sources: Vec<(usize, usize)> = table.rows.iter().map(|r| (r.address, r.bytes)).collect();
+    let (dst_address, dst_bytes, row_bytes) = (dst.address, dst.bytes, dst.row_bytes);
+    py.detach(move || {
+        // SAFETY: every range is a live allocation of that many bytes (checked
+        // above, kept alive by `out`, `sources` and `table`, which outlive this
+        // call); `out` overlaps no source, so the one mutable slice aliases
+        // nothing. Empty buffers get an empty slice (their address may dangle).
+        let slice = |(address, bytes): (usize, usize)| -> &[u8] {
+            if bytes == 0 {
+                &[]
+            } else {
+                unsafe { std::slice::from_raw_parts(address as *const u8, bytes) }
+            }
+        };
+        let views: Vec<&[u8]> = sources.iter().map(|&s| slice(s)).collect();
+        let dst: &mut [u8] = if dst_bytes == 0 {
+            &mut []
+        } else {
+            unsafe { std::slice::from_raw_parts_mut(dst_address as *mut u8, dst_bytes) }
+        };
+        cpkv_copy::copy_runs(dst, &views, row_bytes, &runs)
+    })
+    .map_err(|e| refused(e.to_string()))
+}
+
+/// The run table moving `src_rows[i]` (of source `source`) to `dst_rows[i]`:
+/// int64 `[R, 6]`, each constant-step stretch one run. Both int64 arrays of
+/// one length, entries >= 0.
+#[pyfunction]
+#[pyo3(signature = (dst_rows, src_rows, source = 0))]
+fn row_runs<'py>(
+    py: Python<'py>,
+    dst_rows: &Bound<'py, PyAny>,
+    src_rows: &Bound<'py, PyAny>,
+    source: u64,
+) -> PyResult<Bound<'py, PyArray2<i64>>> {
+    let read = |obj: &Bound<'py, PyAny>, what: &str| -> PyResult<Vec<u64>> {
+        let Ok(array) = obj.cast::<PyArray1<i64>>() else {
+            return Err(refused(format!("{what} must be a 1-D int64 numpy array")));
+        };
+        let values = array.readonly().as_array().to_vec();
+        values
+            .into_iter()
+            .enumerate()
+            .map(|(i, v)| {
+                u64::try_from(v).map_err(|_| refused(format!("{what}[{i}] = {v} is negative")))
+            })
+            .collect()
+    };
+    let (dst, src) = (read(dst_rows, "dst_rows")?, read(src_rows, "src_rows")?);
+    if dst.len() != src.len() {
+        return Err(refused(format!(
+            "dst_rows and src_rows differ in length: {} and {}",
+            dst.len(),
+            src.len()
+        )));
+    }
+    let runs = cpkv_copy::runs_from_rows(&dst, &src, source);
+    let flat: Vec<i64> = runs
+        .iter()
+        .flat_map(|r| {
+            [
+                r.dst_row,
+                r.dst_stride,
+                r.count,
+                r.source,
+                r.src_row,
+                r.src_stride,
+            ]
+        })
+        .map(|v| v as i64)
+        .collect();
+    PyArray1::from_vec(py, flat).reshape([runs.len(), RUN_COLUMNS])
+}

@@ -1,0 +1,165 @@
+"""CpkvOffloadingWorker: copies offloaded chunks between vLLM's KV tensors and a cpkv host slab.
+
+vLLM hands the worker its KV cache as byte tensors ``[num_blocks, page_bytes]`` (one per distinct
+layer tensor). The slab has one payload per worker of the node (``"kv<rank>"``: tensor-parallel
+workers hold different bytes for the same chunk), one slab layer per vLLM tensor, one row per
+offloaded chunk: ``blocks_per_chunk`` pages back to back. Every worker maps the whole slab (one
+``HostSlab.create`` over vLLM's gloo group) and writes only its own payload. Rows come from the scheduler-side manager
+(:class:`~cpkv.integrations.vllm.manager.CpkvOffloadingManager`); this side only moves bytes.
+
+Copies use the tier's scheme (:func:`cpkv.tier.controller._strided_runs`): runs of rows at a constant
+step on both sides move as slice copies, anything else as one indexed gather and scatter per tensor.
+Transfers run to completion inside ``submit_*``; ``get_finished`` reports them.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from cpkv.errors import InvalidArgumentError
+from cpkv.tier.controller import _strided_runs
+from cpkv.tier.slab import HostSlab, SlabSpec
+
+from vllm.v1.kv_offload.base import (
+    CanonicalKVCaches,
+    GPULoadStoreSpec,
+    LoadStoreSpec,
+    OffloadingWorker,
+    TransferResult,
+)
+
+from .manager import PAYLOAD, CpkvLoadStoreSpec
+
+__all__ = ["CpkvOffloadingWorker"]
+
+
+class CpkvOffloadingWorker(OffloadingWorker):
+    def __init__(self, kv_caches: CanonicalKVCaches, *, blocks_per_chunk: int, host_blocks: int,
+                 slab: str = "shared", process_group: Any = None) -> None:
+        if not kv_caches.tensors:
+            raise InvalidArgumentError("vLLM registered no KV cache tensors to offload")
+        self.blocks_per_chunk = int(blocks_per_chunk)
+        self.host_blocks = int(host_blocks)
+        # Every vLLM tensor as raw bytes (uint8: a byte view, never a value conversion).
+        self._device = [t.tensor.view(torch.uint8) for t in kv_caches.tensors]
+        self._page_bytes = [int(t.page_size_bytes) for t in kv_caches.tensors]
+        self._groups = [sorted({ref.tensor_idx for ref in refs}) for refs in kv_caches.group_data_refs]
+        page = max(self._page_bytes)
+        row_bytes = page * self.blocks_per_chunk
+        layers = len(self._device)
+        if slab == "shared":
+            rank, world = _rank_and_world(process_group)
+            spec = {f"{PAYLOAD}{r}": SlabSpec((row_bytes,), torch.uint8) for r in range(world)}
+            self.slab: HostSlab | None = HostSlab.create(spec, num_pages=host_blocks, num_layers=layers,
+                                                          process_group=process_group)
+            rows = self.slab.rows(f"{PAYLOAD}{rank}")
+        elif slab == "private":
+            self.slab = None
+            rows = torch.zeros((layers, host_blocks, row_bytes), dtype=torch.uint8)
+        else:
+            raise InvalidArgumentError(f"slab must be 'shared' or 'private', got {slab!r}")
+        # Per vLLM tensor: the slab as sub-rows of one page each (chunk row r, page i -> r*bpc + i).
+        self._host = [rows[t].view(host_blocks * self.blocks_per_chunk, page)[:, : self._page_bytes[t]]
+                      for t in range(layers)]
+        self._rows = rows
+        self._finished: list[TransferResult] = []
+
+    # -- which device block goes to which host sub-row -------------------------------------------
+
+    def _pairs(self, gpu: GPULoadStoreSpec, host: LoadStoreSpec, *, load: bool) -> list[tuple[list[int], Any, Any]]:
+        """Per KV cache group: (its tensors, device blocks, host sub-rows), as int64 tensors."""
+        if not isinstance(host, CpkvLoadStoreSpec):
+            raise InvalidArgumentError(f"expected a CpkvLoadStoreSpec, got {type(host).__name__}")
+        blocks = np.asarray(gpu.block_ids, dtype=np.int64)
+        rows = np.asarray(host.rows, dtype=np.int64)
+        sizes = list(gpu.group_sizes)
+        if len(sizes) != len(self._groups):
+            raise InvalidArgumentError(f"{len(sizes)} group sizes for {len(self._groups)} offloaded groups")
+        bpc = self.blocks_per_chunk
+        out = []
+        block_at = row_at = 0
+        for group, size, first in zip(self._groups, sizes, gpu.block_indices):
+            group_blocks = blocks[block_at: block_at + size]
+            block_at += size
+            # A load may start inside its first chunk; a store always starts on a chunk boundary.
+            skip = int(first) % bpc if load else 0
+            if not load and size % bpc:
+                raise InvalidArgumentError(f"a store of {size} blocks is not whole chunks of {bpc}")
+            chunks = -(-(skip + size) // bpc)
+            group_rows = rows[row_at: row_at + chunks]
+            row_at += chunks
+            if len(group_rows) != chunks:
+                raise InvalidArgumentError(f"{len(rows)} host rows for the chunks of {len(blocks)} blocks")
+            position = skip + np.arange(size, dtype=np.int64)
+            sub_rows = group_rows[position // bpc] * bpc + position % bpc
+            out.append((group, torch.from_numpy(group_blocks), torch.from_numpy(sub_rows)))
+        if row_at != len(rows):
+            raise InvalidArgumentError(f"{len(rows)} host rows for {row_at} chunks")
+        return out
+
+    def _copy(self, gpu: GPULoadStoreSpec, host: LoadStoreSpec, *, load: bool) -> int:
+        moved = 0
+        for tensors, blocks, sub_rows in self._pairs(gpu, host, load=load):
+            if blocks.numel() == 0:
+                continue
+            runs = _strided_runs(blocks.tolist(), sub_rows.tolist())
+            for t in tensors:
+                device, slab = self._device[t], self._host[t]
+                if runs:
+                    for device_slice, slab_slice in runs:
+                        if load:
+                            device[device_slice].copy_(slab[slab_slice])
+                        else:
+                            slab[slab_slice].copy_(device[device_slice])
+                elif load:
+                    rows = slab.index_select(0, sub_rows).to(device.device, non_blocking=True)
+                    device.index_copy_(0, blocks.to(device.device), rows)
+                else:
+                    picked = device.index_select(0, blocks.to(device.device)).to("cpu")
+                    slab.index_copy_(0, sub_rows, picked)
+                moved += blocks.numel() * self._page_bytes[t]
+        if load and any(d.is_cuda for d in self._device):
+            torch.cuda.current_stream().synchronize()
+        return moved
+
+    # -- OffloadingWorker ------------------------------------------------------------------------
+
+    def submit_store(self, job_id: int, src_spec: GPULoadStoreSpec, dst_spec: LoadStoreSpec) -> bool:
+        started = time.perf_counter()
+        moved = self._copy(src_spec, dst_spec, load=False)
+        self._finished.append(TransferResult(job_id, True, moved, time.perf_counter() - started))
+        return True
+
+    def submit_load(self, job_id: int, src_spec: LoadStoreSpec, dst_spec: GPULoadStoreSpec,
+                    expedited: bool = False) -> bool:
+        started = time.perf_counter()
+        moved = self._copy(dst_spec, src_spec, load=True)
+        self._finished.append(TransferResult(job_id, True, moved, time.perf_counter() - started))
+        return True
+
+    def get_finished(self) -> list[TransferResult]:
+        finished, self._finished = self._finished, []
+        return finished
+
+    def wait(self, job_ids: set[int]) -> None:
+        return  # every transfer completed inside its submit call
+
+    def host_row(self, tensor: int, row: int) -> torch.Tensor:
+        """The bytes of chunk row ``row`` of vLLM tensor ``tensor`` (a view; for tests)."""
+        return self._host[tensor][row * self.blocks_per_chunk: (row + 1) * self.blocks_per_chunk]
+
+    def shutdown(self) -> None:
+        if self.slab is not None:
+            self.slab.close()
+
+
+def _rank_and_world(process_group: Any) -> tuple[int, int]:
+    if process_group is None:
+        return 0, 1
+    import torch.distributed as dist
+
+    return dist.get_rank(process_group), dist.get_world_size(process_group)

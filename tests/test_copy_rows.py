@@ -1,0 +1,201 @@
+"""The native row copy (``cpkv._cpkv.copy_rows``, crate ``cpkv-copy``) against a torch reference.
+
+Byte-exact for uint8, bf16 and fp8 buffers (NaN bit patterns included), through numpy and
+torch, with a plain list of sources and a ``RowSources``; every kind of bad table or buffer is
+refused with ``CopyTableError`` before a byte of ``out`` changes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from compose_reference import DTYPES, random_rows
+from cpkv._cpkv import RowSources, copy_rows, row_runs
+from cpkv.errors import CopyTableError, InvalidArgumentError
+
+
+def reference(out: torch.Tensor, sources: list[torch.Tensor], runs: np.ndarray) -> torch.Tensor:
+    """One row at a time on uint8 views, in table order."""
+    want = as_bytes(out.clone())
+    raw = [as_bytes(s) for s in sources]
+    for dst, dst_stride, count, source, src, src_stride in runs.tolist():
+        for k in range(count):
+            want[dst + k * dst_stride] = raw[source][src + k * src_stride]
+    return want
+
+
+def as_bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8).reshape(t.shape[0], t[0:1].view(torch.uint8).numel())
+
+
+def table(*runs: tuple[int, ...]) -> np.ndarray:
+    return np.array(runs, dtype=np.int64).reshape(-1, 6)
+
+
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+@pytest.mark.parametrize("checked_once", [False, True])
+def test_byte_exact_against_torch(dtype, checked_once):
+    gen = torch.Generator().manual_seed(len(dtype))
+    page = (3, 8)
+    sources = [random_rows(gen, rows, page, DTYPES[dtype]) for rows in (9, 4, 1)]
+    out = random_rows(gen, 12, page, DTYPES[dtype])
+    runs = table(
+        (0, 1, 3, 0, 2, 1),  # a contiguous stretch
+        (3, 2, 4, 1, 0, 1),  # strided destination (a cp = 2 gather)
+        (4, 2, 3, 0, 0, 3),  # strided both sides
+        (11, 1, 1, 2, 0, 1),  # a one-row run
+        (10, 1, 0, 7, 99, 1),  # no rows: names nothing (not even a real source)
+        (1, 4, 2, 2, 0, 0),  # stride 0: one row repeated (the dummy row)
+    )
+    want = reference(out, sources, runs)
+    copy_rows(out, RowSources(sources) if checked_once else sources, runs)
+    assert torch.equal(as_bytes(out), want)
+
+
+def test_numpy_buffers_and_overlapping_reads():
+    src = np.arange(5 * 16, dtype=np.uint8).reshape(5, 16)
+    out = np.zeros((8, 16), dtype=np.uint8)
+    # Every run reads source row 2 (reads may overlap freely; only writes must not).
+    runs = table((0, 1, 1, 0, 2, 1), (1, 3, 2, 0, 2, 0), (7, 1, 1, 0, 1, 1), (5, 1, 2, 0, 2, 1))
+    copy_rows(out, [src], runs)
+    want = np.zeros_like(out)
+    for dst, src_row in ((0, 2), (1, 2), (4, 2), (7, 1), (5, 2), (6, 3)):
+        want[dst] = src[src_row]
+    assert np.array_equal(out, want)
+
+
+def test_empty_tables_and_empty_buffers():
+    out = torch.full((4, 8), 7, dtype=torch.uint8)
+    copy_rows(out, [torch.zeros(3, 8, dtype=torch.uint8)], table())
+    copy_rows(out, [], np.zeros((0, 6), dtype=np.int64))
+    copy_rows(torch.empty(0, 8, dtype=torch.uint8), [torch.zeros(0, 8, dtype=torch.uint8)], table())
+    assert torch.equal(out, torch.full((4, 8), 7, dtype=torch.uint8))
+
+
+def test_a_later_bad_run_writes_nothing():
+    out = torch.full((4, 8), 7, dtype=torch.uint8)
+    src = torch.zeros(3, 8, dtype=torch.uint8)
+    with pytest.raises(CopyTableError, match="run 1 reaches source row 3"):
+        copy_rows(out, [src], table((0, 1, 2, 0, 0, 1), (2, 1, 2, 0, 2, 1)))
+    assert torch.equal(out, torch.full((4, 8), 7, dtype=torch.uint8))
+
+
+BAD_RUNS = {
+    "destination row past the end": (table((3, 1, 2, 0, 0, 1)), "destination row 4"),
+    "source row past the end": (table((0, 1, 1, 0, 3, 1)), "source row 3"),
+    "strided past the end": (table((0, 2, 3, 0, 0, 1)), "destination row 4"),
+    "unknown source": (table((0, 1, 1, 2, 0, 1)), "reads source 2"),
+    "negative entry": (table((0, 1, 1, 0, -1, 1)), "negative"),
+    "zero dst stride": (table((0, 0, 2, 0, 0, 1)), "dst_stride 0"),
+    "int32 table": (table((0, 1, 1, 0, 0, 1)).astype(np.int32), "int64"),
+    "float table": (table((0, 1, 1, 0, 0, 1)).astype(np.float64), "int64"),
+    "five columns": (np.zeros((1, 5), dtype=np.int64), "6 columns"),
+    "one dimension": (np.zeros(6, dtype=np.int64), "int64"),
+    "a list": ([[0, 1, 1, 0, 0, 1]], "numpy array"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_RUNS))
+def test_bad_tables_are_refused_before_any_write(case):
+    runs, message = BAD_RUNS[case]
+    out = torch.full((4, 8), 7, dtype=torch.uint8)
+    sources = [torch.zeros(3, 8, dtype=torch.uint8), torch.zeros(2, 8, dtype=torch.uint8)]
+    with pytest.raises(CopyTableError, match=message):
+        copy_rows(out, sources, runs)
+    assert torch.equal(out, torch.full((4, 8), 7, dtype=torch.uint8))
+
+
+def _misaligned_int16() -> np.ndarray:
+    return np.frombuffer(bytearray(66), dtype=np.int16, count=32, offset=1).reshape(4, 8)
+
+
+def test_bad_buffers_are_refused_before_any_write():
+    runs = table((0, 1, 1, 0, 0, 1))
+    out = torch.full((4, 8), 7, dtype=torch.uint8)
+    good = torch.zeros(3, 8, dtype=torch.uint8)
+    cases = [
+        (out, [torch.zeros(3, 4, dtype=torch.uint8)], "source 0 has rows of 4 bytes"),
+        (out, [torch.zeros(3, 4, dtype=torch.int16)], "8 bytes of i2, out has rows of 8 bytes of u1"),
+        (out, [torch.zeros(3, 16, dtype=torch.uint8)[:, ::2]], "contiguous"),
+        (out, [good, torch.zeros(3, 9, dtype=torch.uint8)], "source 1 has rows of 9"),
+        (out, [good.numpy()[:, ::2]], "C-contiguous"),
+        (out, [torch.zeros(3, 8, dtype=torch.uint8, device="meta")], "on meta"),
+        (out, [torch.tensor(3, dtype=torch.uint8)], "at least one dimension"),
+        (out, [b"\0" * 24], "numpy array or a CPU torch tensor"),
+        (out, good, "list or tuple"),
+        (out, [out[2:]], "overlaps out"),
+    ]
+    for target, sources, message in cases:
+        with pytest.raises(CopyTableError, match=message):
+            copy_rows(target, sources, runs)
+        assert torch.equal(out, torch.full((4, 8), 7, dtype=torch.uint8))
+    read_only = np.full((4, 8), 7, dtype=np.uint8)
+    read_only.setflags(write=False)
+    with pytest.raises(CopyTableError, match="read-only"):
+        copy_rows(read_only, [good.numpy()], runs)
+    misaligned = _misaligned_int16()
+    with pytest.raises(CopyTableError, match="not aligned"):
+        copy_rows(np.zeros((4, 8), dtype=np.int16), [misaligned], runs)
+    with pytest.raises(CopyTableError, match="not aligned"):
+        RowSources([misaligned])
+    assert issubclass(CopyTableError, InvalidArgumentError)
+
+
+def test_row_sources_is_checked_once_and_describes_itself():
+    sources = RowSources([torch.zeros(3, 8, dtype=torch.uint8), np.zeros((5, 8), dtype=np.uint8)])
+    assert len(sources) == 2 and sources.rows == [3, 5]
+    assert "sources=2" in repr(sources) and "row_bytes=8" in repr(sources)
+    with pytest.raises(CopyTableError, match="source 1 has rows"):
+        RowSources([torch.zeros(3, 8, dtype=torch.uint8), torch.zeros(3, 8, dtype=torch.int64)])
+
+
+def test_row_runs_merges_constant_steps_and_refuses_bad_rows():
+    runs = row_runs(np.array([0, 2, 4, 5, 9]), np.array([10, 11, 12, 20, 3]))
+    assert runs.tolist() == [[0, 2, 3, 0, 10, 1], [5, 1, 1, 0, 20, 1], [9, 1, 1, 0, 3, 1]]
+    assert row_runs(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)).shape == (0, 6)
+    with pytest.raises(CopyTableError, match="negative"):
+        row_runs(np.array([0, -1]), np.array([0, 1]))
+    with pytest.raises(CopyTableError, match="differ in length"):
+        row_runs(np.array([0, 1]), np.array([0]))
+    with pytest.raises(CopyTableError, match="int64"):
+        row_runs(np.array([0, 1], dtype=np.int32), np.array([0, 1]))
+
+
+@st.composite
+def copies(draw):
+    row_bytes = draw(st.integers(1, 24))
+    source_rows = draw(st.lists(st.integers(0, 12), min_size=1, max_size=4))
+    dst_rows = draw(st.integers(0, 16))
+    runs = draw(st.lists(st.tuples(st.integers(0, 17), st.integers(0, 3), st.integers(0, 5),
+                                   st.integers(0, len(source_rows)), st.integers(0, 13), st.integers(0, 3)),
+                         max_size=10))
+    return row_bytes, source_rows, dst_rows, runs
+
+
+@settings(max_examples=150, deadline=None)
+@given(copies())
+def test_any_table_copies_like_the_reference_or_is_refused_untouched(case):
+    row_bytes, source_rows, dst_rows, runs = case
+    gen = torch.Generator().manual_seed(row_bytes)
+    sources = [torch.randint(0, 256, (n, row_bytes), dtype=torch.uint8, generator=gen) for n in source_rows]
+    out = torch.randint(0, 256, (dst_rows, row_bytes), dtype=torch.uint8, generator=gen)
+    before = out.clone()
+    fits = all(
+        count == 0 or (source < len(sources) and not (dst_stride == 0 and count > 1)
+                       and dst + (count - 1) * dst_stride < dst_rows
+                       and src + (count - 1) * src_stride < source_rows[source])
+        for dst, dst_stride, count, source, src, src_stride in runs
+    )
+    run_table = table(*runs)
+    if fits:
+        want = reference(out, sources, run_table)
+        copy_rows(out, sources, run_table)
+        assert torch.equal(as_bytes(out), want)
+    else:
+        with pytest.raises(CopyTableError):
+            copy_rows(out, sources, run_table)
+        assert torch.equal(out, before)

@@ -1,0 +1,63 @@
+"""``cpkv bench vllm`` in .venv-vllm: the table's shape on a small generated workload (a real
+``python -m cpkv`` process), and bad command lines ending in one line, exit 2 (through
+``cpkv.cli.main`` in this process: each interpreter start re-imports vLLM, about a minute here)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO_ROOT, trace_dir
+
+
+def cpkv(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cpkv", "bench", "vllm", *argv], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_bench_vllm_table(tmp_path) -> None:
+    out = tmp_path / "bench.json"
+    done = cpkv("--requests", "300", "--capacities", "20,60,200", "--json", str(out))
+    assert done.returncode == 0, done.stderr
+    report = json.loads(out.read_text())
+    rows = report["tables"][0]["rows"]
+    assert [(r["host blocks"], r["manager"]) for r in rows] == [
+        (c, m) for c in (20, 60, 200) for m in ("cpkv (lru)", "vLLM CPU (lru)", "vLLM CPU (arc)")]
+    for row in rows:
+        assert 0.0 <= row["host hit rate"] <= 1.0 and row["us per lookup+prepare_store"] > 0
+    by = {(r["host blocks"], r["manager"]): r["host hit rate"] for r in rows}
+    assert by[(200, "cpkv (lru)")] >= by[(20, "cpkv (lru)")], "more host room cannot hit less here"
+    assert report["vllm"] == "0.33.0"
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--requests", "0"], "--requests"),
+    (["--capacities", "nan"], "not finite"),
+    (["--capacities", "0,5"], "--capacities"),
+    (["--policy", "mru"], "mru"),
+    (["--trace", "/nonexistent/trace.jsonl"], "trace.jsonl"),
+    (["--json", "/nonexistent/dir/out.json"], "does not exist"),
+])
+def test_bench_vllm_bad_input_is_one_line(argv: list[str], words: str, capsys) -> None:
+    from cpkv.cli import main
+
+    assert main(["bench", "vllm", *argv]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("cpkv: error:") and words in lines[0], captured.err
+    assert captured.out == ""
+
+
+def test_bench_vllm_on_a_shared_trace(capsys) -> None:
+    from cpkv.cli import main
+
+    found = trace_dir()
+    if found is None:
+        pytest.skip("Mooncake traces not found (set CPKV_TRACES)")
+    assert main(["bench", "vllm", "--trace", str(found / "synthetic_trace.jsonl"), "--requests", "200",
+                 "--capacities", "50"]) == 0
+    out = capsys.readouterr().out
+    assert "cpkv (lru)" in out and "vLLM CPU (arc)" in out

@@ -1,0 +1,195 @@
+"""CpkvOffloadingManager through vLLM's OffloadingManager interface alone (no scheduler): seeded
+random call sequences checked against the manager's contract after every call, and the paths a
+scheduler run rarely takes (a failed store, a reset with transfers in flight, the version check).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from cpkv.errors import EngineVersionError, InvalidArgumentError, UnknownPolicyError
+from cpkv.integrations.vllm import REQUIRED_VLLM, CpkvOffloadConfig, CpkvOffloadingManager
+from cpkv.integrations.vllm._version import check_vllm_version
+from vllm.v1.kv_offload.base import LookupResult, ReqContext, make_offload_key
+
+CHUNK = 16
+
+
+def request(req_id: str, chain: list[int]) -> tuple[ReqContext, list[bytes]]:
+    """A request over a chain of chunk ids (prefix ``chain[:i]`` is chunk i's identity)."""
+    ctx = ReqContext(req_id=req_id)
+    keys = [make_offload_key(bytes(repr(tuple(chain[: i + 1])), "ascii"), 0) for i in range(len(chain))]
+    for i, key in enumerate(keys):
+        ctx.set_offload_key_position(key, (i + 1) * CHUNK)
+    return ctx, keys
+
+
+def manager(capacity: int, policy: str = "lru") -> CpkvOffloadingManager:
+    return CpkvOffloadingManager(capacity, policy, tokens_per_chunk=(CHUNK,))
+
+
+def drive(m: CpkvOffloadingManager, seed: int, steps: int = 300) -> list[int]:
+    """Random requests over a small shared vocabulary of chains, transfers completing (or a store
+    failing) in random order; checks the contract after every call. Returns the digests."""
+    rng = random.Random(seed)
+    inflight: list[tuple[str, ReqContext, list[bytes]]] = []
+    digests = []
+    stored_ok: set[bytes] = set()
+    failed_stores = 0
+    for step in range(steps):
+        if inflight and rng.random() < 0.5:
+            kind, ctx, keys = inflight.pop(rng.randrange(len(inflight)))
+            if kind == "load":
+                m.complete_load(keys, ctx)
+            else:
+                ok = rng.random() > 0.1
+                m.complete_store(keys, ctx, success=ok)
+                if ok:
+                    stored_ok |= set(keys)
+                else:
+                    failed_stores += 1
+                    for key in keys:
+                        assert m.lookup(key, ctx) is LookupResult.MISS
+        else:
+            chain = [rng.randrange(3)] + [rng.randrange(4) for _ in range(rng.randrange(1, 7))]
+            ctx, keys = request(f"r{step}", chain)
+            m.on_new_request(ctx)
+            hits = 0
+            for key in keys[:-1]:
+                if m.lookup(key, ctx) is not LookupResult.HIT:
+                    break
+                hits += 1
+            if hits:
+                spec = m.prepare_load(keys[:hits], ctx)
+                assert len(spec.rows) == hits
+                inflight.append(("load", ctx, keys[:hits]))
+            pinned_before = set(m.pinned_keys())
+            out = m.prepare_store(keys[hits:], ctx)
+            if out is not None:
+                assert not set(out.evicted_keys) & pinned_before, "a pinned chunk was evicted"
+                assert set(out.keys_to_store) <= set(keys[hits:])
+                assert len(set(m.row_of(k) for k in out.keys_to_store)) == len(out.keys_to_store)
+                if out.keys_to_store:
+                    inflight.append(("store", ctx, list(out.keys_to_store)))
+            m.on_request_finished(ctx)
+        m.check()
+        resident = set(m.resident_keys())
+        assert len(resident) <= m.host_blocks
+        assert set(m.pinned_keys()) <= resident
+        for key in stored_ok & resident:
+            chunk = m._chunks[key]
+            assert chunk.ready or chunk.failed or key in m._store_pin
+            if chunk.parent is not None:
+                assert chunk.parent in resident, "a resident chunk's prefix is resident"
+        digests.append(m.digest())
+    stats = m.stats()
+    assert stats["evicted"] > 20 and failed_stores > 0, f"the sequence must exercise eviction and failure: {stats}"
+    for kind, ctx, keys in inflight:
+        (m.complete_load if kind == "load" else m.complete_store)(keys, ctx)
+    assert m.num_pins == 0 and m.pinned_keys() == []
+    resident_now = m.resident_keys()
+    assert sorted(m.evict(m.host_blocks)) == sorted(resident_now), "nothing is left pinned"
+    assert m.resident_keys() == []
+    m.check()
+    return digests
+
+
+@pytest.mark.parametrize("policy", ["lru", "lfu", "fifo", "slru", "ghost"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_random_calls_keep_the_contract_and_replay_identically(policy: str, seed: int) -> None:
+    first = drive(manager(12, policy), seed)
+    assert first == drive(manager(12, policy), seed), "same calls, same digests, step by step"
+    assert first != drive(manager(12, policy), seed + 100)
+
+
+def test_a_failed_store_is_rewritten_in_its_own_row() -> None:
+    m = manager(8)
+    ctx, keys = request("a", [1, 2, 3])
+    out = m.prepare_store(keys, ctx)
+    rows = [m.row_of(k) for k in keys]
+    m.complete_store(keys, ctx, success=False)
+    assert [m.lookup(k, ctx) for k in keys] == [LookupResult.MISS] * 3 and m.num_pins == 0
+    ctx2, keys2 = request("b", [1, 2, 3])
+    again = m.prepare_store(keys2, ctx2)
+    assert again is not None and again.keys_to_store == keys and list(again.store_spec.rows) == rows
+    assert list(out.store_spec.rows) == rows
+    assert [m.lookup(k, ctx2) for k in keys] == [LookupResult.HIT_PENDING] * 3
+    m.complete_store(keys, ctx2)
+    assert [m.lookup(k, ctx2) for k in keys] == [LookupResult.HIT] * 3 and m.num_pins == 0
+    m.check()
+
+
+def test_full_host_with_everything_pinned_refuses_the_store() -> None:
+    m = manager(3)
+    ctx, keys = request("a", [1, 2, 3])
+    m.prepare_store(keys, ctx)  # pending: pinned
+    other, more = request("b", [7, 8])
+    assert m.prepare_store(more, other) is None
+    m.complete_store(keys, ctx)
+    out = m.prepare_store(more, other)
+    assert out is not None and out.evicted_keys == keys, "the whole unpinned chain, head to tail"
+    m.check()
+
+
+def test_reset_drops_everything_and_ignores_late_completions() -> None:
+    m = manager(6)
+    ctx, keys = request("a", [1, 2, 3])
+    m.prepare_store(keys, ctx)
+    m.complete_store(keys, ctx)
+    m.prepare_load(keys[:2], ctx)
+    m.reset_cache()
+    m.complete_load(keys[:2], ctx)
+    m.complete_store(keys, ctx)
+    assert m.resident_keys() == [] and m.num_pins == 0
+    assert m.lookup(keys[0], ctx) is LookupResult.MISS
+    m.check()
+
+
+def test_prepare_load_of_a_missing_key_is_a_typed_error_and_changes_nothing() -> None:
+    m = manager(4)
+    ctx, keys = request("a", [1, 2])
+    before = m.digest()
+    with pytest.raises(InvalidArgumentError, match=keys[0].hex()):
+        m.prepare_load(keys, ctx)
+    assert m.digest() == before and m.num_pins == 0
+
+
+def test_version_check_names_both_versions() -> None:
+    assert check_vllm_version() == REQUIRED_VLLM
+    with pytest.raises(EngineVersionError, match="0.34.0") as caught:
+        check_vllm_version("0.34.0")
+    assert REQUIRED_VLLM in str(caught.value) and isinstance(caught.value, ImportError)
+
+
+@pytest.mark.parametrize("extra, error", [
+    (None, InvalidArgumentError),
+    ({}, InvalidArgumentError),
+    ({"cpkv_host_blocks": float("nan")}, InvalidArgumentError),
+    ({"cpkv_host_blocks": float("inf")}, InvalidArgumentError),
+    ({"cpkv_host_blocks": 1 << 50}, InvalidArgumentError),
+    ({"cpkv_host_blocks": [4]}, InvalidArgumentError),
+    ({"cpkv_host_blocks": 4, "cpkv_policy": 3}, UnknownPolicyError),
+    ({"cpkv_host_blocks": 4, "cpkv_slab": ["shared"]}, InvalidArgumentError),
+])
+def test_config_rejects_bad_values(extra, error) -> None:
+    with pytest.raises(error):
+        CpkvOffloadConfig.from_extra_config(extra)
+
+
+def test_config_accepts_good_values() -> None:
+    got = CpkvOffloadConfig.from_extra_config({"cpkv_host_blocks": "128", "cpkv_policy": "ghost", "cpkv_slab": "private"})
+    assert got == CpkvOffloadConfig(128, "ghost", "private")
+    assert CpkvOffloadConfig.from_extra_config({"cpkv_host_blocks": 8.0}).host_blocks == 8
+
+
+def test_hits_are_reported_as_host_hits() -> None:
+    from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+    m = manager(4)
+    ctx, keys = request("a", [1])
+    m.prepare_store(keys, ctx)
+    m.complete_store(keys, ctx)
+    assert m.lookup(keys[0], ctx) is LookupResult.HIT
+    assert m.get_load_source(keys[0], ctx) is CacheHitSource.HOST
