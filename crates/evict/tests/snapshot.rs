@@ -202,7 +202,10 @@ fn replicas_restored_at_any_point_continue_identically() {
             assert_eq!(a.canonical_digest(), b.canonical_digest());
             b.check_invariants().unwrap();
         }
-        assert!(a.remembered_pages() > 0, "{policy:?} remembers dropped content");
+        assert!(
+            a.remembered_pages() > 0,
+            "{policy:?} remembers dropped content"
+        );
     }
 }
 
