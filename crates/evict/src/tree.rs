@@ -451,7 +451,10 @@ impl PrefixTree {
 
     /// Frees device pages from device leaves in policy order until at least
     /// `num_pages` are freed or nothing is evictable. A victim with a host
-    /// copy stays as host-only; one without leaves the tree.
+    /// copy stays as host-only; one without leaves the tree. Under
+    /// `Policy::Ghost` a victim holding at least twice the pages still needed
+    /// is split and only its tail leaves: the head is what a returning
+    /// request matches first.
     pub fn evict(&mut self, num_pages: usize) -> Vec<DeviceVictim> {
         self.clock.tick();
         let mut victims = Vec::new();
@@ -460,6 +463,14 @@ impl PrefixTree {
             let Some(id) = self.next_device_victim() else {
                 break;
             };
+            let need = num_pages - freed;
+            let held = self.node_ref(id).device.as_ref().map_or(0, Vec::len);
+            if self.policy == Policy::Ghost && held >= 2 * need {
+                // Only the victim's last `need` pages leave when that is at
+                // most half of it: its head stays a leaf (same stamps) for a
+                // returning request to match first.
+                self.split(id, held - need);
+            }
             let pages = self.evict_device(id);
             freed += pages.len();
             victims.push(DeviceVictim { node: id, pages });

@@ -391,3 +391,28 @@ fn what_a_policy_keeps_beyond_the_live_nodes_is_bounded_by_the_capacity() {
         }
     }
 }
+
+#[test]
+fn ghost_evicts_only_the_tail_of_a_long_victim() {
+    for policy in [Policy::Ghost, Policy::Lru] {
+        let mut tree = PrefixTree::new(1, policy).unwrap();
+        tree.insert(&[1, 2, 3, 4, 5, 6], &[10, 11, 12, 13, 14, 15], &NS)
+            .unwrap();
+        // Two pages needed from a six-page leaf: ghost splits it and frees the
+        // last two; lru frees the whole leaf.
+        let victims = tree.evict(2);
+        let freed: Vec<u64> = victims.iter().flat_map(|v| v.pages.clone()).collect();
+        let kept = tree.match_prefix(&[1, 2, 3, 4, 5, 6], &NS).device_pages;
+        if policy == Policy::Ghost {
+            assert_eq!(freed, vec![14, 15]);
+            assert_eq!(kept, vec![10, 11, 12, 13]);
+            // Needing more than half of a leaf takes all of it.
+            let freed: usize = tree.evict(3).iter().map(|v| v.pages.len()).sum();
+            assert_eq!(freed, 4);
+        } else {
+            assert_eq!(freed.len(), 6);
+            assert!(kept.is_empty());
+        }
+        tree.check_invariants().unwrap();
+    }
+}
