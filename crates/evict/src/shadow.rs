@@ -237,3 +237,22 @@ impl Shadows {
             .try_for_each(|t| t.check_invariants().map_err(|e| format!("shadow: {e}")))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_shadows_whose_order_uses_it_remember_dropped_content() {
+        let mut s = Shadows::new(1);
+        for i in 0..200u64 {
+            let tokens = [i % 40, 1000 + i % 17, 2000 + i];
+            s.mirror(&tokens, &Namespace::Default, 30);
+        }
+        let remembered: Vec<usize> = s.trees.iter().map(PrefixTree::remembered_pages).collect();
+        assert_eq!(CANDIDATES[1], Ranking::Recency);
+        assert!(remembered[0] > 0 && remembered[2] > 0, "{remembered:?}");
+        assert_eq!(remembered[1], 0, "the recency shadow keeps no history");
+        s.check().unwrap();
+    }
+}

@@ -329,7 +329,7 @@ impl PrefixTree {
             host_node: root,
         };
         let mut on_device = true;
-        let remembers = self.policy.remembers_dropped();
+        let remembers = self.remembers();
         for step in &steps {
             let (policy, floor, weights) = (self.policy, self.floor, self.weights());
             let queued = self.queues.hit(self.node_ref(step.id).priority);
@@ -594,6 +594,13 @@ impl PrefixTree {
         }
     }
 
+    /// Whether dropped content is remembered: for `Policy::Ghost`, except in
+    /// its recency shadow, whose order uses neither the ghost priority nor
+    /// remembered hits (a third less shadow memory, same decisions).
+    fn remembers(&self) -> bool {
+        self.policy.remembers_dropped() && self.fixed_ranking != Some(Ranking::Recency)
+    }
+
     /// Turns a fresh tree into a shadow ranking by `ranking` (no shadows of its own).
     pub(crate) fn make_shadow(&mut self, ranking: Ranking) {
         self.fixed_ranking = Some(ranking);
@@ -754,7 +761,7 @@ impl PrefixTree {
         let depth = p.depth + p.pages(self.page_size);
         let key = ChildKey::new(&tokens[..self.page_size]);
         // Content back from the ghost history resumes its hit count.
-        let returned = if self.policy.remembers_dropped() {
+        let returned = if self.remembers() {
             self.ghost
                 .take_back(content_key(parent, &tokens[..self.page_size]))
                 .unwrap_or(0)
@@ -948,7 +955,7 @@ impl PrefixTree {
         let parent = node.parent.expect("roots are never removed");
         let on_device = node.device.is_some();
         let key = &node.tokens[..self.page_size];
-        if self.policy.remembers_dropped() {
+        if self.remembers() {
             let pages = node.pages(self.page_size);
             let cached = self.live_pages.len() + self.host_pages + pages;
             self.ghost
