@@ -3,7 +3,8 @@
 One hash id is one page (``page_size=1``, the ids are the tokens). Per
 request, as an engine does it: ``match`` (the hit is the matched blocks),
 ``lock`` the matched node, evict just enough device pages that the request's
-new blocks fit (``evict`` frees whole leaves, so it may free more), ``insert``
+new blocks fit (``evict`` frees whole leaves, so it may free more; ``ghost``
+takes only the tail of a victim at least twice what is needed), ``insert``
 the request (truncated only if even that does not fit, i.e. the rest is
 locked), ``unlock``. The block-level prefix hit ratio is matched blocks over
 all blocks. Next to the online policies: Belady's offline optimum
