@@ -199,3 +199,42 @@ def test_any_table_copies_like_the_reference_or_is_refused_untouched(case):
         with pytest.raises(CopyTableError):
             copy_rows(out, sources, run_table)
         assert torch.equal(out, before)
+
+
+@pytest.mark.parametrize("stores", [None, "cached", "streaming"])
+@pytest.mark.parametrize("row_bytes", [4, 100, 4096 + 24])
+def test_both_kinds_of_stores_are_byte_exact_at_any_alignment(stores, row_bytes):
+    """Streaming stores write 16-byte-aligned 64-byte blocks and ordinary stores around them:
+    rows that start off a 16-byte boundary (`out` one byte into its buffer) and lengths that
+    leave heads and tails must still come out exact, with the byte before `out` untouched."""
+    gen = torch.Generator().manual_seed(row_bytes)
+    sources = [random_rows(gen, rows, (row_bytes,), torch.uint8) for rows in (7, 5)]
+    backing = random_rows(gen, 1, (10 * row_bytes + 1,), torch.uint8).reshape(-1)
+    guard = int(backing[0])
+    out = backing[1:].view(10, row_bytes)
+    runs = table((0, 1, 4, 0, 1, 1), (4, 2, 3, 1, 0, 1), (9, 1, 1, 0, 6, 0), (5, 2, 2, 1, 3, 1))
+    want = reference(out, sources, runs)
+    copy_rows(out, sources, runs, stores)
+    assert torch.equal(out, want)
+    assert int(backing[0]) == guard
+
+
+def test_a_table_past_the_streaming_threshold_is_exact():
+    """Chosen by size: a gather moving more than `streaming_threshold()` bytes streams."""
+    from cpkv._cpkv import streaming_threshold
+
+    row_bytes = 32768
+    rows = streaming_threshold() // row_bytes + 8
+    src = np.random.default_rng(5).integers(0, 256, (rows, row_bytes), dtype=np.uint8)
+    out = np.zeros((rows, row_bytes), dtype=np.uint8)
+    half = rows // 2
+    copy_rows(out, [src], table((0, 2, half, 0, 0, 1), (1, 2, rows - half, 0, half, 1)))
+    assert np.array_equal(out[0::2], src[:half]) and np.array_equal(out[1::2], src[half:])
+
+
+@pytest.mark.parametrize("stores", ["fast", "", 1, b"cached", "Cached"])
+def test_an_unknown_kind_of_stores_is_refused_and_nothing_is_written(stores):
+    out = np.full((2, 8), 9, dtype=np.uint8)
+    with pytest.raises(InvalidArgumentError, match="stores must be None, 'cached' or 'streaming'"):
+        copy_rows(out, [np.zeros((2, 8), dtype=np.uint8)], table((0, 1, 2, 0, 0, 1)), stores)
+    assert (out == 9).all()

@@ -1,6 +1,6 @@
 """Type stubs for the Rust extension ``cpkv._cpkv``."""
 
-from typing import Iterable, Mapping, Sequence, final
+from typing import Iterable, Literal, Mapping, Sequence, final
 
 import numpy as np
 import numpy.typing as npt
@@ -24,6 +24,7 @@ __all__ = [
     "RowSources",
     "copy_rows",
     "row_runs",
+    "streaming_threshold",
 ]
 
 __version__: str
@@ -355,8 +356,18 @@ class RowSources:
     @property
     def rows(self) -> list[int]: ...
 
-def copy_rows(out: object, sources: RowSources | Sequence[object], runs: npt.NDArray[np.int64]) -> None:
-    """``out[dst + k*dst_stride] = sources[source][src + k*src_stride]`` per run; GIL released."""
+def copy_rows(
+    out: object,
+    sources: RowSources | Sequence[object],
+    runs: npt.NDArray[np.int64],
+    stores: Literal["cached", "streaming"] | None = None,
+) -> None:
+    """``out[dst + k*dst_stride] = sources[source][src + k*src_stride]`` per run; GIL released.
+
+    ``stores=None`` streams past the cache from ``streaming_threshold()`` bytes up."""
+
+def streaming_threshold() -> int:
+    """Bytes (3/4 of the last-level cache) from which ``copy_rows`` uses streaming stores."""
 
 def row_runs(
     dst_rows: npt.NDArray[np.int64], src_rows: npt.NDArray[np.int64], source: int = 0

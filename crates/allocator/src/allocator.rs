@@ -9,7 +9,7 @@
 
 use std::collections::hash_map::Entry;
 
-use crate::digest::{committed_element, config_element, free_element, StateDigest};
+use crate::digest::{committed_element, config_element, StateDigest};
 use crate::error::{AllocError, Result};
 use crate::extent::Extent;
 use crate::free_list::FreeList;
@@ -24,8 +24,7 @@ pub struct PageAllocator {
     /// One per payload, indexed by `PayloadId`.
     pub(crate) free: Vec<FreeList>,
     pub(crate) objects: ObjectMap,
-    /// Configuration, object extents and committed keys; the free extents'
-    /// part lives in each `FreeList` and is added on read.
+    /// Configuration, object extents and committed keys (see `digest`).
     pub(crate) digest: StateDigest,
     pub(crate) counters: Counters,
 }
@@ -35,7 +34,7 @@ impl PageAllocator {
     pub fn new<S: AsRef<str>>(pools: &[(S, u64)]) -> Result<Self> {
         let payloads = Payloads::new(pools)?;
         let free = (0..payloads.len())
-            .map(|id| FreeList::new(id, payloads.capacity(id)))
+            .map(|id| FreeList::new(payloads.capacity(id)))
             .collect();
         Ok(Self::from_parts(
             payloads,
@@ -206,24 +205,15 @@ impl PageAllocator {
             }
         }
         let object = self.objects.remove(&key).expect("checked above");
-        object
-            .placement
-            .elements(key)
-            .for_each(|e| self.digest.remove(e));
+        self.digest.remove(object.digest_share);
         self.digest.remove(committed_element(key));
         let (left, right) = object.placement.split_at(at);
         for (half_key, placement) in [(left_key, left), (right_key, right)] {
-            placement
-                .elements(half_key)
-                .for_each(|e| self.digest.add(e));
+            let mut half = Object::new(half_key, placement);
+            half.committed = true;
+            self.digest.add(half.digest_share);
             self.digest.add(committed_element(half_key));
-            self.objects.insert(
-                half_key,
-                Object {
-                    placement,
-                    committed: true,
-                },
-            );
+            self.objects.insert(half_key, half);
         }
         self.counters.splits += 1;
         Ok(())
@@ -289,13 +279,11 @@ impl PageAllocator {
         }
     }
 
-    /// The order-independent digest of the whole state, in O(payloads).
+    /// The order-independent digest of the whole state, in O(1): the
+    /// configuration, every object extent at its position and every
+    /// committed key (free extents are their complement, see `digest.rs`).
     pub fn digest(&self) -> u64 {
-        let mut digest = self.digest;
-        for free in &self.free {
-            digest.add(free.digest().value());
-        }
-        digest.value()
+        self.digest.value()
     }
 
     /// Recomputes every invariant and the digest from scratch: free lists
@@ -334,12 +322,14 @@ impl PageAllocator {
             check_partition(&extents, &mut used[id], self.payloads.capacity(id))
                 .map_err(|e| format!("payload {name:?}: {e}"))?;
         }
-        let mut expect = base_digest(&self.payloads, &self.objects);
-        for (id, free) in self.free.iter().enumerate() {
-            for extent in free.extents() {
-                expect.add(free_element(id, extent));
+        for (key, object) in sorted(&self.objects) {
+            if object.digest_share != object.placement.digest_share(key) {
+                return Err(format!(
+                    "key {key}: kept digest share differs from a recomputation"
+                ));
             }
         }
+        let expect = base_digest(&self.payloads, &self.objects);
         if expect.value() != self.digest() {
             return Err("incremental digest differs from a recomputation".into());
         }
@@ -394,26 +384,17 @@ impl PageAllocator {
                 None => free.take_prefix(num_pages, out),
             });
         }
-        placement.elements(key).for_each(|e| self.digest.add(e));
+        let object = Object::new(key, placement);
+        self.digest.add(object.digest_share);
         self.counters.reserves += 1;
         let Entry::Vacant(slot) = self.objects.entry(key) else {
             unreachable!("check_new found key {key} not live");
         };
-        Some(
-            &slot
-                .insert(Object {
-                    placement,
-                    committed: false,
-                })
-                .placement,
-        )
+        Some(&slot.insert(object).placement)
     }
 
     fn forget(&mut self, key: u64, object: Object) {
-        object
-            .placement
-            .elements(key)
-            .for_each(|e| self.digest.remove(e));
+        self.digest.remove(object.digest_share);
         if object.committed {
             self.digest.remove(committed_element(key));
         }
@@ -432,7 +413,7 @@ fn base_digest(payloads: &Payloads, objects: &ObjectMap) -> StateDigest {
     let mut digest = StateDigest::default();
     digest.add(config_element(payloads));
     for (&key, object) in objects {
-        object.placement.elements(key).for_each(|e| digest.add(e));
+        digest.add(object.placement.digest_share(key));
         if object.committed {
             digest.add(committed_element(key));
         }

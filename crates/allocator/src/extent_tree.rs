@@ -82,16 +82,19 @@ impl<T: Copy + Default> Slots<T> {
     }
 }
 
-/// How many of the sorted `keys` are below `key`: a branch-free count over a
-/// node's few entries (the compiler vectorises it), which beats a binary
-/// search's unpredictable branches at this size.
+/// How many of the sorted `keys` are below `key`: a scan that stops at the
+/// first key at or above it. First fit keeps the busiest extents at low
+/// addresses, at the front of their nodes, so the scan is usually short; it
+/// measured faster than a branch-free count of the whole node (which x86-64's
+/// baseline SSE2, lacking a 64-bit compare, cannot vectorise) and than a
+/// binary search's unpredictable branches.
 fn count_below(keys: &[u64], key: u64) -> usize {
-    keys.iter().map(|&k| usize::from(k < key)).sum()
+    keys.iter().position(|&k| k >= key).unwrap_or(keys.len())
 }
 
-/// How many of the sorted `keys` are at most `key`.
+/// How many of the sorted `keys` are at most `key` (the same scan).
 fn count_at_most(keys: &[u64], key: u64) -> usize {
-    keys.iter().map(|&k| usize::from(k <= key)).sum()
+    keys.iter().position(|&k| k > key).unwrap_or(keys.len())
 }
 
 /// What `ExtentTree::give_back` did with a returned extent.

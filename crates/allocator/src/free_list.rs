@@ -1,21 +1,16 @@
 //! The free extents of one payload pool: address-ordered, fully coalesced,
-//! with the page count and the digest of the free extents kept up to date.
+//! with the extent and page counts kept up to date.
 //!
 //! The extents live in an `ExtentTree` (a B+tree augmented with the largest
 //! length under each child), so first fit is one root-to-leaf descent:
 //! O(log F) for F free extents, never a scan of the free list.
 
-use crate::digest::{free_element, StateDigest};
 use crate::extent::Extent;
 use crate::extent_tree::{ExtentTree, GiveBack};
-use crate::payload::PayloadId;
 use crate::placement::ExtentVec;
 
 #[derive(Clone, Debug)]
 pub struct FreeList {
-    payload: PayloadId,
-    /// Sum of the digest elements of the free extents.
-    digest: StateDigest,
     tree: ExtentTree,
     extents: usize,
     free_pages: u64,
@@ -23,26 +18,19 @@ pub struct FreeList {
 
 impl FreeList {
     /// A pool of `capacity` pages of `payload`, all free.
-    pub fn new(payload: PayloadId, capacity: u64) -> Self {
-        let mut list = FreeList::empty(payload);
+    pub fn new(capacity: u64) -> Self {
+        let mut list = FreeList::empty();
         list.insert(Extent::new(0, capacity));
         list
     }
 
     /// No free pages at all (restore fills it extent by extent).
-    pub fn empty(payload: PayloadId) -> Self {
+    pub fn empty() -> Self {
         FreeList {
-            payload,
-            digest: StateDigest::default(),
             tree: ExtentTree::default(),
             extents: 0,
             free_pages: 0,
         }
-    }
-
-    /// The digest elements of every free extent, summed.
-    pub fn digest(&self) -> StateDigest {
-        self.digest
     }
 
     pub fn free_pages(&self) -> u64 {
@@ -62,12 +50,8 @@ impl FreeList {
     pub fn take_first_fit(&mut self, len: u64) -> Option<Extent> {
         let found = self.tree.take_first_fit(len)?;
         self.free_pages -= len;
-        self.digest.remove(free_element(self.payload, found));
         if found.len == len {
             self.extents -= 1;
-        } else {
-            let rest = Extent::new(found.start + len, found.len - len);
-            self.digest.add(free_element(self.payload, rest));
         }
         Some(Extent::new(found.start, len))
     }
@@ -105,29 +89,12 @@ impl FreeList {
     /// Returns `extent` (not overlapping any free extent) to the pool, merging
     /// it with the free extents that touch it on either side.
     pub fn give_back(&mut self, extent: Extent) {
-        let id = self.payload;
         self.free_pages += extent.len;
-        let merged = match self.tree.give_back(extent) {
-            GiveBack::Inserted => {
-                self.extents += 1;
-                extent
-            }
-            GiveBack::MergedBefore(p) => {
-                self.digest.remove(free_element(id, p));
-                Extent::new(p.start, p.len + extent.len)
-            }
-            GiveBack::MergedAfter(n) => {
-                self.digest.remove(free_element(id, n));
-                Extent::new(extent.start, extent.len + n.len)
-            }
-            GiveBack::Joined(p, n) => {
-                self.extents -= 1;
-                self.digest.remove(free_element(id, p));
-                self.digest.remove(free_element(id, n));
-                Extent::new(p.start, p.len + extent.len + n.len)
-            }
-        };
-        self.digest.add(free_element(id, merged));
+        match self.tree.give_back(extent) {
+            GiveBack::Inserted => self.extents += 1,
+            GiveBack::MergedBefore(_) | GiveBack::MergedAfter(_) => {}
+            GiveBack::Joined(..) => self.extents -= 1,
+        }
     }
 
     /// Adds a free extent as is, without coalescing (restore, which validated
@@ -137,7 +104,6 @@ impl FreeList {
         self.tree.insert(extent);
         self.extents += 1;
         self.free_pages += extent.len;
-        self.digest.add(free_element(self.payload, extent));
     }
 
     /// Every free extent in address order.
@@ -145,7 +111,7 @@ impl FreeList {
         self.tree.extents()
     }
 
-    /// Checks the bookkeeping (tree shape, counts, digest) against the
+    /// Checks the bookkeeping (tree shape, counts) against the
     /// extents; returns what is wrong.
     pub fn check_structure(&self) -> Result<(), String> {
         self.tree.check()?;
@@ -159,13 +125,6 @@ impl FreeList {
                 extents.len()
             ));
         }
-        let mut digest = StateDigest::default();
-        for &extent in &extents {
-            digest.add(free_element(self.payload, extent));
-        }
-        if digest != self.digest {
-            return Err("free-extent digest differs from a recomputation".into());
-        }
         Ok(())
     }
 
@@ -173,15 +132,12 @@ impl FreeList {
         let extent = self.tree.remove(start);
         self.extents -= 1;
         self.free_pages -= extent.len;
-        self.digest.remove(free_element(self.payload, extent));
     }
 
     /// Replaces free extent `old` by `new` (which keeps the address order).
     fn replace(&mut self, old: Extent, new: Extent) {
         self.tree.replace(old.start, new);
         self.free_pages = self.free_pages - old.len + new.len;
-        self.digest.remove(free_element(self.payload, old));
-        self.digest.add(free_element(self.payload, new));
     }
 }
 
@@ -191,7 +147,7 @@ mod tests {
 
     #[test]
     fn take_and_give_back_coalesce() {
-        let mut list = FreeList::new(0, 100);
+        let mut list = FreeList::new(100);
         assert_eq!(list.take_first_fit(10), Some(Extent::new(0, 10)));
         assert_eq!(list.extents(), vec![Extent::new(10, 90)]);
         assert_eq!(list.take_first_fit(90), Some(Extent::new(10, 90)));
@@ -217,7 +173,7 @@ mod tests {
 
     #[test]
     fn first_fit_is_lowest_addressed_that_holds() {
-        let mut list = FreeList::empty(0);
+        let mut list = FreeList::empty();
         for (start, len) in [(0, 2), (10, 5), (20, 3), (30, 8), (50, 5)] {
             list.insert(Extent::new(start, len));
         }
@@ -239,7 +195,7 @@ mod tests {
 
     #[test]
     fn many_extents_keep_structure() {
-        let mut list = FreeList::empty(0);
+        let mut list = FreeList::empty();
         for start in (0..80_000).step_by(8) {
             list.insert(Extent::new(start, 1 + (start / 8) % 7));
         }

@@ -15,7 +15,7 @@ mod error;
 mod extent;
 /// B+tree of free extents with subtree maxima: O(log F) first fit.
 mod extent_tree;
-/// One payload's free extents: coalescing, page counts, digest share.
+/// One payload's free extents: coalescing and page counts.
 mod free_list;
 /// The live objects by key (hash lookup; walked only in key order).
 mod object_map;

@@ -16,6 +16,20 @@ use crate::placement::Placement;
 pub(crate) struct Object {
     pub(crate) placement: Placement,
     pub(crate) committed: bool,
+    /// `placement.digest_share(key)`, kept so a release subtracts it
+    /// without hashing again (`verify` recomputes it).
+    pub(crate) digest_share: u64,
+}
+
+impl Object {
+    /// A new, uncommitted object `key` over `placement`.
+    pub(crate) fn new(key: u64, placement: Placement) -> Self {
+        Object {
+            digest_share: placement.digest_share(key),
+            placement,
+            committed: false,
+        }
+    }
 }
 
 pub(crate) type ObjectMap = HashMap<u64, Object, BuildHasherDefault<KeyHasher>>;
@@ -59,13 +73,7 @@ mod tests {
     fn sorted_walks_keys_in_order() {
         let mut map = ObjectMap::default();
         for key in [9u64, 3, u64::MAX, 0, 7] {
-            map.insert(
-                key,
-                Object {
-                    placement: Placement::new(1),
-                    committed: false,
-                },
-            );
+            map.insert(key, Object::new(key, Placement::new(1)));
         }
         let keys: Vec<u64> = sorted(&map).into_iter().map(|(k, _)| k).collect();
         assert_eq!(keys, vec![0, 3, 7, 9, u64::MAX]);

@@ -1,6 +1,6 @@
 //! Where an object's pages live: per payload, its extents in position order.
 
-use crate::digest::object_extent_element;
+use crate::digest::{object_extent_element, object_seed};
 use crate::extent::Extent;
 use crate::payload::PayloadId;
 
@@ -140,16 +140,19 @@ impl Placement {
         Some(extents.iter().flat_map(|e| e.start..e.end()).collect())
     }
 
-    /// The digest elements of this placement's extents under `key`.
-    pub(crate) fn elements(&self, key: u64) -> impl Iterator<Item = u64> + '_ {
-        self.parts().flat_map(move |(payload, extents)| {
+    /// The sum of the digest elements of this placement's extents under
+    /// `key`: what the object adds to the allocator's digest.
+    pub(crate) fn digest_share(&self, key: u64) -> u64 {
+        let seed = object_seed(key);
+        let mut share = 0u64;
+        for (payload, extents) in self.parts() {
             let mut position = 0;
-            extents.iter().map(move |&extent| {
-                let element = object_extent_element(key, payload, position, extent);
+            for &extent in extents {
+                share = share.wrapping_add(object_extent_element(seed, payload, position, extent));
                 position += extent.len;
-                element
-            })
-        })
+            }
+        }
+        share
     }
 
     /// Positions `[0, at)` and `[at, num_pages)` over the same physical pages.

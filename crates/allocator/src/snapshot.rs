@@ -150,7 +150,7 @@ fn read_body(r: &mut Reader<'_>) -> Result<PageAllocator> {
         let name = payloads.name(id);
         let capacity = payloads.capacity(id);
         let count = r.count_u64(16, "free extents")?;
-        let mut list = FreeList::empty(id);
+        let mut list = FreeList::empty();
         let mut previous_end = None;
         for _ in 0..count {
             let extent = r.extent(capacity)?;
@@ -223,13 +223,9 @@ fn read_body(r: &mut Reader<'_>) -> Result<PageAllocator> {
             placement.push_part(payload, |out| out.extend_from_slice(&extents));
             previous = Some(payload);
         }
-        objects.insert(
-            key,
-            Object {
-                placement,
-                committed,
-            },
-        );
+        let mut object = Object::new(key, placement);
+        object.committed = committed;
+        objects.insert(key, object);
     }
     for (id, pages) in used.iter_mut().enumerate() {
         check_partition(&free[id].extents(), pages, payloads.capacity(id))

@@ -1,9 +1,10 @@
 //! The kernel against a plain copy of the same bytes: a compose-shaped gather
 //! (cp sources, each request's pages owned round-robin, so every run is
 //! strided by cp) at 4 KB and 32 KB rows, in cache (2 MB) and far out of it
-//! (256 MB, several times a 32 MB last-level cache).
+//! (256 MB, several times a 32 MB last-level cache); the kernel's own choice
+//! of stores beside both kinds forced.
 
-use cpkv_copy::{copy_runs, Run};
+use cpkv_copy::{copy_runs, copy_runs_with, Run, Stores};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 
 /// Runs of a gather of `slots` rows from `cp` sources: slot i comes from
@@ -53,6 +54,18 @@ fn bench(c: &mut Criterion) {
                     BenchmarkId::new(format!("gather_cp{cp}_{label}"), row_bytes),
                     |b| b.iter(|| copy_runs(&mut dst, &views, row_bytes, &runs).unwrap()),
                 );
+                for (name, stores) in [("cached", Stores::Cached), ("streaming", Stores::Streaming)]
+                {
+                    group.bench_function(
+                        BenchmarkId::new(format!("gather_cp{cp}_{label}_{name}_stores"), row_bytes),
+                        |b| {
+                            b.iter(|| {
+                                copy_runs_with(&mut dst, &views, row_bytes, &runs, Some(stores))
+                                    .unwrap()
+                            })
+                        },
+                    );
+                }
             }
         }
     }

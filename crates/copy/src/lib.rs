@@ -12,7 +12,9 @@
 mod check;
 mod kernel;
 mod runs;
+mod stores;
 
 pub use check::{check_runs, CopyError};
-pub use kernel::copy_runs;
+pub use kernel::{copy_runs, copy_runs_with};
 pub use runs::{runs_from_rows, Run, RUN_COLUMNS};
+pub use stores::{streaming_threshold, Stores};

@@ -32,7 +32,8 @@ pub(crate) fn int_vector(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u64
     }
     let mut values = Vec::with_capacity(obj.len()?);
     for (i, item) in obj.try_iter()?.enumerate() {
-        values.push(uint(&item?, &format!("{what}[{i}]"))?);
+        // The element's name is formatted only for an error message.
+        values.push(uint_named(&item?, &|| format!("{what}[{i}]"))?);
     }
     Ok(values)
 }
@@ -82,12 +83,18 @@ fn int_array(
 /// An int in [0, 2**64): a Python int or a numpy integer scalar (anything
 /// with `__index__`), never a bool (numpy's included) or a float.
 pub(crate) fn uint(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
+    uint_named(obj, &|| what.to_owned())
+}
+
+/// `uint` with the argument's name built only when there is an error to name it in.
+fn uint_named(obj: &Bound<'_, PyAny>, name: &dyn Fn() -> String) -> PyResult<u64> {
     // The hot path: an exact int in range (bools are a subclass, not exact).
     if obj.is_exact_instance_of::<PyInt>() {
-        if let Ok(value) = obj.extract::<u64>() {
+        if let Some(value) = exact_int_u64(obj) {
             return Ok(value);
         }
     }
+    let what = name();
     let type_name = obj.get_type().name()?;
     let is_bool = obj.is_instance_of::<PyBool>() || type_name == "bool_" || type_name == "bool";
     let int_like = obj.is_instance_of::<PyInt>() || obj.hasattr("__index__")?;
@@ -109,6 +116,25 @@ pub(crate) fn uint(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
     };
     u64::try_from(value)
         .map_err(|_| invalid(format!("{what} = {value} is out of range [0, 2**64)")))
+}
+
+/// An exact `int` in [0, 2**64), read with one C call; `None` (no error
+/// left set) otherwise. Where C's `unsigned long` has 64 bits it is read with
+/// `PyLong_AsUnsignedLong`, which walks the digits in place; `extract::<u64>`
+/// goes through `PyLong_AsUnsignedLongLong`, whose multi-digit path builds a
+/// byte array (keys are usually hashes, so multi-digit).
+fn exact_int_u64(obj: &Bound<'_, PyAny>) -> Option<u64> {
+    if std::mem::size_of::<std::os::raw::c_ulong>() != 8 {
+        return obj.extract::<u64>().ok();
+    }
+    // SAFETY: `obj` is a live exact int and we hold the GIL (the `Bound`).
+    let value = unsafe { pyo3::ffi::PyLong_AsUnsignedLong(obj.as_ptr()) };
+    if value == std::os::raw::c_ulong::MAX && PyErr::take(obj.py()).is_some() {
+        return None;
+    }
+    // `c_ulong` is `u64` here, `u32` on Windows: the conversion is the identity only here.
+    #[allow(clippy::useless_conversion)]
+    Some(u64::from(value))
 }
 
 /// `uint`'s rule as a yes/no, for callers with their own message.

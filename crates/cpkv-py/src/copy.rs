@@ -15,7 +15,7 @@
 // kept alive by a reference held for the whole call.
 #![allow(unsafe_code)]
 
-use cpkv_copy::{Run, RUN_COLUMNS};
+use cpkv_copy::{Run, Stores, RUN_COLUMNS};
 use numpy::npyffi::flags::NPY_ARRAY_WRITEABLE;
 use numpy::{
     PyArray1, PyArray2, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods,
@@ -23,12 +23,14 @@ use numpy::{
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 
+use crate::convert::invalid;
 use crate::errors::cpkv_error;
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyRowSources>()?;
     m.add_function(wrap_pyfunction!(copy_rows, m)?)?;
     m.add_function(wrap_pyfunction!(row_runs, m)?)?;
+    m.add_function(wrap_pyfunction!(streaming_threshold, m)?)?;
     Ok(())
 }
 
@@ -302,15 +304,20 @@ fn runs_arg(runs: &Bound<'_, PyAny>) -> PyResult<Vec<Run>> {
 ///
 /// `out`: a writable numpy array or CPU torch tensor (C-contiguous);
 /// `sources`: a `RowSources` or a list of buffers, all with `out`'s row size
-/// and dtype; `runs`: int64 `[R, 6]`. Raises `CopyTableError` (nothing
-/// written) on any bad buffer or run.
+/// and dtype; `runs`: int64 `[R, 6]`; `stores`: `None` (streaming stores
+/// from 3/4 of the last-level cache up, ordinary below), `"cached"` or
+/// `"streaming"`. Raises `CopyTableError` (nothing written) on any bad
+/// buffer or run, `InvalidArgumentError` on another `stores`.
 #[pyfunction]
+#[pyo3(signature = (out, sources, runs, stores = None))]
 fn copy_rows(
     py: Python<'_>,
     out: &Bound<'_, PyAny>,
     sources: &Bound<'_, PyAny>,
     runs: &Bound<'_, PyAny>,
+    stores: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<()> {
+    let stores = stores_arg(stores)?;
     let owned;
     let checked = sources
         .is_instance_of::<PyRowSources>()
@@ -364,9 +371,30 @@ fn copy_rows(
         } else {
             unsafe { std::slice::from_raw_parts_mut(dst_address as *mut u8, dst_bytes) }
         };
-        cpkv_copy::copy_runs(dst, &views, row_bytes, &runs)
+        cpkv_copy::copy_runs_with(dst, &views, row_bytes, &runs, stores)
     })
     .map_err(|e| refused(e.to_string()))
+}
+
+/// `None` (chosen by size), `"cached"` or `"streaming"`.
+fn stores_arg(stores: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Stores>> {
+    let Some(stores) = stores.filter(|s| !s.is_none()) else {
+        return Ok(None);
+    };
+    match stores.extract::<String>().as_deref() {
+        Ok("cached") => Ok(Some(Stores::Cached)),
+        Ok("streaming") => Ok(Some(Stores::Streaming)),
+        _ => Err(invalid(format!(
+            "stores must be None, 'cached' or 'streaming', got {}",
+            stores.repr().map_or_else(|_| "?".into(), |r| r.to_string())
+        ))),
+    }
+}
+
+/// Bytes from which `copy_rows` streams past the cache when `stores` is None.
+#[pyfunction]
+fn streaming_threshold() -> usize {
+    cpkv_copy::streaming_threshold()
 }
 
 /// The run table moving `src_rows[i]` (of source `source`) to `dst_rows[i]`:

@@ -182,5 +182,5 @@ fn digests_are_pinned_and_cover_the_config() {
     );
 }
 
-const PINNED_FRESH: u64 = 0xb185_ae7c_e694_b7f9;
-const PINNED_AFTER: u64 = 0x5775_cf8a_b089_5cad;
+const PINNED_FRESH: u64 = 0x8388_3323_dd7d_2458;
+const PINNED_AFTER: u64 = 0xe100_d60c_7c3a_1ca9;

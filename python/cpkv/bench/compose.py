@@ -165,14 +165,16 @@ class _ShmReduce:
 
 
 def _gather_vs_copy(cp: int, requests: int, prefix: int, current: int, row_bytes: int, reps: int) -> dict:
-    """Seconds per gather (native; the numpy runs and indexed strategies) and per contiguous copy
-    of the same bytes, one thread, best of ``reps`` interleaved rounds."""
+    """Seconds per gather (native as the compose runs it, and with each kind of stores forced; the
+    numpy runs and indexed strategies) and per contiguous copy of the same bytes (``Tensor.copy_``
+    and ``np.copyto``, a glibc memcpy), one thread, best of ``reps`` interleaved rounds."""
+    import numpy as np
     import torch
 
-    from cpkv._cpkv import RowSources
+    from cpkv._cpkv import RowSources, copy_rows, streaming_threshold
     from cpkv.compose import ComposePlan
     from cpkv.compose.workload import uniform_batch
-    from cpkv.kernels.gather import gather_indexed, gather_runs, gather_runs_numpy
+    from cpkv.kernels.gather import as_run_table, gather_indexed, gather_runs, gather_runs_numpy
 
     batch = uniform_batch(cp, requests, prefix, current)
     plan = ComposePlan(cp, 64, batch.requests, batch.num_slots)
@@ -184,9 +186,13 @@ def _gather_vs_copy(cp: int, requests: int, prefix: int, current: int, row_bytes
     flat = torch.randint(0, 256, (plan.num_slots, row_bytes), dtype=torch.uint8)
 
     groups = plan.index_groups(0)
+    out_rows, flat_rows, run_table = out.numpy(), flat.numpy(), as_run_table(runs)
     paths = {
         "native_s": lambda: gather_runs(out, table, runs),
+        "cached_s": lambda: copy_rows(out_rows, table, run_table, "cached"),
+        "streaming_s": lambda: copy_rows(out_rows, table, run_table, "streaming"),
         "copy_s": lambda: out.copy_(flat),
+        "memcpy_s": lambda: np.copyto(out_rows, flat_rows),
         "runs_s": lambda: gather_runs_numpy(out, sources, runs),
         "indexed_s": lambda: gather_indexed(out, sources, groups),
     }
@@ -196,14 +202,18 @@ def _gather_vs_copy(cp: int, requests: int, prefix: int, current: int, row_bytes
     if not torch.equal(out, native):
         raise RuntimeError("the native gather and the numpy runs gather disagree")
     # Interleaved repetitions, best of each: every path sees the same machine (the other
-    # processes on it only ever add time), warm-up included in the first round.
+    # processes on it only ever add time). Each timed call follows an untimed one of the same
+    # path, so none inherits the cache state another path left (streaming stores evict `out`).
     best = {name: float("inf") for name in paths}
-    for _ in range(reps + 1):
+    for _ in range(reps):
         for name, fn in paths.items():
+            fn()
             started = time.perf_counter()
             fn()
             best[name] = min(best[name], time.perf_counter() - started)
-    return {"runs": len(runs), "bytes": plan.num_slots * row_bytes, **best}
+    moved = int(run_table[:, 2].sum()) * row_bytes
+    return {"runs": len(runs), "bytes": plan.num_slots * row_bytes,
+            "chosen": "streaming" if moved >= streaming_threshold() else "cached", **best}
 
 
 def _plan_costs(cp: int, requests: int, prefix: int, current: int) -> tuple[float, float, float, int]:
@@ -256,10 +266,12 @@ def run(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(1)
     gather = Table(
-        "gather alone, one thread: 2*cp separate sources vs one contiguous copy of the same bytes "
-        "(target: native >= 0.9 of the copy); the compose runs the native copy on CPU",
-        ["cp", "data", "workload", "dense MB", "runs", "KB/run", "native ms", "numpy runs ms", "numpy indexed ms",
-         "copy ms", "native fraction of copy", "fastest"],
+        "gather alone, one thread: 2*cp separate sources vs one contiguous copy of the same bytes, the faster "
+        "of Tensor.copy_ and numpy's memcpy (target: native >= 0.9 of it); the compose runs the native copy on CPU, which picks "
+        "streaming stores from 3/4 of the last-level cache up (both kinds timed beside it)",
+        ["cp", "data", "workload", "dense MB", "runs", "KB/run", "native ms", "native stores", "cached stores ms",
+         "streaming stores ms", "picked the faster", "numpy runs ms", "numpy indexed ms", "Tensor.copy_ ms",
+         "memcpy ms", "native fraction of the faster copy", "fastest"],
     )
     workloads = [  # (data, requests, prefix pages, current pages, page bytes): 2 MB and N MB dense buffers
         ("in cache", 8, 60, 4, 4096),
@@ -275,11 +287,14 @@ def run(args: argparse.Namespace) -> int:
         for cp in cps:
             g = _gather_vs_copy(cp, requests, prefix, current, row_bytes, 5 if big else args.gather_reps)
             times = {"native": g["native_s"], "numpy runs": g["runs_s"], "numpy indexed": g["indexed_s"]}
-            fraction = g["copy_s"] / g["native_s"]
+            fraction = min(g["copy_s"], g["memcpy_s"]) / g["native_s"]
             fractions.append(fraction)
+            faster = "cached" if g["cached_s"] <= g["streaming_s"] else "streaming"
             gather.add(cp, data, f"{requests} x ({prefix}+{current}) x {row_bytes // 1024} KB", g["bytes"] / 1e6,
-                       g["runs"], g["bytes"] / max(g["runs"], 1) / 1024, g["native_s"] * 1e3, g["runs_s"] * 1e3,
-                       g["indexed_s"] * 1e3, g["copy_s"] * 1e3, fraction, min(times, key=times.__getitem__))
+                       g["runs"], g["bytes"] / max(g["runs"], 1) / 1024, g["native_s"] * 1e3, g["chosen"],
+                       g["cached_s"] * 1e3, g["streaming_s"] * 1e3, "yes" if g["chosen"] == faster else "no",
+                       g["runs_s"] * 1e3, g["indexed_s"] * 1e3, g["copy_s"] * 1e3, g["memcpy_s"] * 1e3, fraction,
+                       min(times, key=times.__getitem__))
     plans = Table(
         "plan: built once per batch on the CPU (vectorised numpy) and reused by every layer; cache lookups after",
         ["cp", "batch", "slots", "build ms", "per-rank views ms", "cache hit us"],

@@ -19,6 +19,8 @@ reports per call and per evicted page.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import heapq
 import time
 
@@ -189,13 +191,27 @@ class LruListEvict:
         return victims
 
 
+@contextlib.contextmanager
+def _collector_paused():
+    """Pauses the cyclic garbage collector while calls are timed (as ``timeit`` does), for every
+    implementation alike: a pass over the million Python objects of the baselines' trees costs
+    milliseconds and would land on whichever call triggers it."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
 def _timed_calls(evict, sizes: list[int]) -> tuple[list[float], list[list[list[int]]]]:
     seconds, victims = [], []
-    for size in sizes:
-        started = time.perf_counter()
-        result = evict(size)
-        seconds.append(time.perf_counter() - started)
-        victims.append(result)
+    with _collector_paused():
+        for size in sizes:
+            started = time.perf_counter()
+            result = evict(size)
+            seconds.append(time.perf_counter() - started)
+            victims.append(result)
     return seconds, victims
 
 
@@ -213,11 +229,12 @@ def _measure(leaves: int, page_size: int, calls: int) -> dict:
 
     # cpkv timed on the call alone; its victims are converted to lists after the clock stops.
     cpkv_seconds, cpkv_raw = [], []
-    for size in sizes:
-        started = time.perf_counter()
-        raw = tree.evict(size)
-        cpkv_seconds.append(time.perf_counter() - started)
-        cpkv_raw.append(raw)
+    with _collector_paused():
+        for size in sizes:
+            started = time.perf_counter()
+            raw = tree.evict(size)
+            cpkv_seconds.append(time.perf_counter() - started)
+            cpkv_raw.append(raw)
     cpkv_victims = [[v.pages.tolist() for v in raw] for raw in cpkv_raw]
     results = {"cpkv": (cpkv_seconds, cpkv_victims)}
     for name, impl in implementations.items():
