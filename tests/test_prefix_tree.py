@@ -12,7 +12,7 @@ from cpkv import PrefixTree
 
 
 def test_surface_round_trip():
-    assert PrefixTree.POLICIES == ("lru", "lfu", "fifo", "slru", "ghost")
+    assert PrefixTree.POLICIES == ("lru", "lfu", "fifo", "slru", "ghost", "arc", "s3fifo")
     tree = PrefixTree(2, policy="slru")
     r = tree.insert(np.array([1, 1, 2, 2, 3]), [10, 11])  # the partial last page is not cached
     assert (r.cached, tree.device_pages, len(tree)) == (0, 2, 2)
@@ -127,11 +127,11 @@ EVENTS = 600
 CAPACITY = 48
 
 
-def _replica(rank: int, extra_on_rank: int, out: mp.Queue) -> None:
+def _replica(rank: int, extra_on_rank: int, out: mp.Queue, policy: str = "ghost") -> None:
     """Replays the shared event stream; rank `extra_on_rank` makes one extra access."""
     from cpkv import PrefixTree
 
-    tree = PrefixTree(4, "ghost")
+    tree = PrefixTree(4, policy)
     victims = []
     digests = []
     next_page = 0
@@ -153,10 +153,10 @@ def _replica(rank: int, extra_on_rank: int, out: mp.Queue) -> None:
     out.put((rank, victims, digests))
 
 
-def _run_replicas(extra_on_rank: int) -> dict[int, tuple[list, list]]:
+def _run_replicas(extra_on_rank: int, policy: str = "ghost", ranks: int = 8) -> dict[int, tuple[list, list]]:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    procs = [ctx.Process(target=_replica, args=(r, extra_on_rank, out)) for r in range(8)]
+    procs = [ctx.Process(target=_replica, args=(r, extra_on_rank, out, policy)) for r in range(ranks)]
     for p in procs:
         p.start()
     results = {}
@@ -184,6 +184,18 @@ def test_eight_processes_agree_and_one_extra_access_is_detected():
             assert diverged[r] == (victims0, digests0)
 
 
+@pytest.mark.parametrize("policy", ["arc", "s3fifo"])
+def test_queue_policies_agree_across_processes_and_one_extra_access_is_detected(policy):
+    same = _run_replicas(-1, policy, ranks=4)
+    victims0, digests0 = same[0]
+    assert victims0, "the stream must evict"
+    assert all(same[r] == (victims0, digests0) for r in range(4))
+    diverged = _run_replicas(2, policy, ranks=4)
+    first_bad = next(i for i, (a, b) in enumerate(zip(diverged[2][1], digests0)) if a != b)
+    assert first_bad == EVENTS // 2
+    assert all(diverged[r] == (victims0, digests0) for r in (0, 1, 3))
+
+
 def test_the_ghost_history_is_replicated_state():
     """Two ghost trees that end alike but dropped different content differ in
     digest (the history decides later keys); lru keeps no history."""
@@ -196,3 +208,5 @@ def test_the_ghost_history_is_replicated_state():
 
     assert digest("lru", [1, 2]) == digest("lru", [3, 4])
     assert digest("ghost", [1, 2]) != digest("ghost", [3, 4])
+    assert digest("arc", [1, 2]) != digest("arc", [3, 4])
+    assert digest("s3fifo", [1, 2]) != digest("s3fifo", [3, 4])

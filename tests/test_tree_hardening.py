@@ -175,12 +175,29 @@ def test_snapshots_round_trip_and_garbage_is_a_snapshot_error() -> None:
             cpkv.PrefixTree.restore(bad)
 
 
-def _rejoin(rank: int, world: int) -> dict:
+@pytest.mark.parametrize("policy", ["lru", "arc", "s3fifo", "ghost"])
+def test_policy_memory_is_reported_and_survives_a_snapshot(policy) -> None:
+    tree = cpkv.PrefixTree(2, policy=policy)
+    for i in range(300):
+        tokens = [i % 37, 1, i % 11, 2]
+        if tree.device_pages + 2 > 24:
+            tree.evict(2)
+        m = tree.match(tokens)
+        tree.insert(tokens, list(m.device_pages) + [1000 + 2 * i + k for k in range(2 - len(m.device_pages))])
+    memory = tree.policy_memory()
+    assert set(memory) == {"remembered_pages", "shadow_nodes", "shadow_pages"}
+    assert (memory["remembered_pages"] > 0) == (policy != "lru"), memory
+    assert (memory["shadow_nodes"] > 0) == (policy == "ghost"), memory
+    assert memory["shadow_pages"] <= 3 * 5 * 24, memory  # three shadows, each <= capacity + 4x history
+    assert cpkv.PrefixTree.restore(tree.snapshot()).policy_memory() == memory
+
+
+def _rejoin(rank: int, world: int, policy: str = "ghost") -> dict:
     """Every rank replays one stream; at step 200 the last rank loses its tree
     and is rebuilt from rank 0's snapshot; at step 300 rank 1 makes one extra
     access (a single divergent operation)."""
     rng = np.random.default_rng(11)  # the same stream on every rank
-    tree = cpkv.PrefixTree(2, policy="ghost")
+    tree = cpkv.PrefixTree(2, policy=policy)
     next_page, digests = 0, {}
     for step in range(400):
         tokens = rng.integers(0, 5, size=2 * int(rng.integers(1, 6)))
@@ -204,8 +221,9 @@ def _rejoin(rank: int, world: int) -> dict:
     return digests
 
 
-def test_a_rank_rebuilt_from_a_peers_snapshot_rejoins_and_divergence_is_still_seen() -> None:
-    results = run_ranks(_rejoin, 3, timeout_s=120)
+@pytest.mark.parametrize("policy", ["ghost", "arc", "s3fifo"])
+def test_a_rank_rebuilt_from_a_peers_snapshot_rejoins_and_divergence_is_still_seen(policy) -> None:
+    results = run_ranks(_rejoin, 3, policy, timeout_s=120)
     assert results[0] == results[1] == results[2]
     after_rejoin, at_end = results[0][250], results[0][399]
     assert len(set(after_rejoin)) == 1, after_rejoin

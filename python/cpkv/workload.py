@@ -4,7 +4,7 @@ The two bundled traces are the only real data; a policy tuned on them needs
 data it was not tuned on (LESSONS: "evaluate ... on data you did not tune
 on"), and tests need small traces whose structure is known. This module
 makes one from a seed, as a pure function of its arguments (its own
-``random.Random``, no clock, no ``hash()``), with three request families:
+``random.Random``, no clock, no ``hash()``), with five request families:
 
 - ``chat``: multi-turn conversations over a few shared system prompts. Turn
   ``t + 1``'s prompt is turn ``t``'s prompt, its answer and new user text, so
@@ -16,6 +16,19 @@ makes one from a seed, as a pure function of its arguments (its own
   a short action and a long tool output and comes back within tool latency
   (a burst); some steps fan out into parallel calls sharing the prefix at one
   timestamp, of which the loop continues one.
+- ``tool``: agent loops whose tools return long outputs (pages of a file, a
+  search result): few steps, each adding several blocks, prompts up to 24k
+  tokens.
+- ``scan``: a batch job scanning documents: a burst of one-shot documents
+  arriving back to back, the pattern that flushes a recency-only cache.
+- ``docqa``: questions about one long document, asked minutes apart: the
+  document is the shared prefix, each question a new leaf.
+
+A workload is a mix of families (:data:`MIXES`, the registry: a new workload
+is one more entry) and a pacing (:data:`PACING`: how many times slower than
+the base think and tool times sessions come back; slow sessions keep more of
+them open at once, so their reuse reaches farther back). ``bursty`` mixes
+chat, documents and agents with scan bursts.
 
 Block ids follow the Mooncake rules: a request's block ``i`` covers tokens
 ``[0, min(512 (i + 1), input_length))``, the last block is usually partial,
@@ -37,7 +50,7 @@ from cpkv.traces import BLOCK_TOKENS, TraceRequest, blocks_for
 
 __all__ = ["MIXES", "FAMILIES", "generate", "generate_tagged", "write_jsonl", "to_record"]
 
-FAMILIES = ("chat", "document", "agent")
+FAMILIES = ("chat", "document", "agent", "tool", "scan", "docqa")
 
 # Weights of each family among new sessions (not requests: a chat session
 # makes ~3 requests, an agent one ~5, a document one exactly one).
@@ -46,7 +59,14 @@ MIXES: dict[str, dict[str, float]] = {
     "chat": {"chat": 1.0},
     "document": {"document": 1.0},
     "agent": {"agent": 1.0},
+    "tool": {"tool": 1.0},
+    "scan": {"scan": 1.0},
+    "docqa": {"docqa": 0.7, "document": 0.3},
+    "slow": {"chat": 0.4, "docqa": 0.2, "agent": 0.15, "tool": 0.1, "document": 0.15},
+    "bursty": {"chat": 0.35, "docqa": 0.15, "agent": 0.15, "tool": 0.1, "document": 0.1, "scan": 0.15},
 }
+# How many times the base gaps between a session's steps (absent: 1).
+PACING: dict[str, int] = {"slow": 10, "bursty": 10, "docqa": 1}
 
 # Sizes in tokens, small on purpose: a default mix averages ~5 blocks a request.
 CHAT_SYSTEM_PROMPTS = 3
@@ -67,6 +87,14 @@ AGENT_TOOL_TOKENS = (200, 1_500)
 AGENT_TOOL_MS = (50, 2_000)
 AGENT_FANOUT_P = 0.25
 AGENT_FANOUT = (2, 4)
+TOOL_STEPS = (2, 5)
+TOOL_OUTPUT_TOKENS = (2_048, 6_144)
+TOOL_MAX_PROMPT_TOKENS = 24_576
+SCAN_DOCUMENTS = (20, 60)
+SCAN_GAP_MS = (10, 200)
+DOCQA_QUESTIONS = (2, 6)
+DOCQA_QUESTION_TOKENS = (30, 300)
+DOCQA_GAP_MS = (20_000, 300_000)
 MAX_PROMPT_TOKENS = 6_144  # a session stops before its prompt outgrows this
 SESSION_GAP_MS = 1_500.0  # mean gap between new sessions (Poisson arrivals)
 DECODE_MS_PER_TOKEN = 20
@@ -121,7 +149,7 @@ class _Session:
 
 
 def generate_tagged(num_requests: int, seed: int, mix: str = "default") -> list[tuple[str, TraceRequest]]:
-    """Like :func:`generate`, each request with its family (``chat``, ``document``, ``agent``)."""
+    """Like :func:`generate`, each request with its family (one of :data:`FAMILIES`)."""
     if type(num_requests) is not int or num_requests < 0:
         raise InvalidArgumentError(f"num_requests must be a non-negative integer, got {num_requests!r}")
     # random.Random(-s) equals random.Random(s); refuse negatives rather than alias them.
@@ -139,6 +167,7 @@ def generate_tagged(num_requests: int, seed: int, mix: str = "default") -> list[
     chat_systems = prompts(CHAT_SYSTEM_PROMPTS, CHAT_SYSTEM_TOKENS)
     agent_systems = prompts(AGENT_SYSTEM_PROMPTS, AGENT_SYSTEM_TOKENS)
     families = list(MIXES[mix])
+    pacing = PACING.get(mix, 1)
     weights = [MIXES[mix][f] for f in families]
 
     out: list[tuple[str, TraceRequest]] = []
@@ -159,15 +188,37 @@ def generate_tagged(num_requests: int, seed: int, mix: str = "default") -> list[
         if session is None:
             schedule(now + int(rng.expovariate(1.0 / SESSION_GAP_MS)), None)
             family = rng.choices(families, weights)[0]
-            if family == "document":
+            if family == "scan":
+                session = _Session(family, [], uniform(*SCAN_DOCUMENTS) - 1)
+            elif family == "docqa":
+                document = _Stream().extended(build.node(), uniform(*DOCUMENT_TOKENS))
+                session = _Session(family, [document], uniform(*DOCQA_QUESTIONS) - 1)
+            elif family == "document":
                 emit(now, family, _Stream().extended(build.node(), uniform(*DOCUMENT_TOKENS)),
                      uniform(*DOCUMENT_ANSWER_TOKENS))
                 continue
-            systems = chat_systems if family == "chat" else agent_systems
-            opening = CHAT_FIRST_USER_TOKENS if family == "chat" else AGENT_TASK_TOKENS
-            steps = CHAT_TURNS if family == "chat" else AGENT_STEPS
-            first = rng.choice(systems).extended(build.node(), uniform(*opening))
-            session = _Session(family, [first], uniform(*steps) - 1)
+            else:
+                systems = chat_systems if family == "chat" else agent_systems
+                opening = CHAT_FIRST_USER_TOKENS if family == "chat" else AGENT_TASK_TOKENS
+                steps = {"chat": CHAT_TURNS, "agent": AGENT_STEPS, "tool": TOOL_STEPS}[family]
+                first = rng.choice(systems).extended(build.node(), uniform(*opening))
+                session = _Session(family, [first], uniform(*steps) - 1)
+
+        if session.family == "scan":
+            # One unique document per step, the next one right behind it.
+            emit(now, "scan", _Stream().extended(build.node(), uniform(*DOCUMENT_TOKENS)),
+                 uniform(*DOCUMENT_ANSWER_TOKENS))
+            if session.steps_left > 0:
+                schedule(now + uniform(*SCAN_GAP_MS), _Session("scan", [], session.steps_left - 1))
+            continue
+        if session.family == "docqa":
+            # The document (kept as the session's stream) and a new question after it.
+            document = session.streams[0]
+            emit(now, "docqa", document.extended(build.node(), uniform(*DOCQA_QUESTION_TOKENS)),
+                 uniform(*DOCUMENT_ANSWER_TOKENS))
+            if session.steps_left > 0:
+                schedule(now + pacing * uniform(*DOCQA_GAP_MS), _Session("docqa", [document], session.steps_left - 1))
+            continue
 
         answers = []
         for stream in session.streams:
@@ -181,6 +232,9 @@ def generate_tagged(num_requests: int, seed: int, mix: str = "default") -> list[
             # The next turn: this prompt + the answer + the user's reply, all in this conversation's node.
             nxt = [main.grown(answer + uniform(*CHAT_USER_TOKENS))]
             gap = answer * DECODE_MS_PER_TOKEN + uniform(*CHAT_THINK_MS)
+        elif session.family == "tool":
+            nxt = [main.grown(answer + uniform(*TOOL_OUTPUT_TOKENS))]
+            gap = answer * DECODE_MS_PER_TOKEN + uniform(*AGENT_TOOL_MS)
         else:
             if rng.random() < AGENT_FANOUT_P:
                 # Parallel tool calls: one burst of requests sharing prompt + action, differing after.
@@ -190,8 +244,9 @@ def generate_tagged(num_requests: int, seed: int, mix: str = "default") -> list[
             else:
                 nxt = [main.grown(answer + uniform(*AGENT_TOOL_TOKENS))]
             gap = answer * DECODE_MS_PER_TOKEN + uniform(*AGENT_TOOL_MS)
-        if session.steps_left > 0 and max(s.length for s in nxt) <= MAX_PROMPT_TOKENS:
-            schedule(now + gap, _Session(session.family, nxt, session.steps_left - 1))
+        limit = TOOL_MAX_PROMPT_TOKENS if session.family == "tool" else MAX_PROMPT_TOKENS
+        if session.steps_left > 0 and max(s.length for s in nxt) <= limit:
+            schedule(now + pacing * gap, _Session(session.family, nxt, session.steps_left - 1))
     return out
 
 

@@ -7,7 +7,7 @@
 use cpkv_evict::{Event, NodeId, Policy, PrefixTree as Core};
 use numpy::PyArray1;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyTuple};
 
 use crate::convert::{int_vector, invalid, namespace, pages_array, snapshot_bytes, uint};
 use crate::errors::{cpkv_error, evict_error};
@@ -472,6 +472,17 @@ impl PrefixTree {
     #[getter]
     fn dropped_events(&self, py: Python<'_>) -> u64 {
         self.core.with(py, |t| t.dropped_events())
+    }
+    /// What the policy keeps beyond the live nodes: remembered pages of
+    /// dropped content (ghost history, ghost lists) and, for `ghost`, the
+    /// nodes and pages of its shadow trees.
+    fn policy_memory<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let m = self.core.with(py, |t| t.policy_memory());
+        let out = PyDict::new(py);
+        out.set_item("remembered_pages", m.remembered_pages)?;
+        out.set_item("shadow_nodes", m.shadow_nodes)?;
+        out.set_item("shadow_pages", m.shadow_pages)?;
+        Ok(out)
     }
 
     fn __repr__(&self, py: Python<'_>) -> String {

@@ -40,6 +40,16 @@ impl EvictableIndex {
         set.first().map(|(_, id)| *id)
     }
 
+    /// The first entry of `tier` at or after `from` in eviction order (the
+    /// queue policies pick a victim from one of their queues this way).
+    pub fn first_from(&self, tier: Tier, from: PolicyKey) -> Option<(PolicyKey, NodeId)> {
+        let set = match tier {
+            Tier::Device => &self.device,
+            Tier::Host => &self.host,
+        };
+        set.range((from, NodeId(0))..).next().copied()
+    }
+
     pub fn len(&self, tier: Tier) -> usize {
         match tier {
             Tier::Device => self.device.len(),

@@ -5,6 +5,7 @@
 //! id, so all context-parallel ranks that replay the same calls evict the same
 //! victims without exchanging a word. `digest` makes that checkable.
 
+mod arc;
 mod arena;
 mod child_key;
 mod clock;
@@ -13,9 +14,13 @@ mod error;
 mod events;
 mod evictable;
 mod ghost;
+mod ghost_list;
 mod namespace;
 mod node;
 mod policy;
+mod queues;
+mod s3fifo;
+mod shadow;
 mod snapshot;
 mod tree;
 mod wire;
@@ -26,6 +31,7 @@ pub use events::Event;
 pub use namespace::Namespace;
 pub use node::{HostKey, Node, NodeId, PageId, Tier, Token};
 pub use policy::{Policy, PolicyKey};
+pub use shadow::PolicyMemory;
 pub use snapshot::TREE_SNAPSHOT_VERSION;
 pub use tree::{
     DeviceVictim, HostVictim, InsertResult, MatchResult, PrefixTree, DEFAULT_EVENT_LIMIT,

@@ -7,6 +7,8 @@ use crate::clock::Stamp;
 use crate::error::EvictError;
 use crate::ghost::{Weights, SIXTEENTHS};
 use crate::node::Node;
+use crate::queues::Slot;
+use crate::shadow::Ranking;
 
 /// The policy part of an eviction key; the index appends the node id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -37,14 +39,54 @@ pub enum Policy {
     /// the share `s` of recent reuse that came back from the history rather
     /// than hitting the cache: `bonus = s`, `probation = clamp(2s, 1/2, 1)`.
     /// Reuse the cache keeps up with tends to plain recency; reuse that
-    /// outruns it keeps fewer newcomers, longer. The key changes only on
-    /// access (or creation), so the ordered index stays valid in between.
+    /// outruns it keeps fewer newcomers, longer.
+    ///
+    /// That priority is one of three rankings the policy chooses between
+    /// online: it keeps a full-size shadow tree per ranking (the priority
+    /// above; plain recency; one-shot before reused, remembered hits
+    /// counting, then recency), replays every insert into each at the
+    /// tree's capacity (its high-water mark of device pages) and ranks its
+    /// own leaves as the shadow with the most hit pages lately does (scores
+    /// decay over about a thousand inserts; a switch needs a lead of more
+    /// than 1/128 and 256 inserts since the last one, and re-keys the
+    /// index). See `shadow.rs`.
+    ///
+    /// Tuned on: the two Mooncake traces (conversation, synthetic) over the
+    /// 12-point grid of `cpkv hitrate --grid`. The history's constants
+    /// (4x pages, weights) predate the shadows (tuned on the conversation
+    /// trace at four capacities). The switch margin and spacing (1/128 of
+    /// the leader's score, 256 inserts) were chosen on the conversation
+    /// trace (best worst-margin there, -0.0047); on the synthetic trace they
+    /// give -0.0034, where the setting tuned on it (1/32, 256) gives -0.0028
+    /// and, carried back, -0.0063 on the conversation trace. Also tried:
+    /// 1/512, 1/2048, 0 to 1024 inserts. A victim holding at least twice
+    /// the pages an eviction still needs loses only its tail (see
+    /// `PrefixTree::evict`); chosen over whole leaves, always splitting and
+    /// evicting at least half of the leaf on both traces (misses 1 -> 0 on
+    /// each; always splitting tied on conversation and missed once on
+    /// synthetic). The key changes only on access,
+    /// creation or a switch of ranking, so the ordered index stays valid in
+    /// between.
     Ghost,
+    /// Adaptive replacement: recency and frequency queues whose split
+    /// follows ghost hits (see `arc.rs`).
+    Arc,
+    /// Small and main FIFO queues with a ghost queue (see `s3fifo.rs`).
+    S3fifo,
 }
 
 impl Policy {
-    pub const ALL: [Policy; 5] = [Self::Lru, Self::Lfu, Self::Fifo, Self::Slru, Self::Ghost];
-    pub const NAMES: [&'static str; 5] = ["lru", "lfu", "fifo", "slru", "ghost"];
+    // New policies go last: a policy's position is part of the digest.
+    pub const ALL: [Policy; 7] = [
+        Self::Lru,
+        Self::Lfu,
+        Self::Fifo,
+        Self::Slru,
+        Self::Ghost,
+        Self::Arc,
+        Self::S3fifo,
+    ];
+    pub const NAMES: [&'static str; 7] = ["lru", "lfu", "fifo", "slru", "ghost", "arc", "s3fifo"];
 
     pub fn name(self) -> &'static str {
         Self::NAMES[Self::ALL.iter().position(|p| *p == self).expect("listed")]
@@ -58,13 +100,18 @@ impl Policy {
             Self::Lfu => PolicyKey([node.hits, node.last_access]),
             Self::Fifo => PolicyKey([node.created, 0]),
             Self::Slru => PolicyKey([u64::from(node.hits >= 2), node.last_access]),
-            Self::Ghost => PolicyKey([node.priority, node.last_access]),
+            Self::Ghost => Ranking::Ghost.key(node),
+            Self::Arc | Self::S3fifo => Slot::key(node.priority),
         }
     }
 
     /// The priority `Policy::Ghost` gives a node accessed at `now` while
     /// the cache reaches back to `floor`; stored on the node.
+    /// The queue policies keep their own state there (`queues::Slot`).
     pub(crate) fn priority(self, node: &Node, now: Stamp, floor: Stamp, weights: Weights) -> u64 {
+        if self.is_queued() {
+            return node.priority;
+        }
         let horizon = now.saturating_sub(floor);
         if node.hits >= 2 {
             let bonus = horizon
@@ -74,6 +121,11 @@ impl Policy {
         } else {
             now.saturating_sub(horizon.saturating_mul(weights.probation) / SIXTEENTHS)
         }
+    }
+
+    /// Whether the policy keeps queue state beside the nodes (`queues.rs`).
+    pub fn is_queued(self) -> bool {
+        matches!(self, Self::Arc | Self::S3fifo)
     }
 
     /// Whether the policy keeps a history of content dropped from the tree.

@@ -8,7 +8,11 @@
 //!         free list (u64 count, slot u32 each, in reuse order),
 //!         roots (u64 count, per root in namespace order: id u64, namespace),
 //!         idle roots (u64 count, per root in id order: id u64, since u64),
-//!         ghost history (see `GhostHistory::encode`)
+//!         ghost history (see `GhostHistory::encode`),
+//!         policy state: arc, s3fifo: see `QueueState::encode`;
+//!         ghost: u8 0 then ranking u8 (a shadow tree), or u8 1 then its
+//!         shadows (see `Shadows::encode`: each shadow a nested body);
+//!         other policies: nothing
 //! node  = parent u64 (u64::MAX for a root), tokens (u64 count, u64 each),
 //!         device (u8 flag, then u64 count, u64 each), host (u8 flag, u64),
 //!         depth, created, last_access, hits, locks, pins, priority (u64 each)
@@ -29,11 +33,15 @@ use crate::error::EvictError;
 use crate::namespace::Namespace;
 use crate::node::{Node, NodeId};
 use crate::policy::Policy;
+use crate::queues::QueueState;
+use crate::shadow::{Ranking, Shadows, CANDIDATES};
 use crate::tree::PrefixTree;
 use crate::wire::{Reader, Writer};
 
 const MAGIC: &[u8; 8] = b"CPKVTREE";
-pub const TREE_SNAPSHOT_VERSION: u32 = 1;
+/// 2: the policies' own state (arc, s3fifo, ghost's shadows) follows the
+/// ghost history.
+pub const TREE_SNAPSHOT_VERSION: u32 = 2;
 const HEADER_LEN: usize = 8 + 4 + 8 + 32;
 const NO_PARENT: u64 = u64::MAX;
 
@@ -49,6 +57,11 @@ pub(crate) struct Decoded {
     pub roots: BTreeMap<Namespace, NodeId>,
     pub idle_roots: BTreeMap<NodeId, u64>,
     pub ghost: crate::ghost::GhostHistory,
+    /// The queue policies' books (page counts left to the rebuild).
+    pub queues: QueueState,
+    /// `Policy::Ghost`: its shadows, or in a shadow the ranking it keeps.
+    pub shadows: Option<Box<Shadows>>,
+    pub fixed_ranking: Option<Ranking>,
 }
 
 impl PrefixTree {
@@ -108,10 +121,13 @@ impl PrefixTree {
             return Err(corrupt("checksum mismatch (corrupted bytes)".into()));
         }
         let decoded = decode(body).map_err(corrupt)?;
+        if decoded.fixed_ranking.is_some() {
+            return Err(corrupt("a shadow tree is not a tree to restore".into()));
+        }
         Self::rebuild(decoded).map_err(corrupt)
     }
 
-    fn encode_state(&self, w: &mut Writer) {
+    pub(crate) fn encode_state(&self, w: &mut Writer) {
         w.u64(self.page_size() as u64);
         w.str(self.policy().name());
         w.u64(self.clock());
@@ -140,7 +156,28 @@ impl PrefixTree {
             w.u64(*since);
         }
         self.ghost_history().encode(w);
+        self.queue_state().encode(w);
+        if self.policy() == Policy::Ghost {
+            match (self.fixed(), self.shadow_state()) {
+                (Some(ranking), _) => {
+                    w.u8(0);
+                    w.u8(ranking_index(ranking));
+                }
+                (None, Some(shadows)) => {
+                    w.u8(1);
+                    shadows.encode(w);
+                }
+                (None, None) => unreachable!("a ghost tree has shadows or is one"),
+            }
+        }
     }
+}
+
+fn ranking_index(ranking: Ranking) -> u8 {
+    CANDIDATES
+        .iter()
+        .position(|r| *r == ranking)
+        .expect("a candidate") as u8
 }
 
 fn corrupt(why: String) -> EvictError {
@@ -193,6 +230,17 @@ fn encode_namespace(w: &mut Writer, namespace: &Namespace) {
 
 fn decode(body: &[u8]) -> Result<Decoded, String> {
     let mut r = Reader::new(body);
+    let decoded = decode_from(&mut r, false)?;
+    if !r.is_empty() {
+        return Err(format!("{} trailing bytes", r.remaining()));
+    }
+    Ok(decoded)
+}
+
+/// One tree's body from `r`; `in_shadows` for the shadow trees nested in a
+/// ghost tree's body (which must be shadows themselves: no deeper nesting).
+pub(crate) fn decode_from(r: &mut Reader<'_>, in_shadows: bool) -> Result<Decoded, String> {
+    let r = &mut *r;
     let page_size = usize::try_from(r.u64()?).map_err(|_| "page_size out of range")?;
     let policy: Policy = r.str()?.parse().map_err(|e: EvictError| e.to_string())?;
     let (clock, floor) = (r.u64()?, r.u64()?);
@@ -202,7 +250,7 @@ fn decode(body: &[u8]) -> Result<Decoded, String> {
         let generation = r.u32()?;
         let node = match r.u8()? {
             0 => None,
-            1 => Some(decode_node(&mut r)?),
+            1 => Some(decode_node(r)?),
             flag => return Err(format!("bad slot flag {flag}")),
         };
         slots.push((generation, node));
@@ -229,9 +277,21 @@ fn decode(body: &[u8]) -> Result<Decoded, String> {
             return Err(format!("idle root {id} listed twice"));
         }
     }
-    let ghost = crate::ghost::GhostHistory::decode(&mut r)?;
-    if !r.is_empty() {
-        return Err(format!("{} trailing bytes", r.remaining()));
+    let ghost = crate::ghost::GhostHistory::decode(r)?;
+    let queues = QueueState::decode(policy, r)?;
+    let (mut shadows, mut fixed_ranking) = (None, None);
+    if policy == Policy::Ghost {
+        match (r.u8()?, in_shadows) {
+            (0, true) => {
+                let i = r.u8()? as usize;
+                let ranking = CANDIDATES.get(i).ok_or(format!("bad ranking {i}"))?;
+                fixed_ranking = Some(*ranking);
+            }
+            (1, false) => shadows = Some(Box::new(Shadows::decode(r, page_size)?)),
+            (flag, _) => return Err(format!("bad ghost shadow flag {flag} here")),
+        }
+    } else if in_shadows {
+        return Err(format!("a shadow tree with policy {}", policy.name()));
     }
     Ok(Decoded {
         page_size,
@@ -243,6 +303,9 @@ fn decode(body: &[u8]) -> Result<Decoded, String> {
         roots,
         idle_roots,
         ghost,
+        queues,
+        shadows,
+        fixed_ranking,
     })
 }
 
@@ -297,7 +360,11 @@ mod tests {
     use crate::node::Tier;
 
     fn busy_tree() -> PrefixTree {
-        let mut t = PrefixTree::new(2, Policy::Ghost).unwrap();
+        busy_tree_of(Policy::Ghost)
+    }
+
+    fn busy_tree_of(policy: Policy) -> PrefixTree {
+        let mut t = PrefixTree::new(2, policy).unwrap();
         let a = Namespace::Default;
         let b = Namespace::Name("lora".into());
         let mut page = 0;
@@ -421,10 +488,85 @@ mod tests {
             true
         }),
         ("policy", true, |d| {
+            // Another policy, without this one's own state.
             d.policy = Policy::Lru;
+            d.queues = QueueState::new(Policy::Lru);
+            d.shadows = None;
             true
         }),
     ];
+
+    /// The new policies' own state, edited one byte at a time in the encoded
+    /// body (their queues, positions, ARC target, ghost lists, and ghost's
+    /// shadows: leader, scores, counters and every byte of each shadow
+    /// tree): each edit is refused or moves both digests.
+    #[test]
+    fn every_byte_of_policy_state_moves_both_digests() {
+        for policy in [Policy::Arc, Policy::S3fifo, Policy::Ghost] {
+            let t = busy_tree_of(policy);
+            let mut w = Writer::default();
+            t.encode_state(&mut w);
+            let body = w.into_bytes();
+            let mut tail = Writer::default();
+            t.queue_state().encode(&mut tail);
+            if let Some(shadows) = t.shadow_state() {
+                tail.u8(1);
+                shadows.encode(&mut tail);
+                let (nodes, _) = shadows.memory();
+                assert!(nodes > 3, "{policy:?}: the shadows hold content");
+            } else {
+                assert!(
+                    t.queue_state().remembered_pages() > 0,
+                    "{policy:?}: the ghost lists hold content"
+                );
+            }
+            let start = body.len() - tail.bytes().len();
+            assert_eq!(&body[start..], tail.bytes(), "{policy:?}: the tail is last");
+            let (mut accepted, mut refused) = (0, 0);
+            for at in start..body.len() {
+                for bit in [0, 5] {
+                    let mut edited = body.clone();
+                    edited[at] ^= 1 << bit;
+                    let Ok(Ok(changed)) = decode(&edited).map(PrefixTree::rebuild) else {
+                        refused += 1;
+                        continue;
+                    };
+                    accepted += 1;
+                    assert_ne!(
+                        changed.digest(),
+                        t.digest(),
+                        "{policy:?}: fast digest blind to byte {} bit {bit}",
+                        at - start
+                    );
+                    assert_ne!(changed.canonical_digest(), t.canonical_digest());
+                }
+            }
+            assert!(
+                accepted > refused / 4,
+                "{policy:?}: {accepted} accepted, {refused} refused"
+            );
+        }
+    }
+
+    #[test]
+    fn the_new_policies_fields_move_both_digests_at_the_same_clock() {
+        for policy in [Policy::Arc, Policy::S3fifo] {
+            let t = busy_tree_of(policy);
+            for (name, must_accept, edit) in EDITS {
+                let mut d = decoded(&t);
+                if !edit(&mut d) {
+                    continue;
+                }
+                match PrefixTree::rebuild(d) {
+                    Ok(changed) => {
+                        assert_ne!(changed.digest(), t.digest(), "{policy:?} {name}");
+                        assert_ne!(changed.canonical_digest(), t.canonical_digest());
+                    }
+                    Err(why) => assert!(!must_accept, "{policy:?} {name}: refused ({why})"),
+                }
+            }
+        }
+    }
 
     #[test]
     fn every_replicated_field_moves_both_digests_at_the_same_clock() {

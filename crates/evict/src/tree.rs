@@ -27,6 +27,8 @@ use crate::ghost::{content_key, GhostHistory, Weights};
 use crate::namespace::Namespace;
 use crate::node::{HostKey, Node, NodeId, PageId, Tier, Token};
 use crate::policy::Policy;
+use crate::queues::{Choice, QueueState};
+use crate::shadow::{PolicyMemory, Ranking, Shadows};
 
 /// What `match_prefix` found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -101,6 +103,12 @@ pub struct PrefixTree {
     floor: Stamp,
     /// Content dropped from the tree, for policies that remember it.
     ghost: GhostHistory,
+    /// Queues and ghost lists of the queue policies (`Policy::Arc`, `S3fifo`).
+    queues: QueueState,
+    /// `Policy::Ghost`'s shadow caches (none in a shadow itself).
+    shadows: Option<Box<Shadows>>,
+    /// In a shadow: the ranking it always uses.
+    fixed_ranking: Option<Ranking>,
     events: VecDeque<Event>,
     event_limit: usize,
     dropped_events: u64,
@@ -123,6 +131,14 @@ struct Step {
 
 impl PrefixTree {
     pub fn new(page_size: usize, policy: Policy) -> Result<Self, EvictError> {
+        let mut tree = Self::without_shadows(page_size, policy)?;
+        if policy == Policy::Ghost {
+            tree.shadows = Some(Box::new(Shadows::new(page_size)));
+        }
+        Ok(tree)
+    }
+
+    pub(crate) fn without_shadows(page_size: usize, policy: Policy) -> Result<Self, EvictError> {
         if page_size == 0 {
             return Err(EvictError::InvalidTokens(
                 "page_size must be at least 1".into(),
@@ -145,6 +161,9 @@ impl PrefixTree {
             host_pages: 0,
             floor: 0,
             ghost: GhostHistory::default(),
+            queues: QueueState::new(policy),
+            shadows: None,
+            fixed_ranking: None,
             events: VecDeque::new(),
             event_limit: DEFAULT_EVENT_LIMIT,
             dropped_events: 0,
@@ -186,7 +205,17 @@ impl PrefixTree {
     }
     /// Pages of dropped content the ghost history remembers (`Policy::Ghost`).
     pub fn remembered_pages(&self) -> usize {
-        self.ghost.pages()
+        self.ghost.pages() + self.queues.remembered_pages() as usize
+    }
+    /// What the policy keeps beyond the live nodes (all bounded by a
+    /// constant times the most pages the tree has held).
+    pub fn policy_memory(&self) -> PolicyMemory {
+        let (shadow_nodes, shadow_pages) = self.shadows.as_ref().map_or((0, 0), |s| s.memory());
+        PolicyMemory {
+            remembered_pages: self.remembered_pages(),
+            shadow_nodes,
+            shadow_pages,
+        }
     }
     pub fn evictable(&self, tier: Tier) -> usize {
         self.index.len(tier)
@@ -221,7 +250,7 @@ impl PrefixTree {
     }
 
     fn seal(&self, sum: u64) -> u64 {
-        Hasher64::default()
+        let h = Hasher64::default()
             .word(sum)
             .word(self.clock.now())
             .word(self.page_size as u64)
@@ -234,8 +263,17 @@ impl PrefixTree {
             .word(self.nodes.digest())
             .word(self.idle_digest)
             .word(self.floor)
-            .word(self.ghost.digest())
-            .finish()
+            .word(self.ghost.digest());
+        // Only the queue policies add a word: other policies' digests stay as pinned.
+        let h = match self.queues.digest() {
+            Some(queues) => h.word(queues),
+            None => h,
+        };
+        match &self.shadows {
+            Some(shadows) => h.word(shadows.digest()),
+            None => h,
+        }
+        .finish()
     }
 
     /// Drains the residency events since the last call (at most the event
@@ -291,12 +329,13 @@ impl PrefixTree {
             host_node: root,
         };
         let mut on_device = true;
-        let remembers = self.policy.remembers_dropped();
+        let remembers = self.remembers();
         for step in &steps {
-            let (policy, floor, weights) = (self.policy, self.floor, self.ghost.weights());
+            let (policy, floor, weights) = (self.policy, self.floor, self.weights());
+            let queued = self.queues.hit(self.node_ref(step.id).priority);
             self.update(step.id, |n| {
                 n.hits += 1;
-                access(n, policy, now, floor, weights);
+                access(n, policy, now, floor, weights, queued);
             });
             if remembers && on_device && self.node_ref(step.id).on_device() {
                 self.ghost.note_hit(step.matched);
@@ -360,8 +399,8 @@ impl PrefixTree {
             let span = offset..offset + step.matched;
             if self.node_ref(step.id).on_device() {
                 cached += step.matched;
-                let (policy, floor, weights) = (self.policy, self.floor, self.ghost.weights());
-                self.update(step.id, |n| access(n, policy, now, floor, weights));
+                let (policy, floor, weights) = (self.policy, self.floor, self.weights());
+                self.update(step.id, |n| access(n, policy, now, floor, weights, None));
             } else {
                 self.attach(step.id, pages[span.clone()].to_vec(), now);
             }
@@ -375,6 +414,11 @@ impl PrefixTree {
                 &pages[offset..],
                 now,
             );
+        }
+        if let Some(shadows) = self.shadows.as_mut() {
+            if shadows.mirror(tokens, namespace, self.live_pages.len()) {
+                self.rekey();
+            }
         }
         Ok(InsertResult { node: at, cached })
     }
@@ -407,15 +451,26 @@ impl PrefixTree {
 
     /// Frees device pages from device leaves in policy order until at least
     /// `num_pages` are freed or nothing is evictable. A victim with a host
-    /// copy stays as host-only; one without leaves the tree.
+    /// copy stays as host-only; one without leaves the tree. Under
+    /// `Policy::Ghost` a victim holding at least twice the pages still needed
+    /// is split and only its tail leaves: the head is what a returning
+    /// request matches first.
     pub fn evict(&mut self, num_pages: usize) -> Vec<DeviceVictim> {
         self.clock.tick();
         let mut victims = Vec::new();
         let mut freed = 0;
         while freed < num_pages {
-            let Some(id) = self.index.first(Tier::Device) else {
+            let Some(id) = self.next_device_victim() else {
                 break;
             };
+            let need = num_pages - freed;
+            let held = self.node_ref(id).device.as_ref().map_or(0, Vec::len);
+            if self.policy == Policy::Ghost && held >= 2 * need {
+                // Only the victim's last `need` pages leave when that is at
+                // most half of it: its head stays a leaf (same stamps) for a
+                // returning request to match first.
+                self.split(id, held - need);
+            }
             let pages = self.evict_device(id);
             freed += pages.len();
             victims.push(DeviceVictim { node: id, pages });
@@ -506,6 +561,50 @@ impl PrefixTree {
     }
 
     // ---- internals -----------------------------------------------------
+
+    fn weights(&self) -> Weights {
+        self.ghost.weights()
+    }
+
+    /// The ranking `Policy::Ghost` uses now: the shadow leader's.
+    fn ranking(&self) -> Ranking {
+        match (self.fixed_ranking, &self.shadows) {
+            (Some(r), _) => r,
+            (None, Some(s)) => s.leader(),
+            (None, None) => Ranking::Ghost,
+        }
+    }
+
+    fn key_of(&self, node: &Node) -> crate::PolicyKey {
+        match self.policy {
+            Policy::Ghost => self.ranking().key(node),
+            policy => policy.key(node),
+        }
+    }
+
+    /// Re-keys every indexed node (the ranking changed).
+    fn rekey(&mut self) {
+        let ids: Vec<NodeId> = self
+            .nodes()
+            .filter(|n| n.indexed.is_some())
+            .map(|n| n.id)
+            .collect();
+        for id in ids {
+            self.update(id, |_| {});
+        }
+    }
+
+    /// Whether dropped content is remembered: for `Policy::Ghost`, except in
+    /// its recency shadow, whose order uses neither the ghost priority nor
+    /// remembered hits (a third less shadow memory, same decisions).
+    fn remembers(&self) -> bool {
+        self.policy.remembers_dropped() && self.fixed_ranking != Some(Ranking::Recency)
+    }
+
+    /// Turns a fresh tree into a shadow ranking by `ranking` (no shadows of its own).
+    pub(crate) fn make_shadow(&mut self, ranking: Ranking) {
+        self.fixed_ranking = Some(ranking);
+    }
 
     fn node_ref(&self, id: NodeId) -> &Node {
         self.node(id).expect("internal ids are live")
@@ -662,7 +761,7 @@ impl PrefixTree {
         let depth = p.depth + p.pages(self.page_size);
         let key = ChildKey::new(&tokens[..self.page_size]);
         // Content back from the ghost history resumes its hit count.
-        let returned = if self.policy.remembers_dropped() {
+        let returned = if self.remembers() {
             self.ghost
                 .take_back(content_key(parent, &tokens[..self.page_size]))
                 .unwrap_or(0)
@@ -688,8 +787,11 @@ impl PrefixTree {
             digest_term: 0,
             indexed: None,
         });
-        let (policy, floor, weights) = (self.policy, self.floor, self.ghost.weights());
-        self.update(id, |n| access(n, policy, now, floor, weights));
+        let (policy, floor, weights) = (self.policy, self.floor, self.weights());
+        let queued = self
+            .queues
+            .created(content_key(parent, &tokens[..self.page_size]), pages.len());
+        self.update(id, |n| access(n, policy, now, floor, weights, queued));
         self.live_pages.extend(pages.iter().copied());
         self.update(parent, |p| {
             p.children.insert(key, id);
@@ -762,12 +864,28 @@ impl PrefixTree {
             start,
             pages: pages.clone(),
         });
-        let (policy, floor, weights) = (self.policy, self.floor, self.ghost.weights());
+        let (policy, floor, weights) = (self.policy, self.floor, self.weights());
+        let queued = self
+            .queues
+            .reloaded(self.node_ref(id).priority, pages.len());
         self.update(id, |n| {
             n.device = Some(pages);
-            access(n, policy, now, floor, weights);
+            access(n, policy, now, floor, weights, queued);
         });
         self.update(parent, |p| p.device_children += 1);
+    }
+
+    /// The policy's next device victim: the index's first leaf, or what a
+    /// queue policy chooses once the nodes it moves on the way have moved.
+    fn next_device_victim(&mut self) -> Option<NodeId> {
+        loop {
+            let nodes = &self.nodes;
+            let priority_of = |id: NodeId| nodes.get(id).map_or(0, |n: &Node| n.priority);
+            match self.queues.choose(&self.index, priority_of)? {
+                Choice::Evict(id) => return Some(id),
+                Choice::Requeue(id, priority) => self.update(id, |n| n.priority = priority),
+            }
+        }
     }
 
     fn evict_device(&mut self, id: NodeId) -> Vec<PageId> {
@@ -837,11 +955,16 @@ impl PrefixTree {
         let parent = node.parent.expect("roots are never removed");
         let on_device = node.device.is_some();
         let key = &node.tokens[..self.page_size];
-        if self.policy.remembers_dropped() {
+        if self.remembers() {
             let pages = node.pages(self.page_size);
             let cached = self.live_pages.len() + self.host_pages + pages;
             self.ghost
                 .record(content_key(parent, key), node.hits, pages, cached);
+        }
+        if self.policy.is_queued() {
+            let pages = node.pages(self.page_size);
+            self.queues
+                .dropped(content_key(parent, key), node.priority, pages);
         }
         self.update(parent, |p| {
             p.children.remove(&Page(key) as &dyn PageKey);
@@ -863,6 +986,8 @@ impl PrefixTree {
     fn detach(&mut self, id: NodeId) {
         let node = self.nodes.live_mut(id);
         self.digest_sum = self.digest_sum.wrapping_sub(node.digest_term);
+        self.queues
+            .leave(node.priority, node.device.as_ref().map_or(0, Vec::len));
         if let Some((tier, key)) = node.indexed.take() {
             self.index.remove(tier, key, id);
         }
@@ -882,14 +1007,15 @@ impl PrefixTree {
         }
     }
 
-    /// Puts a detached node's digest term and index entry back.
+    /// Puts a detached node's digest term, queue pages and index entry back.
     fn index_node(&mut self, id: NodeId) {
-        let policy = self.policy;
+        let key = self.key_of(self.nodes.get(id).expect("internal ids are live"));
         let node = self.nodes.live_mut(id);
         node.digest_term = node_hash(node, node.tokens_hash);
         self.digest_sum = self.digest_sum.wrapping_add(node.digest_term);
+        self.queues
+            .enter(node.priority, node.device.as_ref().map_or(0, Vec::len));
         if let Some(tier) = evictable_tier(node) {
-            let key = policy.key(node);
             node.indexed = Some((tier, key));
             self.index.insert(tier, key, id);
         }
@@ -912,14 +1038,26 @@ impl PrefixTree {
     pub(crate) fn ghost_history(&self) -> &GhostHistory {
         &self.ghost
     }
+    pub(crate) fn queue_state(&self) -> &QueueState {
+        &self.queues
+    }
+    pub(crate) fn shadow_state(&self) -> Option<&Shadows> {
+        self.shadows.as_deref()
+    }
+    pub(crate) fn fixed(&self) -> Option<Ranking> {
+        self.fixed_ranking
+    }
 
     /// A tree from decoded snapshot state: every derived structure rebuilt,
     /// every invariant checked; an inconsistency is an error, not a panic.
     pub(crate) fn rebuild(d: crate::snapshot::Decoded) -> Result<Self, String> {
         let ps = d.page_size;
-        let mut tree = Self::new(ps, d.policy).map_err(|e| e.to_string())?;
+        let mut tree = Self::without_shadows(ps, d.policy).map_err(|e| e.to_string())?;
         for (slot, (_, node)) in d.slots.iter().enumerate() {
             let Some(n) = node else { continue };
+            if !d.queues.accepts(n.priority) {
+                return Err(format!("node in slot {slot} has a bad queue state"));
+            }
             let shape_ok = match n.parent {
                 None => n.tokens.is_empty() && n.device.is_none() && n.host.is_none(),
                 Some(_) => !n.tokens.is_empty() && n.tokens.len() % ps == 0,
@@ -932,6 +1070,18 @@ impl PrefixTree {
                 return Err(format!("node in slot {slot} has a malformed shape"));
             }
         }
+        // The policy's own state first: the index keys below depend on it.
+        if !d.queues.belongs_to(d.policy)
+            || (d.policy == Policy::Ghost) != (d.shadows.is_some() || d.fixed_ranking.is_some())
+        {
+            return Err(format!(
+                "policy state does not match policy {}",
+                d.policy.name()
+            ));
+        }
+        tree.queues = d.queues;
+        tree.shadows = d.shadows;
+        tree.fixed_ranking = d.fixed_ranking;
         tree.nodes = NodeArena::from_parts(d.slots, d.free)?;
         let ids: Vec<NodeId> = tree.nodes().map(|n| n.id).collect();
         for &id in &ids {
@@ -1002,7 +1152,7 @@ impl PrefixTree {
                 expected
                     .entry(tier)
                     .or_default()
-                    .push((self.policy.key(node), id));
+                    .push((self.key_of(node), id));
             }
             if node.tokens_hash != tokens_hash(&node.tokens) && !node.is_root() {
                 return Err(format!("node {id}: stale tokens hash"));
@@ -1084,6 +1234,18 @@ impl PrefixTree {
                 return Err(format!("{tier:?} index differs from recomputation"));
             }
         }
+        let mut queue_pages = [0u64; 2];
+        for node in self
+            .nodes()
+            .filter(|n| self.policy.is_queued() && n.on_device())
+        {
+            let queue = crate::queues::Slot::unpack(node.priority).queue as usize;
+            queue_pages[queue] += node.pages(ps) as u64;
+        }
+        self.queues.check(queue_pages)?;
+        if let Some(shadows) = &self.shadows {
+            shadows.check()?;
+        }
         if self.ghost.digest() != self.ghost.digest_from_scratch() {
             return Err("ghost history digest differs from recomputation".into());
         }
@@ -1125,9 +1287,17 @@ fn idle_term(id: NodeId, since: Stamp) -> u64 {
 }
 
 /// Stamps an access: the last-access time and the policy's priority.
-fn access(node: &mut Node, policy: Policy, now: Stamp, floor: Stamp, weights: Weights) {
+/// `queued` is a queue policy's new state for the node, when it has one.
+fn access(
+    node: &mut Node,
+    policy: Policy,
+    now: Stamp,
+    floor: Stamp,
+    weights: Weights,
+    queued: Option<u64>,
+) {
     node.last_access = now;
-    node.priority = policy.priority(node, now, floor, weights);
+    node.priority = queued.unwrap_or_else(|| policy.priority(node, now, floor, weights));
 }
 
 /// The tier a node is evictable from, if any.

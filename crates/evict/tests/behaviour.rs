@@ -253,3 +253,166 @@ fn unknown_policy_and_bad_counts_are_refused() {
     assert_eq!(t.digest(), d);
     assert_eq!(t.clock(), 0, "refused calls do not advance the clock");
 }
+
+#[test]
+fn arc_and_s3fifo_resist_a_scan() {
+    assert!(hot_survives(Policy::Arc));
+    assert!(hot_survives(Policy::S3fifo));
+}
+
+#[test]
+fn arc_evicts_seen_once_before_reused_and_returns_ghosts_to_the_reused_queue() {
+    let mut t = PrefixTree::new(1, Policy::Arc).unwrap();
+    let reused = t.insert(&[1, 2], &[10, 11], &NS).unwrap().node;
+    t.match_prefix(&[1, 2], &NS); // T1 -> T2
+    let once = t.insert(&[3, 4], &[12, 13], &NS).unwrap().node;
+    let newer = t.insert(&[5, 6], &[14, 15], &NS).unwrap().node;
+    t.check_invariants().unwrap();
+    // T1 (least recent first), then T2; T1 holds more than its target (0).
+    assert_eq!(t.eviction_order(Tier::Device), [once, newer, reused]);
+    assert_eq!(t.evict(1)[0].node, once);
+    assert_eq!(t.remembered_pages(), 2, "B1 remembers it");
+    // It comes back: a ghost hit, so it enters T2 behind the reused node.
+    let back = t.insert(&[3, 4], &[16, 17], &NS).unwrap().node;
+    assert_eq!(t.remembered_pages(), 0);
+    assert_eq!(t.eviction_order(Tier::Device), [newer, reused, back]);
+    t.check_invariants().unwrap();
+}
+
+#[test]
+fn s3fifo_moves_what_was_hit_in_the_small_queue_and_gives_second_chances() {
+    let mut t = PrefixTree::new(1, Policy::S3fifo).unwrap();
+    let a = t.insert(&[1], &[10], &NS).unwrap().node;
+    let b = t.insert(&[2], &[11], &NS).unwrap().node;
+    let c = t.insert(&[3], &[12], &NS).unwrap().node;
+    t.match_prefix(&[1], &NS); // a: one hit while in S
+                               // All three are in S (3 of 3 pages, over a tenth): S's head `a` was hit,
+                               // so it moves to M instead of leaving; then `b` leaves.
+    let victims = t.evict(1);
+    assert_eq!(victims.iter().map(|v| v.node).collect::<Vec<_>>(), [b]);
+    assert_eq!(t.eviction_order(Tier::Device), [c, a], "S before M");
+    t.check_invariants().unwrap();
+    // `b` was dropped from S into the ghost queue: on return it enters M.
+    let b2 = t.insert(&[2], &[13], &NS).unwrap().node;
+    assert_eq!(t.eviction_order(Tier::Device), [c, a, b2]);
+    // S (just `c`, 1 of 3 pages) is over a tenth: `c` leaves, never hit.
+    assert_eq!(t.evict(1)[0].node, c);
+    // Now S is empty: M's head `a` (no hits since it moved) leaves.
+    assert_eq!(t.evict(1)[0].node, a);
+    t.match_prefix(&[2], &NS);
+    let d = t.insert(&[4], &[14], &NS).unwrap().node;
+    t.match_prefix(&[4], &NS);
+    // S holds `d` (1 of 2 pages): `d` was hit, so it moves to M; M's head
+    // `b2` has a hit left: it goes back behind `d` with one fewer; `d`
+    // (moved with none) leaves.
+    assert_eq!(t.evict(1)[0].node, d);
+    assert_eq!(t.eviction_order(Tier::Device), [b2]);
+    t.check_invariants().unwrap();
+}
+
+#[test]
+fn queue_policies_keep_their_ghost_lists_in_the_digest() {
+    for policy in [Policy::Arc, Policy::S3fifo] {
+        let digest = |tokens: [u64; 2]| {
+            let mut t = PrefixTree::new(1, policy).unwrap();
+            t.insert(&tokens, &[10, 11], &NS).unwrap();
+            t.evict(2);
+            t.check_invariants().unwrap();
+            t.digest()
+        };
+        assert_ne!(digest([1, 2]), digest([3, 4]), "{policy:?}");
+    }
+}
+
+#[test]
+fn replicas_of_every_policy_agree_and_see_one_extra_access() {
+    for policy in Policy::ALL {
+        let run = |extra: bool| {
+            let mut t = PrefixTree::new(1, policy).unwrap();
+            let mut next = 0;
+            let mut digests = Vec::new();
+            for i in 0..300u64 {
+                let tokens: Vec<u64> = (0..(i % 7 + 1)).map(|k| (i % 13) * 100 + k).collect();
+                admit(&mut t, &tokens, 25, &mut next);
+                if extra && i == 150 {
+                    t.match_prefix(&[0], &NS);
+                }
+                digests.push(t.digest());
+                t.check_invariants().unwrap();
+            }
+            (digests, t.take_events(), t.eviction_order(Tier::Device))
+        };
+        let a = run(false);
+        assert_eq!(a, run(false), "{policy:?}");
+        let b = run(true);
+        assert_eq!(a.0[..150], b.0[..150], "{policy:?}");
+        assert_ne!(
+            a.0[150], b.0[150],
+            "{policy:?}: the extra access shows at once"
+        );
+    }
+}
+
+#[test]
+fn what_a_policy_keeps_beyond_the_live_nodes_is_bounded_by_the_capacity() {
+    const CAPACITY: usize = 40;
+    for policy in Policy::ALL {
+        let mut t = PrefixTree::new(1, policy).unwrap();
+        let mut next = 0;
+        let mut most = cpkv_evict::PolicyMemory::default();
+        for i in 0..3000u64 {
+            // Mostly new conversations, some coming back.
+            let conv = if i % 3 == 0 { i % 97 } else { i };
+            let tokens: Vec<u64> = (0..(i % 5 + 1)).map(|k| conv * 10 + k).collect();
+            admit(&mut t, &tokens, CAPACITY, &mut next);
+            let m = t.policy_memory();
+            most.remembered_pages = most.remembered_pages.max(m.remembered_pages);
+            most.shadow_nodes = most.shadow_nodes.max(m.shadow_nodes);
+            most.shadow_pages = most.shadow_pages.max(m.shadow_pages);
+        }
+        // Ghost history: 4x the pages held; ARC: B1 + B2 <= c; S3-FIFO: c.
+        assert!(
+            most.remembered_pages <= 4 * CAPACITY,
+            "{policy:?}: {most:?}"
+        );
+        // Three shadows, each holding at most c pages and remembering 4c.
+        assert!(
+            most.shadow_pages <= 3 * 5 * CAPACITY,
+            "{policy:?}: {most:?}"
+        );
+        assert!(
+            most.shadow_nodes <= 3 * (CAPACITY + 1),
+            "{policy:?}: {most:?}"
+        );
+        if policy == Policy::Ghost {
+            assert!(most.shadow_pages > 0);
+        } else {
+            assert_eq!((most.shadow_nodes, most.shadow_pages), (0, 0));
+        }
+    }
+}
+
+#[test]
+fn ghost_evicts_only_the_tail_of_a_long_victim() {
+    for policy in [Policy::Ghost, Policy::Lru] {
+        let mut tree = PrefixTree::new(1, policy).unwrap();
+        tree.insert(&[1, 2, 3, 4, 5, 6], &[10, 11, 12, 13, 14, 15], &NS)
+            .unwrap();
+        // Two pages needed from a six-page leaf: ghost splits it and frees the
+        // last two; lru frees the whole leaf.
+        let victims = tree.evict(2);
+        let freed: Vec<u64> = victims.iter().flat_map(|v| v.pages.clone()).collect();
+        let kept = tree.match_prefix(&[1, 2, 3, 4, 5, 6], &NS).device_pages;
+        if policy == Policy::Ghost {
+            assert_eq!(freed, vec![14, 15]);
+            assert_eq!(kept, vec![10, 11, 12, 13]);
+            // Needing more than half of a leaf takes all of it.
+            let freed: usize = tree.evict(3).iter().map(|v| v.pages.len()).sum();
+            assert_eq!(freed, 4);
+        } else {
+            assert_eq!(freed.len(), 6);
+            assert!(kept.is_empty());
+        }
+        tree.check_invariants().unwrap();
+    }
+}

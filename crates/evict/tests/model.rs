@@ -9,12 +9,14 @@
 //! The model also keeps, page by page, what the classic policies rank by
 //! (creation, last access and hit count on its own logical clock), and
 //! checks that every victim is the evictable leaf that an independent
-//! ranking of the policy's order puts first (for the queue policies and
-//! `ghost`, whose orders depend on state the model does not rebuild, that
-//! the victim is first by the order the policy declares over the nodes'
-//! current state).
+//! ranking of the policy's order puts first. For `arc` and `s3fifo` it runs
+//! its own implementation of the two algorithms (`QueueModel`, written from
+//! their definitions over the model's pages: queues, positions, the ARC
+//! target, ghost lists) and checks every victim and every second chance
+//! against it. `ghost`, whose order follows shadow caches, is checked only
+//! for the structural properties (an unlocked leaf of the right tier).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use cpkv_evict::{EvictError, Namespace, NodeId, Policy, PrefixTree, Tier};
 use proptest::prelude::*;
@@ -58,6 +60,20 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// Traffic that keeps a queue policy busy: many distinct prefixes, repeat
+/// matches and frequent evictions (queues fill, ghosts come back).
+fn busy_op() -> impl Strategy<Value = Op> {
+    let pages = || prop::collection::vec(0u8..5, 1..5);
+    prop_oneof![
+        4 => (0u8..1, pages()).prop_map(|(ns, pages)| Op::Match { ns, pages }),
+        5 => (0u8..1, pages()).prop_map(|(ns, pages)| Op::Insert { ns, pages, reuse_live_page: false }),
+        3 => (1usize..4).prop_map(Op::Evict),
+        1 => (0usize..64, 0u64..40).prop_map(|(pick, key)| Op::SetHost { pick, key }),
+        1 => (0usize..6).prop_map(Op::EvictHost),
+        1 => (0usize..64).prop_map(Op::Attach),
+    ]
+}
+
 type Prefix = (u8, Vec<u64>);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,6 +95,145 @@ struct Harness {
     clock: u64,
     /// What the classic policies rank by, per page prefix.
     stats: BTreeMap<Prefix, Stats>,
+    /// `arc` and `s3fifo`, rebuilt independently.
+    queues: Option<QueueModel>,
+}
+
+/// A queue policy's state of one page (all pages of a node agree).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct QPage {
+    queue: u64,
+    count: u64,
+    seq: u64,
+}
+
+/// Content that left the tree: its parent's id and its first page.
+type GhostKey = (NodeId, Vec<u64>);
+
+/// ARC (Megiddo and Modha) or S3-FIFO (Yang et al.) as their papers define
+/// them, over the model's pages, with the tree adaptations the policies
+/// document: sizes are device pages (interior nodes count), only leaves
+/// leave, a chosen queue without an evictable leaf yields to the other, the
+/// cache size is the most device pages held when the policy acted.
+#[derive(Debug, Default)]
+struct QueueModel {
+    arc: bool,
+    pages: BTreeMap<Prefix, QPage>,
+    next_seq: u64,
+    peak: u64,
+    target: u64,
+    /// Ghost lists: live entries (seq, list, pages) and per-list FIFO items
+    /// (stale ones stay until they reach the front, and count).
+    live: BTreeMap<GhostKey, (u64, usize, u64)>,
+    order: [VecDeque<(u64, GhostKey)>; 2],
+    ghost_pages: [u64; 2],
+    ghost_seq: u64,
+}
+
+impl QueueModel {
+    fn slot(&mut self, queue: u64, count: u64) -> QPage {
+        self.next_seq += 1;
+        QPage {
+            queue,
+            count,
+            seq: self.next_seq - 1,
+        }
+    }
+
+    fn set(&mut self, pages: &[Prefix], q: QPage) {
+        for p in pages {
+            self.pages.insert(p.clone(), q);
+        }
+    }
+
+    fn record(&mut self, key: GhostKey, list: usize, pages: u64) {
+        let seq = self.ghost_seq;
+        self.ghost_seq += 1;
+        if let Some((_, old_list, old_pages)) = self.live.insert(key.clone(), (seq, list, pages)) {
+            self.ghost_pages[old_list] -= old_pages;
+        }
+        self.ghost_pages[list] += pages;
+        self.order[list].push_back((seq, key));
+    }
+
+    fn take(&mut self, key: &GhostKey) -> Option<usize> {
+        let (_, list, pages) = self.live.remove(key)?;
+        self.ghost_pages[list] -= pages;
+        Some(list)
+    }
+
+    fn trim(&mut self, list: usize, bound: u64) {
+        while self.ghost_pages[list] > bound || self.order[list].len() as u64 > bound.max(1) {
+            let Some((seq, key)) = self.order[list].pop_front() else {
+                break;
+            };
+            if self.live.get(&key).is_some_and(|e| e.0 == seq) {
+                let (_, _, pages) = self.live.remove(&key).unwrap();
+                self.ghost_pages[list] -= pages;
+            }
+        }
+    }
+
+    /// ARC's adaptation on a ghost hit in B1 (list 0) or B2.
+    fn adapt(&mut self, list: u64, pages: u64) {
+        let b1 = self.ghost_pages[0].max(1);
+        let b2 = self.ghost_pages[1].max(1);
+        if list == 0 {
+            self.target = (self.target + pages * (b2 / b1).max(1)).min(self.peak);
+        } else {
+            self.target = self.target.saturating_sub(pages * (b1 / b2).max(1));
+        }
+    }
+
+    fn hit(&mut self, pages: &[Prefix]) {
+        let q = if self.arc {
+            self.slot(1, 0)
+        } else {
+            let old = self.pages[&pages[0]];
+            QPage {
+                count: (old.count + 1).min(3),
+                ..old
+            }
+        };
+        self.set(pages, q);
+    }
+
+    fn reloaded(&mut self, pages: &[Prefix]) {
+        if self.arc {
+            let old = self.pages[&pages[0]].queue;
+            self.adapt(old, pages.len() as u64);
+        }
+        let q = self.slot(1, 0);
+        self.set(pages, q);
+    }
+
+    fn created(&mut self, key: &GhostKey, pages: &[Prefix]) {
+        let back = self.take(key);
+        let q = match (self.arc, back) {
+            (true, Some(list)) => {
+                self.adapt(list as u64, pages.len() as u64);
+                self.slot(1, 0)
+            }
+            (true, None) => self.slot(0, 0),
+            (false, Some(_)) => self.slot(1, 0),
+            (false, None) => self.slot(0, 0),
+        };
+        self.set(pages, q);
+    }
+
+    /// A node of `queue` with `pages` pages left the tree; `t` = device pages per queue now.
+    fn dropped(&mut self, key: GhostKey, queue: u64, pages: u64, t: [u64; 2]) {
+        let c = self.peak;
+        if self.arc {
+            self.record(key, queue as usize, pages);
+            self.trim(0, c.saturating_sub(t[0]));
+            let b1 = self.ghost_pages[0];
+            self.trim(1, (2 * c).saturating_sub(t[0] + t[1] + b1));
+        } else if queue == 0 {
+            self.record(key, 0, pages);
+            self.trim(0, c);
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,6 +285,107 @@ impl Harness {
             next_page: 1000,
             clock: 0,
             stats: BTreeMap::new(),
+            queues: policy.is_queued().then(|| QueueModel {
+                arc: policy == Policy::Arc,
+                ..QueueModel::default()
+            }),
+        }
+    }
+
+    /// Device pages per queue of the queue model.
+    fn queue_pages(&self) -> [u64; 2] {
+        let mut t = [0; 2];
+        let q = self.queues.as_ref().unwrap();
+        for (p, s) in &self.model {
+            if s.device.is_some() {
+                t[q.pages[p].queue as usize] += 1;
+            }
+        }
+        t
+    }
+
+    fn observe(&mut self) {
+        let held = self.model.values().filter(|s| s.device.is_some()).count() as u64;
+        if let Some(q) = self.queues.as_mut() {
+            q.peak = q.peak.max(held);
+        }
+    }
+
+    /// The nodes from the root's child to `id`, with their page prefixes.
+    fn path_nodes(&self, id: NodeId) -> Vec<(NodeId, Vec<Prefix>)> {
+        let mut out = Vec::new();
+        let mut at = self.tree.node(id);
+        while let Some(node) = at.filter(|n| !n.is_root()) {
+            let (p, pages) = self.node_prefix(node.id()).unwrap();
+            out.push((node.id(), self.page_prefixes(&p, pages)));
+            at = node.parent().and_then(|parent| self.tree.node(parent));
+        }
+        out.reverse();
+        out
+    }
+
+    fn parents(&self) -> BTreeMap<NodeId, NodeId> {
+        self.tree
+            .nodes()
+            .filter_map(|n| Some((n.id(), n.parent()?)))
+            .collect()
+    }
+
+    fn ghost_key(&self, id: NodeId, first: &Prefix) -> GhostKey {
+        let parent = self.tree.node(id).unwrap().parent().unwrap();
+        (parent, first.1[first.1.len() - PAGE..].to_vec())
+    }
+
+    /// Whether the node with these pages is an evictable leaf of `tier` in the model.
+    fn evictable(&self, pages: &[Prefix], tier: Tier) -> bool {
+        let Some(first) = self.model.get(&pages[0]) else {
+            return false; // gone
+        };
+        let last = pages.last().unwrap();
+        let mut child_pages = self.model.iter().filter(|(q, _)| {
+            q.0 == last.0 && q.1.len() == last.1.len() + PAGE && q.1.starts_with(&last.1)
+        });
+        let leaf = match tier {
+            Tier::Device => first.device.is_some() && !child_pages.any(|(_, s)| s.device.is_some()),
+            Tier::Host => {
+                first.device.is_none() && first.host.is_some() && child_pages.next().is_none()
+            }
+        };
+        leaf && !self.is_locked(&pages[0])
+    }
+
+    /// The queue model's next device victim, making its second chances on
+    /// the way (S3-FIFO).
+    fn queue_victim(&mut self, nodes: &[(NodeId, Vec<Prefix>)]) -> Option<NodeId> {
+        self.observe();
+        loop {
+            let t = self.queue_pages();
+            let q = self.queues.as_ref().unwrap();
+            let first = if q.arc {
+                u64::from(t[0] <= q.target)
+            } else {
+                u64::from(t[0] * 10 <= t[0] + t[1])
+            };
+            let head = |queue: u64| {
+                nodes
+                    .iter()
+                    .filter(|(_, pages)| self.evictable(pages, Tier::Device))
+                    .filter(|(_, pages)| q.pages[&pages[0]].queue == queue)
+                    .min_by_key(|(id, pages)| (q.pages[&pages[0]].seq, *id))
+                    .cloned()
+            };
+            let (id, pages) = head(first).or_else(|| head(1 - first))?;
+            let state = q.pages[&pages[0]];
+            if q.arc || state.count == 0 {
+                return Some(id);
+            }
+            let q = self.queues.as_mut().unwrap();
+            let moved = if state.queue == 0 {
+                q.slot(1, 0)
+            } else {
+                q.slot(1, state.count - 1)
+            };
+            q.set(&pages, moved);
         }
     }
 
@@ -156,44 +412,34 @@ impl Harness {
     /// does not rank this policy's leaves itself.
     fn expected_victim(&self, nodes: &[(NodeId, Vec<Prefix>)], tier: Tier) -> Option<NodeId> {
         let policy = self.tree.policy();
-        classic_key(
-            policy,
-            Stats {
-                created: 0,
-                last_access: 0,
-                hits: 0,
-            },
-        )?;
+        if self.queues.is_none() {
+            classic_key(
+                policy,
+                Stats {
+                    created: 0,
+                    last_access: 0,
+                    hits: 0,
+                },
+            )?;
+        }
         let mut best: Option<((u64, u64), NodeId)> = None;
         for (id, pages) in nodes {
-            let Some(first) = self.model.get(&pages[0]) else {
-                continue; // gone
-            };
-            let last = pages.last().unwrap();
-            let child_pages = || {
-                self.model.iter().filter(|(q, _)| {
-                    q.0 == last.0 && q.1.len() == last.1.len() + PAGE && q.1.starts_with(&last.1)
-                })
-            };
-            let evictable = match tier {
-                Tier::Device => {
-                    first.device.is_some() && !child_pages().any(|(_, s)| s.device.is_some())
-                }
-                Tier::Host => {
-                    first.device.is_none() && first.host.is_some() && child_pages().next().is_none()
-                }
-            };
-            if !evictable || self.is_locked(&pages[0]) {
+            if !self.evictable(pages, tier) {
                 continue;
             }
-            let key = classic_key(policy, self.stats[&pages[0]]).expect("a classic policy");
+            let key = match (&self.queues, classic_key(policy, self.stats[&pages[0]])) {
+                (_, Some(key)) => key,
+                // Host victims of the queue policies: queue, then position.
+                (Some(q), None) => (q.pages[&pages[0]].queue, q.pages[&pages[0]].seq),
+                (None, None) => unreachable!("checked above"),
+            };
             for q in pages {
                 assert_eq!(
                     self.stats[q], self.stats[&pages[0]],
                     "pages of node {id} disagree"
                 );
             }
-            if best.is_none_or(|b| (key, *id) < b) {
+            if best.map_or(true, |b| (key, *id) < b) {
                 best = Some((key, *id));
             }
         }
@@ -263,6 +509,12 @@ impl Harness {
                         None => break,
                     }
                 }
+                if self.queues.is_some() {
+                    for (_, node_pages) in self.path_nodes(m.host_node) {
+                        self.observe();
+                        self.queues.as_mut().unwrap().hit(&node_pages);
+                    }
+                }
                 let (mut dev, mut host, mut dev_pages) = (0, 0, Vec::new());
                 for k in 0..pages.len() {
                     match self.model.get(&(*ns, t[..(k + 1) * PAGE].to_vec())) {
@@ -307,6 +559,7 @@ impl Harness {
                 let adopts_live = ids[cached.min(ids.len())..]
                     .iter()
                     .any(|p| Some(*p) == live);
+                let pre = self.model.clone();
                 let r = self.tree.insert(&t, &ids, &namespace(*ns));
                 if *reuse_live_page && adopts_live {
                     assert!(matches!(r, Err(EvictError::PageInUse(_))), "{r:?}");
@@ -337,6 +590,28 @@ impl Harness {
                         });
                     if s.device.is_none() {
                         s.device = Some(*id);
+                    }
+                }
+                if self.tree.policy().is_queued() {
+                    // Replays the insert on the pre-insert device count: attached
+                    // nodes one by one, then the new leaf.
+                    let mut held = pre.values().filter(|s| s.device.is_some()).count() as u64;
+                    for (id, node_pages) in self.path_nodes(r.node) {
+                        let q = self.queues.as_mut().unwrap();
+                        match pre.get(&node_pages[0]) {
+                            Some(s) if s.device.is_some() => {}
+                            Some(_) => {
+                                q.peak = q.peak.max(held);
+                                q.reloaded(&node_pages);
+                                held += node_pages.len() as u64;
+                            }
+                            None => {
+                                held += node_pages.len() as u64;
+                                q.peak = q.peak.max(held);
+                                let key = self.ghost_key(id, &node_pages[0]);
+                                self.queues.as_mut().unwrap().created(&key, &node_pages);
+                            }
+                        }
                     }
                 }
                 self.known.push(r.node);
@@ -380,13 +655,29 @@ impl Harness {
             }
             Op::Evict(n) => {
                 let nodes = self.node_pages();
+                let parents = self.parents();
                 let victims = self.tree.evict(*n);
                 self.tick();
                 let mut freed = 0;
                 for v in &victims {
-                    if let Some(expected) = self.expected_victim(&nodes, Tier::Device) {
+                    let expected = if self.queues.is_some() {
+                        self.queue_victim(&nodes)
+                    } else {
+                        self.expected_victim(&nodes, Tier::Device)
+                    };
+                    if let Some(expected) = expected {
                         assert_eq!(v.node, expected, "victim order of {:?}", self.tree.policy());
                     }
+                    let parent = nodes
+                        .iter()
+                        .find(|(id, _)| *id == v.node)
+                        .map(|(id, pages)| {
+                            let first = &pages[0];
+                            (
+                                (parents[id], first.1[first.1.len() - PAGE..].to_vec()),
+                                pages.clone(),
+                            )
+                        });
                     assert!(freed < *n, "evicted past the request");
                     freed += v.pages.len();
                     let mut prefixes = Vec::new();
@@ -407,6 +698,7 @@ impl Harness {
                             && s.device.is_some()
                     });
                     assert!(!deeper_on_device, "victim {} is not a device leaf", v.node);
+                    let left_tree = prefixes[0].1.host.is_none();
                     for (p, s) in prefixes {
                         if s.host.is_some() {
                             self.model.get_mut(&p).unwrap().device = None;
@@ -415,11 +707,15 @@ impl Harness {
                             self.stats.remove(&p);
                         }
                     }
+                    if let (true, Some(_), Some((key, pages))) = (left_tree, &self.queues, parent) {
+                        self.queue_dropped(key, &pages);
+                    }
                 }
                 assert!(freed >= *n || self.tree.evictable(Tier::Device) == 0);
             }
             Op::EvictHost(n) => {
                 let nodes = self.node_pages();
+                let parents = self.parents();
                 let victims = self.tree.evict_host(*n);
                 self.tick();
                 let mut dropped = 0;
@@ -432,6 +728,16 @@ impl Harness {
                             self.tree.policy()
                         );
                     }
+                    let parent = nodes
+                        .iter()
+                        .find(|(id, _)| *id == v.node)
+                        .map(|(id, pages)| {
+                            let first = &pages[0];
+                            (
+                                (parents[id], first.1[first.1.len() - PAGE..].to_vec()),
+                                pages.clone(),
+                            )
+                        });
                     assert!(dropped < *n, "dropped past the request");
                     dropped += v.num_pages;
                     let hits: Vec<Prefix> = self
@@ -464,6 +770,9 @@ impl Harness {
                     {
                         self.model.remove(&p);
                         self.stats.remove(&p);
+                    }
+                    if let (Some(_), Some((key, pages))) = (&self.queues, parent) {
+                        self.queue_dropped(key, &pages);
                     }
                     let still = self.model.values().any(|s| s.host == Some(v.object_key));
                     assert_eq!(v.released, !still, "released flag of key {}", v.object_key);
@@ -514,6 +823,12 @@ impl Harness {
                 });
                 assert_eq!(r.is_ok(), expect_ok, "{op:?}: {r:?}");
                 if r.is_ok() {
+                    if self.queues.is_some() {
+                        self.observe();
+                        let (p, n) = info.clone().unwrap();
+                        let node_pages = self.page_prefixes(&p, n);
+                        self.queues.as_mut().unwrap().reloaded(&node_pages);
+                    }
                     self.next_page += pages as u64;
                     let now = self.tick();
                     let (p, n) = info.unwrap();
@@ -546,8 +861,34 @@ impl Harness {
         out
     }
 
+    /// A node with `pages` left the tree: into the queue model's ghost lists.
+    fn queue_dropped(&mut self, key: GhostKey, pages: &[Prefix]) {
+        self.observe();
+        let t = self.queue_pages();
+        let q = self.queues.as_mut().unwrap();
+        let queue = q.pages[&pages[0]].queue;
+        for p in pages {
+            q.pages.remove(p);
+        }
+        q.dropped(key, queue, pages.len() as u64, t);
+    }
+
     fn check(&self) {
         self.tree.check_invariants().unwrap();
+        if let Some(q) = &self.queues {
+            // Each node's packed state (queue, count, position) equals the model's.
+            for node in self.tree.nodes().filter(|n| !n.is_root()) {
+                let (p, pages) = self.node_prefix(node.id()).unwrap();
+                let want = q.pages[&self.page_prefixes(&p, pages)[0]];
+                let packed = node.priority();
+                let have = QPage {
+                    queue: packed >> 62,
+                    count: (packed >> 60) & 3,
+                    seq: packed & ((1 << 60) - 1),
+                };
+                assert_eq!(have, want, "queue state of node {}", node.id());
+            }
+        }
         assert_eq!(self.tree.clock(), self.clock, "logical clock");
         assert_eq!(self.residency(), self.model);
     }
@@ -567,6 +908,11 @@ proptest! {
     #[test]
     fn model_lru(ops in prop::collection::vec(op(), 1..60)) {
         run(Policy::Lru, &ops);
+    }
+
+    #[test]
+    fn model_queue_policies_under_busy_traffic(ops in prop::collection::vec(busy_op(), 20..200), arc in any::<bool>()) {
+        run(if arc { Policy::Arc } else { Policy::S3fifo }, &ops);
     }
 
     #[test]

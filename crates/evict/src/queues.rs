@@ -1,0 +1,340 @@
+//! What the queue policies (`Policy::Arc`, `Policy::S3fifo`) keep beside the
+//! nodes, and the layout of their per-node state.
+//!
+//! A queue policy's node state lives in `Node::priority` (so the node digest
+//! covers it): which queue the node is in, a small access counter and its
+//! position in the queue, a sequence number from this state's own counter
+//! (not the clock: several nodes can enter queues within one call, and the
+//! later one must queue behind). Its eviction key is (queue, position), so
+//! the index orders each queue first in first out and a range query finds a
+//! queue's head leaf. Beside the nodes it keeps the device pages each queue
+//! holds (every node, interior ones too: they take room, even if only their
+//! leaves can leave) and ghost lists of content that left the tree. All of
+//! it is replicated state, in the digest, integers only.
+
+use crate::arc::ArcState;
+use crate::digest::Hasher64;
+use crate::evictable::EvictableIndex;
+use crate::ghost_list::GhostLists;
+use crate::node::{NodeId, Tier};
+use crate::policy::{Policy, PolicyKey};
+use crate::s3fifo::S3fifoState;
+use crate::wire::{Reader, Writer};
+
+const QUEUE_SHIFT: u32 = 62;
+const COUNT_SHIFT: u32 = 60;
+const SEQ_MASK: u64 = (1 << COUNT_SHIFT) - 1;
+/// The access counter saturates here (two bits).
+pub const MAX_COUNT: u64 = 3;
+
+/// A queue policy's node state, packed into `Node::priority`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Slot {
+    pub queue: u64,
+    pub count: u64,
+    pub seq: u64,
+}
+
+impl Slot {
+    pub fn pack(self) -> u64 {
+        debug_assert!(self.queue < 2 && self.count <= MAX_COUNT && self.seq <= SEQ_MASK);
+        (self.queue << QUEUE_SHIFT) | (self.count << COUNT_SHIFT) | self.seq
+    }
+
+    pub fn unpack(priority: u64) -> Self {
+        Self {
+            queue: priority >> QUEUE_SHIFT,
+            count: (priority >> COUNT_SHIFT) & MAX_COUNT,
+            seq: priority & SEQ_MASK,
+        }
+    }
+
+    /// The eviction key: queue, then position in it.
+    pub fn key(priority: u64) -> PolicyKey {
+        let s = Self::unpack(priority);
+        PolicyKey([s.queue, s.seq])
+    }
+}
+
+/// The next victim, or a node that must first move (S3-FIFO's second
+/// chances): the tree re-keys it and asks again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Choice {
+    Evict(NodeId),
+    Requeue(NodeId, u64),
+}
+
+/// Pages and counters every queue policy shares.
+#[derive(Debug, Clone, Default)]
+pub struct Shared {
+    /// Device pages held by nodes of queue 0 and queue 1.
+    pub queue_pages: [u64; 2],
+    /// The most device pages the tree has held when a policy hook ran: the
+    /// cache size (the tree is told no capacity; an engine fills it to what
+    /// it has). Sampled in the hooks, not on every page change: a split
+    /// briefly counts the pages it moves twice.
+    pub peak_pages: u64,
+    pub next_seq: u64,
+    pub ghosts: GhostLists,
+}
+
+impl Shared {
+    pub fn slot(&mut self, queue: u64, count: u64) -> u64 {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        Slot { queue, count, seq }.pack()
+    }
+
+    pub fn device_pages(&self) -> u64 {
+        self.queue_pages[0] + self.queue_pages[1]
+    }
+
+    /// The head leaf of `queue`, if it has an evictable one.
+    pub fn head(index: &EvictableIndex, queue: u64) -> Option<NodeId> {
+        index
+            .first_from(Tier::Device, PolicyKey([queue, 0]))
+            .filter(|(key, _)| key.0[0] == queue)
+            .map(|(_, id)| id)
+    }
+
+    fn digest(&self) -> u64 {
+        Hasher64::default()
+            .word(self.queue_pages[0])
+            .word(self.queue_pages[1])
+            .word(self.peak_pages)
+            .word(self.next_seq)
+            .word(self.ghosts.digest())
+            .finish()
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub enum QueueState {
+    #[default]
+    Off,
+    Arc(ArcState),
+    S3fifo(S3fifoState),
+}
+
+impl QueueState {
+    pub fn new(policy: Policy) -> Self {
+        match policy {
+            Policy::Arc => Self::Arc(ArcState::default()),
+            Policy::S3fifo => Self::S3fifo(S3fifoState::default()),
+            _ => Self::Off,
+        }
+    }
+
+    fn shared(&self) -> Option<&Shared> {
+        match self {
+            Self::Off => None,
+            Self::Arc(s) => Some(&s.shared),
+            Self::S3fifo(s) => Some(&s.shared),
+        }
+    }
+
+    fn shared_mut(&mut self) -> Option<&mut Shared> {
+        match self {
+            Self::Off => None,
+            Self::Arc(s) => Some(&mut s.shared),
+            Self::S3fifo(s) => Some(&mut s.shared),
+        }
+    }
+
+    /// A node holding `device_pages` with state `priority` joins the books.
+    pub fn enter(&mut self, priority: u64, device_pages: usize) {
+        if let Some(s) = self.shared_mut() {
+            s.queue_pages[Slot::unpack(priority).queue as usize] += device_pages as u64;
+        }
+    }
+
+    /// The node leaves the books (to change, or for good).
+    pub fn leave(&mut self, priority: u64, device_pages: usize) {
+        if let Some(s) = self.shared_mut() {
+            s.queue_pages[Slot::unpack(priority).queue as usize] -= device_pages as u64;
+        }
+    }
+
+    fn observe(&mut self) {
+        if let Some(s) = self.shared_mut() {
+            s.peak_pages = s.peak_pages.max(s.device_pages());
+        }
+    }
+
+    /// A match passed through a node: its new state.
+    pub fn hit(&mut self, priority: u64) -> Option<u64> {
+        self.observe();
+        match self {
+            Self::Off => None,
+            Self::Arc(s) => Some(s.hit(priority)),
+            Self::S3fifo(s) => Some(s.hit(priority)),
+        }
+    }
+
+    /// A new leaf with content `key` and `pages` pages: its state.
+    pub fn created(&mut self, key: u64, pages: usize) -> Option<u64> {
+        self.observe();
+        match self {
+            Self::Off => None,
+            Self::Arc(s) => Some(s.created(key, pages as u64)),
+            Self::S3fifo(s) => Some(s.created(key)),
+        }
+    }
+
+    /// A host-only node got device pages back (it had been evicted while
+    /// its state stayed on the node): its new state.
+    pub fn reloaded(&mut self, priority: u64, pages: usize) -> Option<u64> {
+        self.observe();
+        match self {
+            Self::Off => None,
+            Self::Arc(s) => Some(s.reloaded(priority, pages as u64)),
+            Self::S3fifo(s) => Some(s.reloaded()),
+        }
+    }
+
+    /// A node with content `key` left the tree.
+    pub fn dropped(&mut self, key: u64, priority: u64, pages: usize) {
+        self.observe();
+        match self {
+            Self::Off => {}
+            Self::Arc(s) => s.dropped(key, priority, pages as u64),
+            Self::S3fifo(s) => s.dropped(key, priority, pages as u64),
+        }
+    }
+
+    /// The next device victim; `None` for the key-ordered policies (the
+    /// index's first leaf) and when nothing is evictable.
+    pub fn choose(
+        &mut self,
+        index: &EvictableIndex,
+        priority_of: impl Fn(NodeId) -> u64,
+    ) -> Option<Choice> {
+        self.observe();
+        match self {
+            Self::Off => index.first(Tier::Device).map(Choice::Evict),
+            Self::Arc(s) => s.choose(index),
+            Self::S3fifo(s) => s.choose(index, priority_of),
+        }
+    }
+
+    /// Pages of dropped content the ghost lists remember.
+    pub fn remembered_pages(&self) -> u64 {
+        self.shared()
+            .map_or(0, |s| s.ghosts.pages(0) + s.ghosts.pages(1))
+    }
+
+    /// `None` for policies without queue state (so their digests do not
+    /// change with this state's existence).
+    pub fn digest(&self) -> Option<u64> {
+        let extra = match self {
+            Self::Off => return None,
+            Self::Arc(s) => s.target,
+            Self::S3fifo(_) => 0,
+        };
+        let shared = self.shared().expect("on");
+        Some(
+            Hasher64::default()
+                .word(shared.digest())
+                .word(extra)
+                .finish(),
+        )
+    }
+
+    /// The replicated part, for snapshots (nothing for other policies): the
+    /// peak, the sequence counter, the ghost lists, ARC's target. The pages
+    /// per queue are not written: restore recounts them from the nodes.
+    pub(crate) fn encode(&self, w: &mut Writer) {
+        let Some(s) = self.shared() else {
+            return;
+        };
+        w.u64(s.peak_pages);
+        w.u64(s.next_seq);
+        s.ghosts.encode(w);
+        if let Self::Arc(arc) = self {
+            w.u64(arc.target);
+        }
+    }
+
+    /// The inverse of `encode` for `policy`, with empty queue books.
+    pub(crate) fn decode(policy: Policy, r: &mut Reader<'_>) -> Result<Self, String> {
+        let mut state = Self::new(policy);
+        let Some(s) = state.shared_mut() else {
+            return Ok(state);
+        };
+        s.peak_pages = r.u64()?;
+        s.next_seq = r.u64()?;
+        s.ghosts = GhostLists::decode(r)?;
+        if let Self::Arc(arc) = &mut state {
+            arc.target = r.u64()?;
+            if arc.target > arc.shared.peak_pages {
+                return Err(format!(
+                    "ARC target {} above the cache size {}",
+                    arc.target, arc.shared.peak_pages
+                ));
+            }
+        }
+        Ok(state)
+    }
+
+    /// Whether this is the state `policy` keeps.
+    pub(crate) fn belongs_to(&self, policy: Policy) -> bool {
+        matches!(
+            (self, policy),
+            (Self::Off, _) if !policy.is_queued()
+        ) || matches!(
+            (self, policy),
+            (Self::Arc(_), Policy::Arc) | (Self::S3fifo(_), Policy::S3fifo)
+        )
+    }
+
+    /// Whether node state `priority` can belong to this policy's books
+    /// (a queue it has, a position already handed out).
+    pub(crate) fn accepts(&self, priority: u64) -> bool {
+        let Some(s) = self.shared() else {
+            return true;
+        };
+        let slot = Slot::unpack(priority);
+        slot.queue < 2 && (slot.seq < s.next_seq || priority == 0)
+    }
+
+    /// Checks the books against a recount of the nodes' device pages per
+    /// queue (for `check_invariants`).
+    pub fn check(&self, recount: [u64; 2]) -> Result<(), String> {
+        let Some(s) = self.shared() else {
+            return Ok(());
+        };
+        if s.queue_pages != recount {
+            return Err(format!(
+                "queue pages {:?} != recount {recount:?}",
+                s.queue_pages
+            ));
+        }
+        if s.ghosts.digest() != s.ghosts.digest_from_scratch() {
+            return Err("ghost list digest differs from recomputation".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_pack_and_key_by_queue_then_position() {
+        let a = Slot {
+            queue: 0,
+            count: 3,
+            seq: 99,
+        };
+        let b = Slot {
+            queue: 1,
+            count: 0,
+            seq: 5,
+        };
+        assert_eq!(Slot::unpack(a.pack()), a);
+        assert_eq!(Slot::unpack(b.pack()), b);
+        assert!(Slot::key(a.pack()) < Slot::key(b.pack()));
+        assert_eq!(Slot::key(a.pack()), PolicyKey([0, 99]));
+    }
+}

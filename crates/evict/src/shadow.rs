@@ -1,0 +1,258 @@
+//! Shadow caches for `Policy::Ghost` (after miniature simulation, Waldspurger
+//! et al., ATC '17, here at full size): one replica of the tree per
+//! candidate ranking replays every insert at the tree's capacity and counts
+//! the pages it would have hit; the tree ranks its leaves the way the
+//! candidate with the most recent hits does.
+//!
+//! No single ranking wins everywhere: plain recency is best where the cache
+//! holds nearly all reuse, a segmented ranking that remembers hits across
+//! evictions where long documents come back with new questions, the ghost
+//! priority where conversations return from beyond the cache's reach. The
+//! shadows measure which one fits the traffic and the capacity at hand,
+//! online, instead of a constant chosen offline.
+//!
+//! The switch needs the challenger ahead by more than 1/`SWITCH_MARGIN_SHIFT`
+//! powers of two of the leader's score and at least `MIN_REQUESTS_BETWEEN`
+//! mirrored inserts since the last switch: a switch re-keys every indexed
+//! leaf (O(n log n)), and a ranking needs time to shape the cache before it
+//! is judged. Chosen on the conversation trace and checked on the
+//! synthetic one (and the other way round), see the policy's doc comment.
+//!
+//! Memory: each shadow holds at most the tree's peak device pages plus its
+//! own ghost history (4x that), so the shadows together are bounded by a
+//! constant times the capacity, and `PrefixTree::policy_memory` reports them.
+
+use crate::digest::Hasher64;
+use crate::namespace::Namespace;
+use crate::node::{Node, Token};
+use crate::policy::{Policy, PolicyKey};
+use crate::tree::PrefixTree;
+use crate::wire::{Reader, Writer};
+
+/// A way to order leaves that `Policy::Ghost` can follow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ranking {
+    /// The ghost priority (reuse bonus, probation), then recency.
+    Ghost,
+    /// Plain recency.
+    Recency,
+    /// One-shot before reused (hits remembered across evictions count),
+    /// then recency.
+    Segmented,
+}
+
+impl Ranking {
+    pub fn key(self, node: &Node) -> PolicyKey {
+        match self {
+            Self::Ghost => PolicyKey([node.priority, node.last_access]),
+            Self::Recency => PolicyKey([node.last_access, 0]),
+            Self::Segmented => PolicyKey([u64::from(node.hits >= 2), node.last_access]),
+        }
+    }
+}
+
+/// The candidates, in tie-break order (the first wins a tie).
+pub const CANDIDATES: [Ranking; 3] = [Ranking::Ghost, Ranking::Recency, Ranking::Segmented];
+
+/// Scores decay by 1/2^DECAY_SHIFT per mirrored insert (a window of about
+/// a thousand requests).
+const DECAY_SHIFT: u32 = 10;
+/// Scores count hit pages in fixed point, so the decay does not round
+/// small counts away.
+const SCORE_FRACTION_BITS: u32 = 8;
+/// A challenger must lead by more than score / 2^SWITCH_MARGIN_SHIFT.
+const SWITCH_MARGIN_SHIFT: u32 = 7;
+const MIN_REQUESTS_BETWEEN: u64 = 256;
+
+/// What a policy keeps beyond the live nodes of the tree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PolicyMemory {
+    /// Pages of dropped content remembered (ghost history or ghost lists).
+    pub remembered_pages: usize,
+    /// Nodes of the shadow trees (`Policy::Ghost`).
+    pub shadow_nodes: usize,
+    /// Device pages the shadow trees hold plus the pages they remember.
+    pub shadow_pages: usize,
+}
+
+#[derive(Debug, Clone)]
+pub struct Shadows {
+    trees: Vec<PrefixTree>,
+    /// Decayed hit pages per candidate.
+    scores: Vec<u64>,
+    leader: usize,
+    next_page: u64,
+    /// The most device pages the main tree has held.
+    capacity: usize,
+    since_switch: u64,
+}
+
+impl Shadows {
+    pub fn new(page_size: usize) -> Self {
+        Self {
+            trees: CANDIDATES
+                .iter()
+                .map(|r| {
+                    let mut t = PrefixTree::without_shadows(page_size, Policy::Ghost)
+                        .expect("page size checked");
+                    t.make_shadow(*r);
+                    t
+                })
+                .collect(),
+            scores: vec![0; CANDIDATES.len()],
+            leader: 0,
+            next_page: 0,
+            capacity: 0,
+            since_switch: 0,
+        }
+    }
+
+    pub fn leader(&self) -> Ranking {
+        CANDIDATES[self.leader]
+    }
+
+    /// Replays one insert of whole-page `tokens` into every shadow, as an
+    /// engine would (match, evict just enough, insert) at the main tree's
+    /// high-water mark of device pages, `held` included. True when the
+    /// leader changed (the caller re-keys its leaves).
+    pub fn mirror(&mut self, tokens: &[Token], namespace: &Namespace, held: usize) -> bool {
+        self.capacity = self.capacity.max(held);
+        let cap = self.capacity;
+        for (i, t) in self.trees.iter_mut().enumerate() {
+            let ps = t.page_size();
+            let m = t.match_prefix(tokens, namespace);
+            let matched = m.length / ps;
+            let new = tokens.len() / ps - matched;
+            t.lock(m.node).expect("a match result is live");
+            let room = cap.saturating_sub(t.device_pages());
+            if new > room {
+                t.evict(new - room);
+            }
+            let keep = matched + new.min(cap.saturating_sub(t.device_pages()));
+            let fresh = (keep - matched) as u64;
+            let mut pages = m.device_pages;
+            pages.extend(self.next_page..self.next_page + fresh);
+            self.next_page += fresh;
+            t.insert(&tokens[..keep * ps], &pages, namespace)
+                .expect("fresh page ids");
+            t.unlock(m.node).expect("locked above");
+            t.take_events();
+            self.scores[i] = self.scores[i] - (self.scores[i] >> DECAY_SHIFT)
+                + ((matched as u64) << SCORE_FRACTION_BITS);
+        }
+        self.since_switch += 1;
+        let best = (0..self.scores.len())
+            .max_by_key(|&i| (self.scores[i], std::cmp::Reverse(i)))
+            .expect("candidates");
+        let lead = self.scores[self.leader];
+        if self.scores[best] > lead + (lead >> SWITCH_MARGIN_SHIFT)
+            && self.since_switch >= MIN_REQUESTS_BETWEEN
+        {
+            self.leader = best;
+            self.since_switch = 0;
+            return true;
+        }
+        false
+    }
+
+    pub fn digest(&self) -> u64 {
+        let mut h = Hasher64::default()
+            .word(self.leader as u64)
+            .word(self.next_page)
+            .word(self.capacity as u64)
+            .word(self.since_switch);
+        for (t, s) in self.trees.iter().zip(&self.scores) {
+            h = h.word(t.digest()).word(*s);
+        }
+        h.finish()
+    }
+
+    /// Every field, for snapshots: the counters, then per candidate its
+    /// score and its tree's whole body.
+    pub(crate) fn encode(&self, w: &mut Writer) {
+        for v in [
+            self.leader as u64,
+            self.next_page,
+            self.capacity as u64,
+            self.since_switch,
+        ] {
+            w.u64(v);
+        }
+        for (t, score) in self.trees.iter().zip(&self.scores) {
+            w.u64(*score);
+            t.encode_state(w);
+        }
+    }
+
+    /// The inverse of `encode`: each shadow rebuilt and checked like a
+    /// restored tree, with the main tree's page size and its candidate's
+    /// ranking.
+    pub(crate) fn decode(r: &mut Reader<'_>, page_size: usize) -> Result<Self, String> {
+        let leader = r.u64()?;
+        let leader = usize::try_from(leader)
+            .ok()
+            .filter(|l| *l < CANDIDATES.len())
+            .ok_or(format!("shadow leader {leader} out of range"))?;
+        let next_page = r.u64()?;
+        let capacity = usize::try_from(r.u64()?).map_err(|_| "shadow capacity out of range")?;
+        let since_switch = r.u64()?;
+        let mut trees = Vec::with_capacity(CANDIDATES.len());
+        let mut scores = Vec::with_capacity(CANDIDATES.len());
+        for ranking in CANDIDATES {
+            scores.push(r.u64()?);
+            let d = crate::snapshot::decode_from(r, true)?;
+            if d.page_size != page_size || d.fixed_ranking != Some(ranking) {
+                return Err(format!("shadow {ranking:?}: wrong page size or ranking"));
+            }
+            let t = PrefixTree::rebuild(d).map_err(|e| format!("shadow {ranking:?}: {e}"))?;
+            if t.device_pages() > capacity {
+                return Err(format!("shadow {ranking:?} holds more than its capacity"));
+            }
+            trees.push(t);
+        }
+        Ok(Self {
+            trees,
+            scores,
+            leader,
+            next_page,
+            capacity,
+            since_switch,
+        })
+    }
+
+    pub fn memory(&self) -> (usize, usize) {
+        let nodes = self.trees.iter().map(PrefixTree::len).sum();
+        let pages = self
+            .trees
+            .iter()
+            .map(|t| t.device_pages() + t.remembered_pages())
+            .sum();
+        (nodes, pages)
+    }
+
+    /// Checks every shadow's own invariants (for `check_invariants`).
+    pub fn check(&self) -> Result<(), String> {
+        self.trees
+            .iter()
+            .try_for_each(|t| t.check_invariants().map_err(|e| format!("shadow: {e}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_shadows_whose_order_uses_it_remember_dropped_content() {
+        let mut s = Shadows::new(1);
+        for i in 0..200u64 {
+            let tokens = [i % 40, 1000 + i % 17, 2000 + i];
+            s.mirror(&tokens, &Namespace::Default, 30);
+        }
+        let remembered: Vec<usize> = s.trees.iter().map(PrefixTree::remembered_pages).collect();
+        assert_eq!(CANDIDATES[1], Ranking::Recency);
+        assert!(remembered[0] > 0 && remembered[2] > 0, "{remembered:?}");
+        assert_eq!(remembered[1], 0, "the recency shadow keeps no history");
+        s.check().unwrap();
+    }
+}
