@@ -1065,7 +1065,7 @@ impl PrefixTree {
             let pages_ok = n
                 .device
                 .as_ref()
-                .is_none_or(|d| d.len() == n.tokens.len() / ps);
+                .map_or(true, |d| d.len() == n.tokens.len() / ps);
             if !shape_ok || !pages_ok {
                 return Err(format!("node in slot {slot} has a malformed shape"));
             }
