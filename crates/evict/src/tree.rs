@@ -453,8 +453,10 @@ impl PrefixTree {
     /// `num_pages` are freed or nothing is evictable. A victim with a host
     /// copy stays as host-only; one without leaves the tree. Under
     /// `Policy::Ghost` a victim holding at least twice the pages still needed
-    /// is split and only its tail leaves: the head is what a returning
-    /// request matches first.
+    /// loses only its tail: the head is what a returning request matches
+    /// first. A device-only leaf without children is trimmed in place (it
+    /// keeps its id); otherwise a split keeps the children or the host copy
+    /// with the tail.
     pub fn evict(&mut self, num_pages: usize) -> Vec<DeviceVictim> {
         self.clock.tick();
         let mut victims = Vec::new();
@@ -469,6 +471,11 @@ impl PrefixTree {
                 // Only the victim's last `need` pages leave when that is at
                 // most half of it: its head stays a leaf (same stamps) for a
                 // returning request to match first.
+                if let Some(pages) = self.trim_tail(id, need) {
+                    freed += pages.len();
+                    victims.push(DeviceVictim { node: id, pages });
+                    continue;
+                }
                 self.split(id, held - need);
             }
             let pages = self.evict_device(id);
@@ -886,6 +893,42 @@ impl PrefixTree {
                 Choice::Requeue(id, priority) => self.update(id, |n| n.priority = priority),
             }
         }
+    }
+
+    /// Evicts the last `need` device pages of a childless, device-only leaf
+    /// in place: the node keeps its id and stamps with the head, the tail is
+    /// remembered as if it had been split off and dropped. `None` (nothing
+    /// changed) when the leaf has children or a host copy: then a split
+    /// keeps them with the tail.
+    fn trim_tail(&mut self, id: NodeId, need: usize) -> Option<Vec<PageId>> {
+        let ps = self.page_size;
+        let node = self.node_ref(id);
+        if !node.children.is_empty() || node.host.is_some() {
+            return None;
+        }
+        let keep = node.pages(ps) - need;
+        let (start, hits) = (node.depth + keep, node.hits);
+        let key = content_key(id, &node.tokens[keep * ps..(keep + 1) * ps]);
+        self.floor = self.floor.max(node.last_access.min(node.priority));
+        let mut tail = Vec::new();
+        self.update(id, |n| {
+            n.tokens.truncate(keep * ps);
+            n.tokens_hash = tokens_hash(&n.tokens);
+            tail = n.device.as_mut().expect("a device leaf").split_off(keep);
+        });
+        for page in &tail {
+            self.live_pages.remove(page);
+        }
+        if self.remembers() {
+            let cached = self.live_pages.len() + self.host_pages + need;
+            self.ghost.record(key, hits, need, cached);
+        }
+        self.record(Event::DeviceRemoved {
+            node: id,
+            start,
+            pages: tail.clone(),
+        });
+        Some(tail)
     }
 
     fn evict_device(&mut self, id: NodeId) -> Vec<PageId> {

@@ -406,6 +406,9 @@ fn ghost_evicts_only_the_tail_of_a_long_victim() {
         if policy == Policy::Ghost {
             assert_eq!(freed, vec![14, 15]);
             assert_eq!(kept, vec![10, 11, 12, 13]);
+            // The tail leaves in place: the victim keeps its id with the head.
+            let head = tree.node(victims[0].node).expect("still live");
+            assert_eq!(head.device_pages(), Some(&[10, 11, 12, 13][..]));
             // Needing more than half of a leaf takes all of it.
             let freed: usize = tree.evict(3).iter().map(|v| v.pages.len()).sum();
             assert_eq!(freed, 4);
@@ -415,4 +418,24 @@ fn ghost_evicts_only_the_tail_of_a_long_victim() {
         }
         tree.check_invariants().unwrap();
     }
+}
+
+#[test]
+fn ghost_splits_a_long_victim_with_a_host_copy_instead_of_trimming_it() {
+    let mut tree = PrefixTree::new(1, Policy::Ghost).unwrap();
+    let leaf = tree
+        .insert(&[1, 2, 3, 4, 5, 6], &[10, 11, 12, 13, 14, 15], &NS)
+        .unwrap()
+        .node;
+    tree.set_host(leaf, 77).unwrap();
+    let victims = tree.evict(2);
+    assert_eq!(victims.len(), 1);
+    assert_eq!(victims[0].pages, vec![14, 15]);
+    // The tail keeps the id (now host-only); the head is a new device leaf.
+    let tail = tree.node(victims[0].node).unwrap();
+    assert!(!tail.on_device() && tail.on_host());
+    assert_eq!(tail.tokens(), &[5, 6]);
+    let m = tree.match_prefix(&[1, 2, 3, 4, 5, 6], &NS);
+    assert_eq!(m.device_pages, vec![10, 11, 12, 13]);
+    tree.check_invariants().unwrap();
 }

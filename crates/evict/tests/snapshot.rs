@@ -140,7 +140,7 @@ const GOLDEN: &[(&str, u64, &str)] = &[
     ("lfu", 0x91f1_b370_e75e_500b, "039acd2160e4d975"),
     ("fifo", 0x0e0f_6c54_7b5c_ea4e, "e62326dc5a8b10b2"),
     ("slru", 0x8bba_a2eb_bc7b_366b, "aabca3b36dd82564"),
-    ("ghost", 0xc7ba_11b9_f954_a1d8, "ca04c561e8b1213a"),
+    ("ghost", 0xf70e_1c20_a0ce_d6d9, "7fd3da630185a7a0"),
     ("arc", 0x3ada_cc15_b71c_b7b4, "8eaae0ceed16e30b"),
     ("s3fifo", 0x7df3_a62e_ab5a_30ae, "ce4bb1851fcd8efb"),
 ];
