@@ -42,6 +42,10 @@ const MAGIC: &[u8; 8] = b"CPKVTREE";
 /// 2: the policies' own state (arc, s3fifo, ghost's shadows) follows the
 /// ghost history.
 pub const TREE_SNAPSHOT_VERSION: u32 = 2;
+/// Version 1 wrote lru, lfu, fifo and slru trees exactly as version 2 does
+/// (those policies keep no state of their own), so a rank of the previous
+/// build can still be rebuilt from; ghost's version-1 state is not version 2's.
+const CLASSIC_ONLY_VERSION: u32 = 1;
 const HEADER_LEN: usize = 8 + 4 + 8 + 32;
 const NO_PARENT: u64 = u64::MAX;
 
@@ -103,9 +107,10 @@ impl PrefixTree {
             ));
         }
         let version = header.u32().map_err(corrupt)?;
-        if version != TREE_SNAPSHOT_VERSION {
+        if version != TREE_SNAPSHOT_VERSION && version != CLASSIC_ONLY_VERSION {
             return Err(corrupt(format!(
-                "unsupported version {version} (this build reads {TREE_SNAPSHOT_VERSION})"
+                "unsupported version {version} (this build reads {TREE_SNAPSHOT_VERSION}, \
+                 and {CLASSIC_ONLY_VERSION} for lru, lfu, fifo and slru trees)"
             )));
         }
         let body_len = header.u64().map_err(corrupt)?;
@@ -119,6 +124,19 @@ impl PrefixTree {
         }
         if Sha256::digest(body).as_slice() != checksum {
             return Err(corrupt("checksum mismatch (corrupted bytes)".into()));
+        }
+        if version == CLASSIC_ONLY_VERSION {
+            let policy = policy_name(body).map_err(corrupt)?;
+            if !matches!(
+                policy,
+                Policy::Lru | Policy::Lfu | Policy::Fifo | Policy::Slru
+            ) {
+                return Err(corrupt(format!(
+                    "a version {version} snapshot of a {} tree cannot be read by this build \
+                     (its policy state changed in version {TREE_SNAPSHOT_VERSION})",
+                    policy.name()
+                )));
+            }
         }
         let decoded = decode(body).map_err(corrupt)?;
         if decoded.fixed_ranking.is_some() {
@@ -226,6 +244,13 @@ fn encode_namespace(w: &mut Writer, namespace: &Namespace) {
             w.str(name);
         }
     }
+}
+
+/// The policy a body names (its second field), read before the rest.
+fn policy_name(body: &[u8]) -> Result<Policy, String> {
+    let mut r = Reader::new(body);
+    r.u64()?;
+    r.str()?.parse().map_err(|e: EvictError| e.to_string())
 }
 
 fn decode(body: &[u8]) -> Result<Decoded, String> {

@@ -264,3 +264,50 @@ proptest! {
         }
     }
 }
+
+/// Snapshots written by the version-1 build (the fixtures: 40 inserts with
+/// evictions, written by that build, with the digests it printed). An lru or
+/// slru tree of the previous build restores to the same digests and goes on
+/// as a version-2 tree; a ghost tree, whose state changed, is refused by name.
+#[test]
+fn version_1_snapshots_of_classic_policies_restore_and_others_are_refused() {
+    let fixtures = [
+        (
+            "lru",
+            &include_bytes!("fixtures/v1_lru.snapshot")[..],
+            0xfdff_8cc6_948d_aee4u64,
+            "3169f3423c50a49af4c2f0bfaa0a82ce4b4d632346b0642a1b5d6445615d654a",
+        ),
+        (
+            "slru",
+            &include_bytes!("fixtures/v1_slru.snapshot")[..],
+            0x3bdc_b880_8017_49a9,
+            "ce9357ec33f5f5631536c6dec566156cadaafa3ca938848d23a5a5ed2268012a",
+        ),
+    ];
+    for (name, bytes, digest, canonical) in fixtures {
+        assert_eq!(
+            bytes[8..12],
+            1u32.to_le_bytes(),
+            "{name} fixture is version 1"
+        );
+        let mut t = PrefixTree::restore(bytes).unwrap();
+        assert_eq!(t.policy().name(), name);
+        assert_eq!(t.digest(), digest, "{name}");
+        assert_eq!(hex(&t.canonical_digest()), canonical, "{name}");
+        t.check_invariants().unwrap();
+        let mut d = Driver::new(11);
+        for _ in 0..200 {
+            d.step(&mut t);
+        }
+        t.check_invariants().unwrap();
+        assert_eq!(t.snapshot()[8..12], 2u32.to_le_bytes());
+    }
+    let ghost = include_bytes!("fixtures/v1_ghost.snapshot");
+    let err = PrefixTree::restore(ghost).unwrap_err().to_string();
+    assert!(err.contains("version 1") && err.contains("ghost"), "{err}");
+    let mut future = PrefixTree::new(2, Policy::Lru).unwrap().snapshot();
+    future[8..12].copy_from_slice(&3u32.to_le_bytes());
+    let err = PrefixTree::restore(&future).unwrap_err().to_string();
+    assert!(err.contains("unsupported version 3"), "{err}");
+}
