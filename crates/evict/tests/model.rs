@@ -668,16 +668,7 @@ impl Harness {
                     if let Some(expected) = expected {
                         assert_eq!(v.node, expected, "victim order of {:?}", self.tree.policy());
                     }
-                    let parent = nodes
-                        .iter()
-                        .find(|(id, _)| *id == v.node)
-                        .map(|(id, pages)| {
-                            let first = &pages[0];
-                            (
-                                (parents[id], first.1[first.1.len() - PAGE..].to_vec()),
-                                pages.clone(),
-                            )
-                        });
+                    let parent = dropped_content(&nodes, &parents, v.node);
                     assert!(freed < *n, "evicted past the request");
                     freed += v.pages.len();
                     let mut prefixes = Vec::new();
@@ -728,16 +719,7 @@ impl Harness {
                             self.tree.policy()
                         );
                     }
-                    let parent = nodes
-                        .iter()
-                        .find(|(id, _)| *id == v.node)
-                        .map(|(id, pages)| {
-                            let first = &pages[0];
-                            (
-                                (parents[id], first.1[first.1.len() - PAGE..].to_vec()),
-                                pages.clone(),
-                            )
-                        });
+                    let parent = dropped_content(&nodes, &parents, v.node);
                     assert!(dropped < *n, "dropped past the request");
                     dropped += v.num_pages;
                     let hits: Vec<Prefix> = self
@@ -919,4 +901,19 @@ proptest! {
     fn model_every_policy(ops in prop::collection::vec(op(), 1..60), p in 0usize..Policy::ALL.len()) {
         run(Policy::ALL[p], &ops);
     }
+}
+
+/// The ghost-list key of victim `node` (its parent and first page's tokens)
+/// and its pages, read from the node list taken before the eviction.
+fn dropped_content(
+    nodes: &[(NodeId, Vec<Prefix>)],
+    parents: &BTreeMap<NodeId, NodeId>,
+    node: NodeId,
+) -> Option<(GhostKey, Vec<Prefix>)> {
+    let (id, pages) = nodes.iter().find(|(id, _)| *id == node)?;
+    let first = &pages[0];
+    Some((
+        (parents[id], first.1[first.1.len() - PAGE..].to_vec()),
+        pages.clone(),
+    ))
 }

@@ -7,6 +7,7 @@ use proptest::prelude::*;
 /// A deterministic stream of engine calls driven by `seed` (a 64-bit LCG),
 /// touching every kind of call: match, insert, lock/unlock, device and host
 /// eviction, backups, load-backs, several namespaces.
+#[derive(Clone)]
 struct Driver {
     state: u64,
     next_page: u64,
@@ -158,12 +159,7 @@ fn a_restored_replica_continues_identically() {
         assert_eq!(b.digest(), a.digest());
         assert_eq!(b.canonical_digest(), a.canonical_digest());
         assert_eq!(b.snapshot(), a.snapshot());
-        let mut d_b = Driver {
-            state: d.state,
-            next_page: d.next_page,
-            next_key: d.next_key,
-            locked: d.locked.clone(),
-        };
+        let mut d_b = d.clone();
         for _ in 0..800 {
             d.step(&mut a);
             d_b.step(&mut b);
@@ -187,12 +183,7 @@ fn replicas_restored_at_any_point_continue_identically() {
             a.take_events();
             let mut b = PrefixTree::restore(&a.snapshot()).unwrap();
             assert_eq!(b.policy_memory(), a.policy_memory(), "{policy:?}");
-            let mut d_b = Driver {
-                state: d.state,
-                next_page: d.next_page,
-                next_key: d.next_key,
-                locked: d.locked.clone(),
-            };
+            let mut d_b = d.clone();
             for _ in 0..250 {
                 d.step(&mut a);
                 d_b.step(&mut b);
