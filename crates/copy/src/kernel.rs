@@ -3,7 +3,7 @@
 
 use crate::check::{check_runs, rows_of, CopyError};
 use crate::runs::Run;
-use crate::stores::{copy, fence, Stores};
+use crate::stores::{copy, copy_row, fence, Stores};
 
 /// Executes `runs` from `sources` into `dst` (all rows of `row_bytes` bytes),
 /// streaming past the cache when the table moves more than the last-level
@@ -63,7 +63,7 @@ fn copy_checked(dst: &mut [u8], src: &[u8], row_bytes: usize, run: &Run, stores:
     );
     let (mut d, mut s) = (d0, s0);
     for _ in 0..count {
-        copy(&mut dst[d..d + row_bytes], &src[s..s + row_bytes], stores);
+        copy_row(&mut dst[d..d + row_bytes], &src[s..s + row_bytes], stores);
         d += dst_step;
         s += src_step;
     }

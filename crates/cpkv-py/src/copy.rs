@@ -275,27 +275,28 @@ fn runs_arg(runs: &Bound<'_, PyAny>) -> PyResult<Vec<Run>> {
             )
         }
     };
-    values
+    // One branch-free pass finds whether anything is negative (the common
+    // answer); only then is the first offender located for the message.
+    if values.iter().fold(0i64, |acc, &v| acc | v) < 0 {
+        let at = values.iter().position(|&v| v < 0).expect("a negative entry");
+        return Err(refused(format!(
+            "run {} has a negative entry {} in column {}",
+            at / RUN_COLUMNS,
+            values[at],
+            at % RUN_COLUMNS
+        )));
+    }
+    Ok(values
         .chunks_exact(RUN_COLUMNS)
-        .enumerate()
-        .map(|(i, r)| {
-            if let Some(c) = r.iter().position(|&v| v < 0) {
-                return Err(refused(format!(
-                    "run {i} has a negative entry {} in column {c}",
-                    r[c]
-                )));
-            }
-            let v = |c: usize| r[c] as u64;
-            Ok(Run {
-                dst_row: v(0),
-                dst_stride: v(1),
-                count: v(2),
-                source: v(3),
-                src_row: v(4),
-                src_stride: v(5),
-            })
+        .map(|r| Run {
+            dst_row: r[0] as u64,
+            dst_stride: r[1] as u64,
+            count: r[2] as u64,
+            source: r[3] as u64,
+            src_row: r[4] as u64,
+            src_stride: r[5] as u64,
         })
-        .collect()
+        .collect())
 }
 
 /// `out[dst_row + k * dst_stride] = sources[source][src_row + k * src_stride]`
