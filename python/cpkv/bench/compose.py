@@ -55,7 +55,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
     add_batch_arguments(parser, cp="2,4,8", requests=8, prefix_pages=48, current_pages=4, page_bytes=32768,
                         layers=40)
-    parser.add_argument("--gather-reps", type=integer(1), default=20, help="timed gathers per cp (default %(default)s)")
+    parser.add_argument("--gather-reps", type=integer(1), default=400,
+                        help="timed rounds per in-cache gather row, best kept (default %(default)s: a 50 us copy needs "
+                             "hundreds to settle; out-of-cache rows take 5)")
     parser.add_argument("--out-of-cache-mb", type=integer(0), default=256,
                         help="dense MB of the out-of-cache gather rows (default %(default)s; 0 skips them)")
     parser.add_argument("--json", metavar="PATH", type=output_path, help="also write the tables as JSON")
