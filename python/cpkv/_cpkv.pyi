@@ -238,6 +238,8 @@ class PrefixTree:
     @property
     def dropped_events(self) -> int: ...
     def policy_memory(self) -> dict[str, int]: ...
+    @property
+    def following(self) -> str | None: ...  # ghost: priority, recency, segmented, arc or s3fifo
 
 # ---- The two-tier cache's decisions (crates/tier) ------------------------------
 

@@ -278,7 +278,10 @@ fn runs_arg(runs: &Bound<'_, PyAny>) -> PyResult<Vec<Run>> {
     // One branch-free pass finds whether anything is negative (the common
     // answer); only then is the first offender located for the message.
     if values.iter().fold(0i64, |acc, &v| acc | v) < 0 {
-        let at = values.iter().position(|&v| v < 0).expect("a negative entry");
+        let at = values
+            .iter()
+            .position(|&v| v < 0)
+            .expect("a negative entry");
         return Err(refused(format!(
             "run {} has a negative entry {} in column {}",
             at / RUN_COLUMNS,

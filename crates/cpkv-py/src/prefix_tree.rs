@@ -485,6 +485,13 @@ impl PrefixTree {
         Ok(out)
     }
 
+    /// For `ghost`, the ranking it follows now (`priority`, `recency`,
+    /// `segmented`, `arc` or `s3fifo`); `None` for the other policies.
+    #[getter]
+    fn following(&self, py: Python<'_>) -> Option<&'static str> {
+        self.core.with(py, |t| t.following())
+    }
+
     fn __repr__(&self, py: Python<'_>) -> String {
         self.core.with(py, |t| {
             format!(

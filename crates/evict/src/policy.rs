@@ -41,25 +41,33 @@ pub enum Policy {
     /// Reuse the cache keeps up with tends to plain recency; reuse that
     /// outruns it keeps fewer newcomers, longer.
     ///
-    /// That priority is one of three rankings the policy chooses between
-    /// online: it keeps a full-size shadow tree per ranking (the priority
+    /// That priority is one of five rankings the policy chooses between
+    /// online: it keeps a full-size shadow tree per candidate (the priority
     /// above; plain recency; one-shot before reused, remembered hits
-    /// counting, then recency), replays every insert into each at the
-    /// tree's capacity (its high-water mark of device pages) and ranks its
-    /// own leaves as the shadow with the most hit pages lately does (scores
-    /// decay over about a thousand inserts; a switch needs a lead of more
-    /// than 1/128 and 256 inserts since the last one, and re-keys the
-    /// index). See `shadow.rs`.
+    /// counting, then recency; and the arc and s3fifo policies themselves),
+    /// replays every insert into each at the tree's capacity (its high-water
+    /// mark of device pages) and ranks its own leaves as the shadow with the
+    /// most hit pages lately does (scores decay over about a thousand
+    /// inserts; a switch needs a lead of more than 1/128 and 64 inserts
+    /// since the last one). Following arc or s3fifo, the tree builds that
+    /// policy's queue state from its nodes (reused content protected, each
+    /// queue least recently used first) and keeps it until a ranking leads
+    /// again. See `shadow.rs`.
     ///
     /// Tuned on: the two Mooncake traces (conversation, synthetic) over the
     /// 12-point grid of `cpkv hitrate --grid`. The history's constants
     /// (4x pages, weights) predate the shadows (tuned on the conversation
-    /// trace at four capacities). The switch margin and spacing (1/128 of
-    /// the leader's score, 256 inserts) were chosen on the conversation
-    /// trace (best worst-margin there, -0.0047); on the synthetic trace they
-    /// give -0.0034, where the setting tuned on it (1/32, 256) gives -0.0028
-    /// and, carried back, -0.0063 on the conversation trace. Also tried:
-    /// 1/512, 1/2048, 0 to 1024 inserts. A victim holding at least twice
+    /// trace at four capacities). The switch margin (1/128 of the leader's
+    /// score) was chosen on the conversation trace with three candidates
+    /// (best worst-margin there, -0.0047); on the synthetic trace it gave
+    /// -0.0034, where the setting tuned on it (1/32) gave -0.0028 and,
+    /// carried back, -0.0063 on the conversation trace. With arc and s3fifo
+    /// among the candidates the spacing was tuned again over 16, 64, 128,
+    /// 256 and 1024 inserts: the conversation trace ties 16 and 64 (-0.0006,
+    /// median gap 0.168), the synthetic trace picks 64 (-0.0007; 16 gives
+    /// -0.0008, the old 256 -0.0059), so each trace's choice holds on the
+    /// other. Margins of 1/8 and 1/32 with five candidates missed on both
+    /// traces (down to -0.0059 and -0.0051). A victim holding at least twice
     /// the pages an eviction still needs loses only its tail (see
     /// `PrefixTree::evict`); chosen over whole leaves, always splitting and
     /// evicting at least half of the leaf on both traces (misses 1 -> 0 on

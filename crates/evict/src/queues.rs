@@ -125,6 +125,34 @@ impl QueueState {
         }
     }
 
+    /// Whether a queue policy keeps state here.
+    pub fn is_on(&self) -> bool {
+        !matches!(self, Self::Off)
+    }
+
+    /// The state of a node with `hits` hits when this policy takes over a
+    /// tree (`Policy::Ghost` following it): reused content in the protected
+    /// queue with its remaining hits, one-shot content on probation.
+    pub fn adopted(&mut self, hits: u64) -> u64 {
+        match self {
+            Self::Off => 0,
+            Self::Arc(s) => s.shared.slot(u64::from(hits >= 2), 0),
+            Self::S3fifo(s) => {
+                let count = hits.saturating_sub(1).min(MAX_COUNT);
+                s.shared.slot(u64::from(hits >= 2), count)
+            }
+        }
+    }
+
+    /// Books the pages per queue of a tree just taken over, whose cache
+    /// size is `capacity` pages.
+    pub fn adopt_books(&mut self, pages: [u64; 2], capacity: u64) {
+        if let Some(s) = self.shared_mut() {
+            s.queue_pages = pages;
+            s.peak_pages = capacity.max(pages[0] + pages[1]);
+        }
+    }
+
     fn shared(&self) -> Option<&Shared> {
         match self {
             Self::Off => None,

@@ -7,20 +7,24 @@
 //! No single ranking wins everywhere: plain recency is best where the cache
 //! holds nearly all reuse, a segmented ranking that remembers hits across
 //! evictions where long documents come back with new questions, the ghost
-//! priority where conversations return from beyond the cache's reach. The
-//! shadows measure which one fits the traffic and the capacity at hand,
-//! online, instead of a constant chosen offline.
+//! priority where conversations return from beyond the cache's reach, and
+//! arc or s3fifo at some sizes in between (their shadows are those policies
+//! themselves; the tree that follows one builds its queue state from its
+//! nodes, see `PrefixTree::follow`). The shadows measure which one fits the
+//! traffic and the capacity at hand, online, instead of a constant chosen
+//! offline.
 //!
 //! The switch needs the challenger ahead by more than 1/`SWITCH_MARGIN_SHIFT`
 //! powers of two of the leader's score and at least `MIN_REQUESTS_BETWEEN`
-//! mirrored inserts since the last switch: a switch re-keys every indexed
-//! leaf (O(n log n)), and a ranking needs time to shape the cache before it
-//! is judged. Chosen on the conversation trace and checked on the
+//! mirrored inserts since the last switch: a switch re-keys every node
+//! (O(n log n)), and a ranking needs time to shape the cache before it is
+//! judged. Chosen on the conversation trace and checked on the
 //! synthetic one (and the other way round), see the policy's doc comment.
 //!
 //! Memory: each shadow holds at most the tree's peak device pages plus its
-//! own ghost history (4x that), so the shadows together are bounded by a
-//! constant times the capacity, and `PrefixTree::policy_memory` reports them.
+//! own history (a ghost history of 4x that; arc's and s3fifo's ghost lists,
+//! at most 1x), so the shadows together are bounded by a constant times the
+//! capacity, and `PrefixTree::policy_memory` reports them.
 
 use crate::digest::Hasher64;
 use crate::namespace::Namespace;
@@ -39,6 +43,10 @@ pub enum Ranking {
     /// One-shot before reused (hits remembered across evictions count),
     /// then recency.
     Segmented,
+    /// ARC's queues (`arc.rs`), kept on the nodes while it leads.
+    Arc,
+    /// S3-FIFO's queues (`s3fifo.rs`), kept on the nodes while it leads.
+    S3fifo,
 }
 
 impl Ranking {
@@ -47,12 +55,39 @@ impl Ranking {
             Self::Ghost => PolicyKey([node.priority, node.last_access]),
             Self::Recency => PolicyKey([node.last_access, 0]),
             Self::Segmented => PolicyKey([u64::from(node.hits >= 2), node.last_access]),
+            Self::Arc | Self::S3fifo => crate::queues::Slot::key(node.priority),
+        }
+    }
+
+    /// The ranking's name (`PrefixTree::following`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Ghost => "priority",
+            Self::Recency => "recency",
+            Self::Segmented => "segmented",
+            Self::Arc => "arc",
+            Self::S3fifo => "s3fifo",
+        }
+    }
+
+    /// The queue policy this ranking runs, if it is one.
+    pub fn queue_policy(self) -> Option<Policy> {
+        match self {
+            Self::Arc => Some(Policy::Arc),
+            Self::S3fifo => Some(Policy::S3fifo),
+            _ => None,
         }
     }
 }
 
 /// The candidates, in tie-break order (the first wins a tie).
-pub const CANDIDATES: [Ranking; 3] = [Ranking::Ghost, Ranking::Recency, Ranking::Segmented];
+pub const CANDIDATES: [Ranking; 5] = [
+    Ranking::Ghost,
+    Ranking::Recency,
+    Ranking::Segmented,
+    Ranking::Arc,
+    Ranking::S3fifo,
+];
 
 /// Scores decay by 1/2^DECAY_SHIFT per mirrored insert (a window of about
 /// a thousand requests).
@@ -62,7 +97,7 @@ const DECAY_SHIFT: u32 = 10;
 const SCORE_FRACTION_BITS: u32 = 8;
 /// A challenger must lead by more than score / 2^SWITCH_MARGIN_SHIFT.
 const SWITCH_MARGIN_SHIFT: u32 = 7;
-const MIN_REQUESTS_BETWEEN: u64 = 256;
+const MIN_REQUESTS_BETWEEN: u64 = 64;
 
 /// What a policy keeps beyond the live nodes of the tree.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -92,10 +127,13 @@ impl Shadows {
         Self {
             trees: CANDIDATES
                 .iter()
-                .map(|r| {
-                    let mut t = PrefixTree::without_shadows(page_size, Policy::Ghost)
-                        .expect("page size checked");
-                    t.make_shadow(*r);
+                .map(|&r| {
+                    let policy = r.queue_policy().unwrap_or(Policy::Ghost);
+                    let mut t =
+                        PrefixTree::without_shadows(page_size, policy).expect("page size checked");
+                    if policy == Policy::Ghost {
+                        t.make_shadow(r);
+                    }
                     t
                 })
                 .collect(),
@@ -105,6 +143,11 @@ impl Shadows {
             capacity: 0,
             since_switch: 0,
         }
+    }
+
+    /// The main tree's cache size as the shadows replay it.
+    pub fn capacity(&self) -> usize {
+        self.capacity
     }
 
     pub fn leader(&self) -> Ranking {
@@ -201,7 +244,11 @@ impl Shadows {
         for ranking in CANDIDATES {
             scores.push(r.u64()?);
             let d = crate::snapshot::decode_from(r, true)?;
-            if d.page_size != page_size || d.fixed_ranking != Some(ranking) {
+            let expected = match ranking.queue_policy() {
+                Some(policy) => d.policy == policy && d.fixed_ranking.is_none(),
+                None => d.policy == Policy::Ghost && d.fixed_ranking == Some(ranking),
+            };
+            if d.page_size != page_size || !expected {
                 return Err(format!("shadow {ranking:?}: wrong page size or ranking"));
             }
             let t = PrefixTree::rebuild(d).map_err(|e| format!("shadow {ranking:?}: {e}"))?;

@@ -11,7 +11,8 @@
 //!         ghost history (see `GhostHistory::encode`),
 //!         policy state: arc, s3fifo: see `QueueState::encode`;
 //!         ghost: u8 0 then ranking u8 (a shadow tree), or u8 1 then its
-//!         shadows (see `Shadows::encode`: each shadow a nested body);
+//!         shadows (see `Shadows::encode`: each shadow a nested body) and
+//!         the queue state of the leader when that is a queue policy;
 //!         other policies: nothing
 //! node  = parent u64 (u64::MAX for a root), tokens (u64 count, u64 each),
 //!         device (u8 flag, then u64 count, u64 each), host (u8 flag, u64),
@@ -40,12 +41,25 @@ use crate::wire::{Reader, Writer};
 
 const MAGIC: &[u8; 8] = b"CPKVTREE";
 /// 2: the policies' own state (arc, s3fifo, ghost's shadows) follows the
-/// ghost history.
-pub const TREE_SNAPSHOT_VERSION: u32 = 2;
-/// Version 1 wrote lru, lfu, fifo and slru trees exactly as version 2 does
-/// (those policies keep no state of their own), so a rank of the previous
-/// build can still be rebuilt from; ghost's version-1 state is not version 2's.
-const CLASSIC_ONLY_VERSION: u32 = 1;
+/// ghost history. 3: ghost's shadows include arc and s3fifo, and a ghost
+/// tree following one of them carries its queue state.
+pub const TREE_SNAPSHOT_VERSION: u32 = 3;
+
+/// Whether a snapshot of `version` of a `policy` tree restores in this
+/// build: each version wrote the policies whose state it did not change
+/// exactly as the next one does, so a rank of an earlier build can still be
+/// rebuilt from.
+fn readable(version: u32, policy: Policy) -> bool {
+    match version {
+        TREE_SNAPSHOT_VERSION => true,
+        2 => policy != Policy::Ghost,
+        1 => matches!(
+            policy,
+            Policy::Lru | Policy::Lfu | Policy::Fifo | Policy::Slru
+        ),
+        _ => false,
+    }
+}
 const HEADER_LEN: usize = 8 + 4 + 8 + 32;
 const NO_PARENT: u64 = u64::MAX;
 
@@ -107,10 +121,9 @@ impl PrefixTree {
             ));
         }
         let version = header.u32().map_err(corrupt)?;
-        if version != TREE_SNAPSHOT_VERSION && version != CLASSIC_ONLY_VERSION {
+        if !(1..=TREE_SNAPSHOT_VERSION).contains(&version) {
             return Err(corrupt(format!(
-                "unsupported version {version} (this build reads {TREE_SNAPSHOT_VERSION}, \
-                 and {CLASSIC_ONLY_VERSION} for lru, lfu, fifo and slru trees)"
+                "unsupported version {version} (this build reads 1 to {TREE_SNAPSHOT_VERSION})"
             )));
         }
         let body_len = header.u64().map_err(corrupt)?;
@@ -125,18 +138,13 @@ impl PrefixTree {
         if Sha256::digest(body).as_slice() != checksum {
             return Err(corrupt("checksum mismatch (corrupted bytes)".into()));
         }
-        if version == CLASSIC_ONLY_VERSION {
-            let policy = policy_name(body).map_err(corrupt)?;
-            if !matches!(
-                policy,
-                Policy::Lru | Policy::Lfu | Policy::Fifo | Policy::Slru
-            ) {
-                return Err(corrupt(format!(
-                    "a version {version} snapshot of a {} tree cannot be read by this build \
-                     (its policy state changed in version {TREE_SNAPSHOT_VERSION})",
-                    policy.name()
-                )));
-            }
+        let policy = policy_name(body).map_err(corrupt)?;
+        if !readable(version, policy) {
+            return Err(corrupt(format!(
+                "a version {version} snapshot of a {} tree cannot be read by this build \
+                 (its policy state changed since)",
+                policy.name()
+            )));
         }
         let decoded = decode(body).map_err(corrupt)?;
         if decoded.fixed_ranking.is_some() {
@@ -174,8 +182,9 @@ impl PrefixTree {
             w.u64(*since);
         }
         self.ghost_history().encode(w);
-        self.queue_state().encode(w);
-        if self.policy() == Policy::Ghost {
+        if self.policy() != Policy::Ghost {
+            self.queue_state().encode(w);
+        } else {
             match (self.fixed(), self.shadow_state()) {
                 (Some(ranking), _) => {
                     w.u8(0);
@@ -184,6 +193,7 @@ impl PrefixTree {
                 (None, Some(shadows)) => {
                     w.u8(1);
                     shadows.encode(w);
+                    self.queue_state().encode(w);
                 }
                 (None, None) => unreachable!("a ghost tree has shadows or is one"),
             }
@@ -303,20 +313,30 @@ pub(crate) fn decode_from(r: &mut Reader<'_>, in_shadows: bool) -> Result<Decode
         }
     }
     let ghost = crate::ghost::GhostHistory::decode(r)?;
-    let queues = QueueState::decode(policy, r)?;
-    let (mut shadows, mut fixed_ranking) = (None, None);
+    let (mut queues, mut shadows, mut fixed_ranking) = (QueueState::Off, None, None);
     if policy == Policy::Ghost {
         match (r.u8()?, in_shadows) {
             (0, true) => {
                 let i = r.u8()? as usize;
-                let ranking = CANDIDATES.get(i).ok_or(format!("bad ranking {i}"))?;
+                let ranking = CANDIDATES
+                    .get(i)
+                    .filter(|r| r.queue_policy().is_none())
+                    .ok_or(format!("bad ranking {i}"))?;
                 fixed_ranking = Some(*ranking);
             }
-            (1, false) => shadows = Some(Box::new(Shadows::decode(r, page_size)?)),
+            (1, false) => {
+                let decoded = Shadows::decode(r, page_size)?;
+                // The leader's queue state, when it is a queue policy.
+                let leader = decoded.leader().queue_policy().unwrap_or(Policy::Ghost);
+                queues = QueueState::decode(leader, r)?;
+                shadows = Some(Box::new(decoded));
+            }
             (flag, _) => return Err(format!("bad ghost shadow flag {flag} here")),
         }
-    } else if in_shadows {
+    } else if in_shadows && !policy.is_queued() {
         return Err(format!("a shadow tree with policy {}", policy.name()));
+    } else {
+        queues = QueueState::decode(policy, r)?;
     }
     Ok(Decoded {
         page_size,

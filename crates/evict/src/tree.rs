@@ -207,6 +207,12 @@ impl PrefixTree {
     pub fn remembered_pages(&self) -> usize {
         self.ghost.pages() + self.queues.remembered_pages() as usize
     }
+    /// For `Policy::Ghost`, the ranking it follows now: its own `priority`,
+    /// `recency`, `segmented`, `arc` or `s3fifo` (see `shadow.rs`).
+    pub fn following(&self) -> Option<&'static str> {
+        self.shadows.as_ref().map(|s| s.leader().name())
+    }
+
     /// What the policy keeps beyond the live nodes (all bounded by a
     /// constant times the most pages the tree has held).
     pub fn policy_memory(&self) -> PolicyMemory {
@@ -400,7 +406,10 @@ impl PrefixTree {
             if self.node_ref(step.id).on_device() {
                 cached += step.matched;
                 let (policy, floor, weights) = (self.policy, self.floor, self.weights());
-                self.update(step.id, |n| access(n, policy, now, floor, weights, None));
+                // An insert over cached content is no hit: a queue policy's
+                // state stays as it is.
+                let queued = self.queues.is_on().then(|| self.node_ref(step.id).priority);
+                self.update(step.id, |n| access(n, policy, now, floor, weights, queued));
             } else {
                 self.attach(step.id, pages[span.clone()].to_vec(), now);
             }
@@ -416,8 +425,10 @@ impl PrefixTree {
             );
         }
         if let Some(shadows) = self.shadows.as_mut() {
+            let before = shadows.leader();
             if shadows.mirror(tokens, namespace, self.live_pages.len()) {
-                self.rekey();
+                let capacity = shadows.capacity();
+                self.follow(before, capacity);
             }
         }
         Ok(InsertResult { node: at, cached })
@@ -586,6 +597,45 @@ impl PrefixTree {
         match self.policy {
             Policy::Ghost => self.ranking().key(node),
             policy => policy.key(node),
+        }
+    }
+
+    /// Moves the tree from ranking `before` to the shadows' new leader: a
+    /// queue policy's state is built from the nodes (reused content in its
+    /// protected queue, one-shot content in its probation queue, each least
+    /// recently used first) and dropped again when a ranking leads; the
+    /// ghost priority is recomputed as of each node's last access.
+    fn follow(&mut self, before: Ranking, capacity: usize) {
+        let after = self.ranking();
+        let mut ids: Vec<(Stamp, NodeId)> = self.nodes().map(|n| (n.last_access, n.id)).collect();
+        ids.sort_unstable();
+        // Off first: the old priorities leave no books behind.
+        self.queues = QueueState::Off;
+        match after.queue_policy() {
+            Some(policy) => {
+                let mut state = QueueState::new(policy);
+                for &(_, id) in &ids {
+                    let hits = self.node_ref(id).hits;
+                    let slot = state.adopted(hits);
+                    self.update(id, |n| n.priority = slot);
+                }
+                let mut pages = [0u64; 2];
+                for node in self.nodes().filter(|n| n.on_device()) {
+                    let queue = crate::queues::Slot::unpack(node.priority).queue as usize;
+                    pages[queue] += node.pages(self.page_size) as u64;
+                }
+                state.adopt_books(pages, capacity as u64);
+                self.queues = state;
+            }
+            None if before.queue_policy().is_some() => {
+                let (floor, weights) = (self.floor, self.weights());
+                for &(_, id) in &ids {
+                    self.update(id, |n| {
+                        n.priority = Policy::Ghost.priority(n, n.last_access, floor, weights);
+                    });
+                }
+            }
+            None => self.rekey(),
         }
     }
 
@@ -1004,7 +1054,7 @@ impl PrefixTree {
             self.ghost
                 .record(content_key(parent, key), node.hits, pages, cached);
         }
-        if self.policy.is_queued() {
+        if self.queues.is_on() {
             let pages = node.pages(self.page_size);
             self.queues
                 .dropped(content_key(parent, key), node.priority, pages);
@@ -1114,7 +1164,9 @@ impl PrefixTree {
             }
         }
         // The policy's own state first: the index keys below depend on it.
-        if !d.queues.belongs_to(d.policy)
+        if !d
+            .queues
+            .belongs_to(queue_owner(d.policy, d.shadows.as_deref()))
             || (d.policy == Policy::Ghost) != (d.shadows.is_some() || d.fixed_ranking.is_some())
         {
             return Err(format!(
@@ -1280,12 +1332,16 @@ impl PrefixTree {
         let mut queue_pages = [0u64; 2];
         for node in self
             .nodes()
-            .filter(|n| self.policy.is_queued() && n.on_device())
+            .filter(|n| self.queues.is_on() && n.on_device())
         {
             let queue = crate::queues::Slot::unpack(node.priority).queue as usize;
             queue_pages[queue] += node.pages(ps) as u64;
         }
         self.queues.check(queue_pages)?;
+        let owner = queue_owner(self.policy, self.shadows.as_deref());
+        if !self.queues.belongs_to(owner) {
+            return Err(format!("queue state is not {}'s", owner.name()));
+        }
         if let Some(shadows) = &self.shadows {
             shadows.check()?;
         }
@@ -1341,6 +1397,15 @@ fn access(
 ) {
     node.last_access = now;
     node.priority = queued.unwrap_or_else(|| policy.priority(node, now, floor, weights));
+}
+
+/// The policy whose queue state a tree keeps: its own, or for a ghost tree
+/// the queue policy its shadows' leader is (`Policy::Ghost`, none, while a
+/// ranking leads).
+fn queue_owner(policy: Policy, shadows: Option<&Shadows>) -> Policy {
+    shadows
+        .and_then(|s| s.leader().queue_policy())
+        .unwrap_or(policy)
 }
 
 /// The tier a node is evictable from, if any.
