@@ -21,7 +21,8 @@
 //! judged. Chosen on the conversation trace and checked on the
 //! synthetic one (and the other way round), see the policy's doc comment.
 //!
-//! Memory: each shadow holds at most the tree's peak device pages plus its
+//! Memory: a shadow keeps one word per page, not the page's tokens (see
+//! `page_words`), and holds at most the tree's peak device pages plus its
 //! own history (a ghost history of 4x that; arc's and s3fifo's ghost lists,
 //! at most 1x), so the shadows together are bounded by a constant times the
 //! capacity, and `PrefixTree::policy_memory` reports them.
@@ -99,6 +100,23 @@ const SCORE_FRACTION_BITS: u32 = 8;
 const SWITCH_MARGIN_SHIFT: u32 = 7;
 const MIN_REQUESTS_BETWEEN: u64 = 64;
 
+/// One word per page of `tokens`: the token itself for one-token pages,
+/// else a hash of the page. The shadows only compare pages, so they keep a
+/// word where the tree keeps `page_size` tokens; a collision (two pages of
+/// one parent with one hash, about 2^-64 apart) can only blur a score, and
+/// it blurs it alike on every rank.
+fn page_words(tokens: &[Token], page_size: usize) -> Vec<Token> {
+    if page_size == 1 {
+        return tokens.to_vec();
+    }
+    tokens
+        .chunks_exact(page_size)
+        .map(|page| Hasher64::new(PAGE_TAG).words(page).finish())
+        .collect()
+}
+
+const PAGE_TAG: u64 = 0x5ad0_0000_0000_0001;
+
 /// What a policy keeps beyond the live nodes of the tree.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct PolicyMemory {
@@ -112,6 +130,8 @@ pub struct PolicyMemory {
 
 #[derive(Debug, Clone)]
 pub struct Shadows {
+    /// The main tree's page size; the shadows hold one word per page.
+    page_size: usize,
     trees: Vec<PrefixTree>,
     /// Decayed hit pages per candidate.
     scores: Vec<u64>,
@@ -123,14 +143,15 @@ pub struct Shadows {
 }
 
 impl Shadows {
+    /// Shadows of a tree with pages of `page_size` tokens.
     pub fn new(page_size: usize) -> Self {
         Self {
+            page_size,
             trees: CANDIDATES
                 .iter()
                 .map(|&r| {
                     let policy = r.queue_policy().unwrap_or(Policy::Ghost);
-                    let mut t =
-                        PrefixTree::without_shadows(page_size, policy).expect("page size checked");
+                    let mut t = PrefixTree::without_shadows(1, policy).expect("page size 1");
                     if policy == Policy::Ghost {
                         t.make_shadow(r);
                     }
@@ -161,11 +182,11 @@ impl Shadows {
     pub fn mirror(&mut self, tokens: &[Token], namespace: &Namespace, held: usize) -> bool {
         self.capacity = self.capacity.max(held);
         let cap = self.capacity;
+        let pages = page_words(tokens, self.page_size);
         for (i, t) in self.trees.iter_mut().enumerate() {
-            let ps = t.page_size();
-            let m = t.match_prefix(tokens, namespace);
-            let matched = m.length / ps;
-            let new = tokens.len() / ps - matched;
+            let m = t.match_prefix(&pages, namespace);
+            let matched = m.length;
+            let new = pages.len() - matched;
             t.lock(m.node).expect("a match result is live");
             let room = cap.saturating_sub(t.device_pages());
             if new > room {
@@ -173,10 +194,10 @@ impl Shadows {
             }
             let keep = matched + new.min(cap.saturating_sub(t.device_pages()));
             let fresh = (keep - matched) as u64;
-            let mut pages = m.device_pages;
-            pages.extend(self.next_page..self.next_page + fresh);
+            let mut ids = m.device_pages;
+            ids.extend(self.next_page..self.next_page + fresh);
             self.next_page += fresh;
-            t.insert(&tokens[..keep * ps], &pages, namespace)
+            t.insert(&pages[..keep], &ids, namespace)
                 .expect("fresh page ids");
             t.unlock(m.node).expect("locked above");
             t.take_events();
@@ -248,7 +269,7 @@ impl Shadows {
                 Some(policy) => d.policy == policy && d.fixed_ranking.is_none(),
                 None => d.policy == Policy::Ghost && d.fixed_ranking == Some(ranking),
             };
-            if d.page_size != page_size || !expected {
+            if d.page_size != 1 || !expected {
                 return Err(format!("shadow {ranking:?}: wrong page size or ranking"));
             }
             let t = PrefixTree::rebuild(d).map_err(|e| format!("shadow {ranking:?}: {e}"))?;
@@ -258,6 +279,7 @@ impl Shadows {
             trees.push(t);
         }
         Ok(Self {
+            page_size,
             trees,
             scores,
             leader,
@@ -301,5 +323,37 @@ mod tests {
         assert!(remembered[0] > 0 && remembered[2] > 0, "{remembered:?}");
         assert_eq!(remembered[1], 0, "the recency shadow keeps no history");
         s.check().unwrap();
+    }
+
+    /// Shadows of trees with pages of 1 and of 8 tokens, fed the same
+    /// pages: the same scores and leaders, one word per page either way.
+    #[test]
+    fn shadows_keep_one_word_per_page_whatever_the_page_size() {
+        let (mut one, mut eight) = (Shadows::new(1), Shadows::new(8));
+        for i in 0..400u64 {
+            let pages = [i % 7, 100 + i % 13, 200 + i % 29, 300 + i];
+            let tokens: Vec<Token> = pages
+                .iter()
+                .flat_map(|&p| (0..8).map(move |k| p * 8 + k))
+                .collect();
+            let a = one.mirror(&pages, &Namespace::Default, 40);
+            let b = eight.mirror(&tokens, &Namespace::Default, 40);
+            assert_eq!(a, b, "switch at insert {i}");
+            assert_eq!(one.scores, eight.scores, "scores at insert {i}");
+        }
+        let words = |s: &Shadows| -> (usize, usize) {
+            let nodes = s.trees.iter().flat_map(|t| t.nodes());
+            nodes.fold((0, 0), |(w, p), n| {
+                (
+                    w + n.tokens().len(),
+                    p + n.device_pages().map_or(0, <[_]>::len),
+                )
+            })
+        };
+        let (tokens, pages) = words(&eight);
+        assert!(pages > 0);
+        assert_eq!(tokens, pages, "one word per page");
+        assert_eq!(words(&one), (tokens, pages));
+        eight.check().unwrap();
     }
 }
