@@ -145,11 +145,24 @@ impl QueueState {
     }
 
     /// Books the pages per queue of a tree just taken over, whose cache
-    /// size is `capacity` pages.
-    pub fn adopt_books(&mut self, pages: [u64; 2], capacity: u64) {
+    /// size is `capacity` pages; ARC starts from `arc_target`, the target
+    /// its shadow adapted at that size (the ghost lists start empty: their
+    /// keys name the shadow's nodes, not the tree's).
+    pub fn adopt_books(&mut self, pages: [u64; 2], capacity: u64, arc_target: u64) {
         if let Some(s) = self.shared_mut() {
             s.queue_pages = pages;
             s.peak_pages = capacity.max(pages[0] + pages[1]);
+        }
+        if let Self::Arc(s) = self {
+            s.target = arc_target.min(s.shared.peak_pages);
+        }
+    }
+
+    /// ARC's target, if this is ARC's state.
+    pub fn arc_target(&self) -> Option<u64> {
+        match self {
+            Self::Arc(s) => Some(s.target),
+            _ => None,
         }
     }
 

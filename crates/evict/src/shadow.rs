@@ -171,6 +171,13 @@ impl Shadows {
         self.capacity
     }
 
+    /// The target the ARC shadow has adapted to (0 before it has one).
+    pub fn arc_target(&self) -> u64 {
+        let arc = CANDIDATES.iter().position(|r| *r == Ranking::Arc);
+        arc.and_then(|i| self.trees[i].queue_state().arc_target())
+            .unwrap_or(0)
+    }
+
     pub fn leader(&self) -> Ranking {
         CANDIDATES[self.leader]
     }

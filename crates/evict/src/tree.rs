@@ -427,8 +427,8 @@ impl PrefixTree {
         if let Some(shadows) = self.shadows.as_mut() {
             let before = shadows.leader();
             if shadows.mirror(tokens, namespace, self.live_pages.len()) {
-                let capacity = shadows.capacity();
-                self.follow(before, capacity);
+                let (capacity, arc_target) = (shadows.capacity(), shadows.arc_target());
+                self.follow(before, capacity, arc_target);
             }
         }
         Ok(InsertResult { node: at, cached })
@@ -603,9 +603,10 @@ impl PrefixTree {
     /// Moves the tree from ranking `before` to the shadows' new leader: a
     /// queue policy's state is built from the nodes (reused content in its
     /// protected queue, one-shot content in its probation queue, each least
-    /// recently used first) and dropped again when a ranking leads; the
-    /// ghost priority is recomputed as of each node's last access.
-    fn follow(&mut self, before: Ranking, capacity: usize) {
+    /// recently used first; ARC's target is its shadow's, `arc_target`) and
+    /// dropped again when a ranking leads; the ghost priority is recomputed
+    /// as of each node's last access.
+    fn follow(&mut self, before: Ranking, capacity: usize, arc_target: u64) {
         let after = self.ranking();
         let mut ids: Vec<(Stamp, NodeId)> = self.nodes().map(|n| (n.last_access, n.id)).collect();
         ids.sort_unstable();
@@ -624,7 +625,7 @@ impl PrefixTree {
                     let queue = crate::queues::Slot::unpack(node.priority).queue as usize;
                     pages[queue] += node.pages(self.page_size) as u64;
                 }
-                state.adopt_books(pages, capacity as u64);
+                state.adopt_books(pages, capacity as u64, arc_target);
                 self.queues = state;
             }
             None if before.queue_policy().is_some() => {
