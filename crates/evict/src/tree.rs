@@ -608,36 +608,40 @@ impl PrefixTree {
     /// as of each node's last access.
     fn follow(&mut self, before: Ranking, capacity: usize, arc_target: u64) {
         let after = self.ranking();
+        if before.queue_policy().is_none() && after.queue_policy().is_none() {
+            return self.rekey();
+        }
         let mut ids: Vec<(Stamp, NodeId)> = self.nodes().map(|n| (n.last_access, n.id)).collect();
         ids.sort_unstable();
         // Off first: the old priorities leave no books behind.
         self.queues = QueueState::Off;
-        match after.queue_policy() {
-            Some(policy) => {
-                let mut state = QueueState::new(policy);
-                for &(_, id) in &ids {
-                    let hits = self.node_ref(id).hits;
-                    let slot = state.adopted(hits);
-                    self.update(id, |n| n.priority = slot);
-                }
-                let mut pages = [0u64; 2];
-                for node in self.nodes().filter(|n| n.on_device()) {
-                    let queue = crate::queues::Slot::unpack(node.priority).queue as usize;
-                    pages[queue] += node.pages(self.page_size) as u64;
-                }
-                state.adopt_books(pages, capacity as u64, arc_target);
-                self.queues = state;
+        if let Some(policy) = after.queue_policy() {
+            let mut state = QueueState::new(policy);
+            for &(_, id) in &ids {
+                let slot = state.adopted(self.node_ref(id).hits);
+                self.update(id, |n| n.priority = slot);
             }
-            None if before.queue_policy().is_some() => {
-                let (floor, weights) = (self.floor, self.weights());
-                for &(_, id) in &ids {
-                    self.update(id, |n| {
-                        n.priority = Policy::Ghost.priority(n, n.last_access, floor, weights);
-                    });
-                }
+            state.adopt_books(self.pages_per_queue(), capacity as u64, arc_target);
+            self.queues = state;
+        } else {
+            let (floor, weights) = (self.floor, self.weights());
+            for &(_, id) in &ids {
+                self.update(id, |n| {
+                    n.priority = Policy::Ghost.priority(n, n.last_access, floor, weights);
+                });
             }
-            None => self.rekey(),
         }
+    }
+
+    /// Device pages per queue, counted from the nodes' queue states (only
+    /// while a queue policy keeps state: otherwise priorities are no slots).
+    fn pages_per_queue(&self) -> [u64; 2] {
+        let mut pages = [0u64; 2];
+        for node in self.nodes().filter(|n| n.on_device()) {
+            let queue = crate::queues::Slot::unpack(node.priority).queue as usize;
+            pages[queue] += node.pages(self.page_size) as u64;
+        }
+        pages
     }
 
     /// Re-keys every indexed node (the ranking changed).
@@ -1330,15 +1334,9 @@ impl PrefixTree {
                 return Err(format!("{tier:?} index differs from recomputation"));
             }
         }
-        let mut queue_pages = [0u64; 2];
-        for node in self
-            .nodes()
-            .filter(|n| self.queues.is_on() && n.on_device())
-        {
-            let queue = crate::queues::Slot::unpack(node.priority).queue as usize;
-            queue_pages[queue] += node.pages(ps) as u64;
+        if self.queues.is_on() {
+            self.queues.check(self.pages_per_queue())?;
         }
-        self.queues.check(queue_pages)?;
         let owner = queue_owner(self.policy, self.shadows.as_deref());
         if !self.queues.belongs_to(owner) {
             return Err(format!("queue state is not {}'s", owner.name()));
