@@ -102,9 +102,9 @@ const MIN_REQUESTS_BETWEEN: u64 = 64;
 
 /// One word per page of `tokens`: the token itself for one-token pages,
 /// else a hash of the page. The shadows only compare pages, so they keep a
-/// word where the tree keeps `page_size` tokens; a collision (two pages of
-/// one parent with one hash, about 2^-64 apart) can only blur a score, and
-/// it blurs it alike on every rank.
+/// word where the tree keeps `page_size` tokens. A collision (two distinct
+/// pages under one parent with one hash, odds of about 2^-64 a pair) can
+/// only blur a score, and it blurs it alike on every rank.
 fn page_words(tokens: &[Token], page_size: usize) -> Vec<Token> {
     if page_size == 1 {
         return tokens.to_vec();
