@@ -4,13 +4,12 @@ policy goes on identically, replicas in real processes agree, and one extra acce
 
 from __future__ import annotations
 
-import multiprocessing as mp
-
 import numpy as np
 import pytest
 
 from cpkv import PrefixTree
 from cpkv.workload import generate
+from spawned import run_ranks
 
 # Questions about long documents at 900 cached blocks: over this stream ghost follows its own
 # priority, recency, the segmented ranking, arc and s3fifo in turn (measured: 8 switches).
@@ -77,7 +76,7 @@ def test_a_tree_restored_while_following_a_queue_policy_goes_on_identically():
     copy.tree.check_invariants()
 
 
-def _replica(rank: int, extra_on_rank: int, out: mp.Queue) -> None:
+def _replica(rank: int, extra_on_rank: int) -> tuple[list[int], set]:
     engine = _Engine(PrefixTree(1, "ghost"))
     digests, followed = [], set()
     for i, blocks in enumerate(_stream()[:1500]):
@@ -86,23 +85,11 @@ def _replica(rank: int, extra_on_rank: int, out: mp.Queue) -> None:
             engine.tree.match([1, 2, 3])
         digests.append(engine.tree.digest())
         followed.add(engine.tree.following)
-    out.put((rank, digests, followed))
+    return digests, followed
 
 
 def _run(extra_on_rank: int, ranks: int = 3) -> dict[int, tuple[list[int], set]]:
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=_replica, args=(r, extra_on_rank, out)) for r in range(ranks)]
-    for p in procs:
-        p.start()
-    results = {}
-    for _ in procs:
-        rank, digests, followed = out.get(timeout=300)
-        results[rank] = (digests, followed)
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
-    return results
+    return run_ranks(_replica, ranks, extra_on_rank)
 
 
 def test_replicas_following_queue_policies_agree_and_one_extra_access_is_detected():

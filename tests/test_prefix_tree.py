@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import multiprocessing as mp
-
 import numpy as np
 import pytest
 
 import cpkv
 from cpkv import PrefixTree
+from spawned import run_ranks
 
 
 def test_surface_round_trip():
@@ -127,7 +126,7 @@ EVENTS = 600
 CAPACITY = 48
 
 
-def _replica(rank: int, extra_on_rank: int, out: mp.Queue, policy: str = "ghost") -> None:
+def _replica(rank: int, extra_on_rank: int, policy: str) -> tuple[list, list]:
     """Replays the shared event stream; rank `extra_on_rank` makes one extra access."""
     from cpkv import PrefixTree
 
@@ -150,23 +149,11 @@ def _replica(rank: int, extra_on_rank: int, out: mp.Queue, policy: str = "ghost"
         if rank == extra_on_rank and i == EVENTS // 2:
             tree.match([0, 0, 0, 0])
         digests.append(tree.digest())
-    out.put((rank, victims, digests))
+    return victims, digests
 
 
 def _run_replicas(extra_on_rank: int, policy: str = "ghost", ranks: int = 8) -> dict[int, tuple[list, list]]:
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=_replica, args=(r, extra_on_rank, out, policy)) for r in range(ranks)]
-    for p in procs:
-        p.start()
-    results = {}
-    for _ in procs:
-        rank, victims, digests = out.get(timeout=120)
-        results[rank] = (victims, digests)
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
-    return results
+    return run_ranks(_replica, ranks, extra_on_rank, policy, timeout_s=120)
 
 
 def test_eight_processes_agree_and_one_extra_access_is_detected():

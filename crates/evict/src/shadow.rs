@@ -27,6 +27,8 @@
 //! at most 1x), so the shadows together are bounded by a constant times the
 //! capacity, and `PrefixTree::policy_memory` reports them.
 
+use std::borrow::Cow;
+
 use crate::digest::Hasher64;
 use crate::namespace::Namespace;
 use crate::node::{Node, Token};
@@ -105,9 +107,9 @@ const MIN_REQUESTS_BETWEEN: u64 = 64;
 /// word where the tree keeps `page_size` tokens. A collision (two distinct
 /// pages under one parent with one hash, odds of about 2^-64 a pair) can
 /// only blur a score, and it blurs it alike on every rank.
-fn page_words(tokens: &[Token], page_size: usize) -> Vec<Token> {
+fn page_words(tokens: &[Token], page_size: usize) -> Cow<'_, [Token]> {
     if page_size == 1 {
-        return tokens.to_vec();
+        return Cow::Borrowed(tokens);
     }
     tokens
         .chunks_exact(page_size)

@@ -45,6 +45,9 @@ const MAGIC: &[u8; 8] = b"CPKVTREE";
 /// tree following one of them carries its queue state.
 pub const TREE_SNAPSHOT_VERSION: u32 = 3;
 
+const HEADER_LEN: usize = 8 + 4 + 8 + 32;
+const NO_PARENT: u64 = u64::MAX;
+
 /// Whether a snapshot of `version` of a `policy` tree restores in this
 /// build: each version wrote the policies whose state it did not change
 /// exactly as the next one does, so a rank of an earlier build can still be
@@ -60,8 +63,6 @@ fn readable(version: u32, policy: Policy) -> bool {
         _ => false,
     }
 }
-const HEADER_LEN: usize = 8 + 4 + 8 + 32;
-const NO_PARENT: u64 = u64::MAX;
 
 /// Everything `restore` decoded, for the tree to rebuild itself from.
 pub(crate) struct Decoded {
