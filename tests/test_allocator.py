@@ -56,6 +56,26 @@ def test_first_fit_placement_and_pages():
     assert a.free_pages("kv") == 0 and a.free_pages("index") == 5
 
 
+def test_payload_names_need_not_be_literals():
+    """Names built at run time (not interned), str subclasses and literals resolve alike."""
+
+    class Name(str):
+        pass
+
+    built = "".join(["in", "dex"])
+    a = cpkv.PageAllocator({"kv": 16, "index": 16})
+    b = cpkv.PageAllocator({"kv": 16, "index": 16})
+    for key, names in enumerate([[built], [Name("kv"), built], ("index", "kv"), [Name("index")]]):
+        literal = sorted(str(n) for n in names)
+        assert a.reserve(key, 2, names) == b.reserve(key, 2, literal)
+    assert a.digest() == b.digest()
+    before = state(a)
+    for names in ([built, "index"], ["kv", Name("kv")], ["".join(["k", "w"])]):
+        with pytest.raises(UnknownPayloadError):
+            a.reserve(99, 1, names)
+    assert state(a) == before
+
+
 def test_all_or_nothing_across_payloads():
     a = cpkv.PageAllocator({"kv": 10, "index": 4})
     before = state(a)

@@ -127,6 +127,7 @@ fn payload_id(payloads: &Payloads, name: &Bound<'_, PyAny>) -> PyResult<PayloadI
 /// `Payloads::select` over Python str items, without copying the names.
 fn names_in_place<'py>(
     payloads: &Payloads,
+    interned: &[Py<PyString>],
     items: impl ExactSizeIterator<Item = Bound<'py, PyAny>>,
 ) -> PyResult<PayloadSet> {
     use cpkv_allocator::AllocError;
@@ -135,14 +136,20 @@ fn names_in_place<'py>(
     }
     let mut set = PayloadSet::EMPTY;
     for item in items {
-        let Ok(text) = item.cast::<PyString>() else {
-            return Err(payload_name(&item).expect_err("a non-str item is refused"));
+        // A name written as a literal is the interned string itself: found
+        // by identity, without reading its text.
+        let id = match interned.iter().position(|name| item.is(name)) {
+            Some(id) => id,
+            None => {
+                let Ok(text) = item.cast::<PyString>() else {
+                    return Err(payload_name(&item).expect_err("a non-str item is refused"));
+                };
+                payloads.id(text.to_str()?).map_err(alloc_error)?
+            }
         };
-        let name = text.to_str()?;
-        let id = payloads.id(name).map_err(alloc_error)?;
         if set.contains(id) {
             return Err(alloc_error(AllocError::RepeatedPayload {
-                name: name.into(),
+                name: payloads.name(id).into(),
             }));
         }
         set = set.with(id);
@@ -151,17 +158,21 @@ fn names_in_place<'py>(
 }
 
 /// A list of payload names, or `None` for all of them.
-fn payload_set(payloads: &Payloads, names: Option<&Bound<'_, PyAny>>) -> PyResult<PayloadSet> {
+fn payload_set(
+    payloads: &Payloads,
+    interned: &[Py<PyString>],
+    names: Option<&Bound<'_, PyAny>>,
+) -> PyResult<PayloadSet> {
     let Some(names) = names.filter(|n| !n.is_none()) else {
         return Ok(payloads.all());
     };
     // The hot path (a list or tuple of str) resolves each name in place,
     // borrowing its UTF-8 text: no String per name and no Vec per call.
     if let Ok(list) = names.cast::<PyList>() {
-        return names_in_place(payloads, list.iter());
+        return names_in_place(payloads, interned, list.iter());
     }
     if let Ok(tuple) = names.cast::<PyTuple>() {
-        return names_in_place(payloads, tuple.iter());
+        return names_in_place(payloads, interned, tuple.iter());
     }
     if names.is_instance_of::<PyString>() {
         return Err(invalid(format!(
@@ -287,14 +298,22 @@ pub(crate) struct PyPageAllocator {
     inner: Mutex<PageAllocator>,
     /// Immutable after construction; read without the lock.
     payloads: Arc<Payloads>,
+    /// The payload names as interned Python strings, by id.
+    interned: Vec<Py<PyString>>,
 }
 
 impl PyPageAllocator {
-    fn wrap(alloc: PageAllocator) -> Self {
+    fn wrap(py: Python<'_>, alloc: PageAllocator) -> Self {
         let payloads = Arc::new(alloc.payloads().clone());
+        let interned = payloads
+            .names()
+            .iter()
+            .map(|name| PyString::intern(py, name).unbind())
+            .collect();
         PyPageAllocator {
             inner: Mutex::new(alloc),
             payloads,
+            interned,
         }
     }
 
@@ -357,7 +376,7 @@ impl PyPageAllocator {
             parsed.push((name, capacity));
         }
         PageAllocator::new(&parsed)
-            .map(Self::wrap)
+            .map(|alloc| Self::wrap(pools.py(), alloc))
             .map_err(alloc_error)
     }
 
@@ -372,7 +391,7 @@ impl PyPageAllocator {
     ) -> PyResult<Option<PyPlacement>> {
         let key = key_arg(key)?;
         let num_pages = pages_arg(key, num_pages)?;
-        let set = payload_set(&self.payloads, payloads)?;
+        let set = payload_set(&self.payloads, &self.interned, payloads)?;
         let placed = self
             .lock()
             .reserve(key, num_pages, set)
@@ -408,7 +427,7 @@ impl PyPageAllocator {
             let key = key_arg(&key)?;
             parsed.push((key, pages_arg(key, &num_pages)?));
         }
-        let set = payload_set(&self.payloads, payloads)?;
+        let set = payload_set(&self.payloads, &self.interned, payloads)?;
         let placements = self
             .lock()
             .reserve_many(&parsed, set)
@@ -448,7 +467,7 @@ impl PyPageAllocator {
             )));
         }
         let requests: Vec<(u64, u64)> = keys.iter().copied().zip(pages).collect();
-        let set = payload_set(&self.payloads, payloads)?;
+        let set = payload_set(&self.payloads, &self.interned, payloads)?;
         let mut placements = Vec::with_capacity(requests.len());
         // A batch can be long: it runs without the GIL.
         py.detach(|| {
@@ -634,7 +653,7 @@ impl PyPageAllocator {
             ));
         };
         py.detach(|| PageAllocator::restore(&bytes))
-            .map(Self::wrap)
+            .map(|alloc| Self::wrap(py, alloc))
             .map_err(alloc_error)
     }
 

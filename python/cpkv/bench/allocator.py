@@ -72,7 +72,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="used fraction releases return to, in (0, 1] (default %(default)s)"
     )
     parser.add_argument("--max-pages", type=integer(1), default=64, help="largest object in pages (default %(default)s)")
-    parser.add_argument("--repeat", type=integer(1), default=3,
+    parser.add_argument("--repeat", type=integer(1), default=5,
                         help="timed runs per row; the best counts (default %(default)s)")
     parser.add_argument(
         "--call-path-live", type=integer(1), nargs="*", default=list(CALL_PATH_LIVE), metavar="N",
@@ -81,24 +81,27 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="PATH", type=output_path, help="also write the tables as JSON")
 
 
-def _best(repeat: int, run_once):
-    """Runs ``run_once`` ``repeat`` times; returns (best seconds, last result).
+def _best(repeat: int, runs: dict) -> dict:
+    """Runs every ``runs[name]()`` ``repeat`` times, round by round (one run of
+    each per round, so a slow phase of the machine costs every implementation
+    alike); returns name -> (best seconds, last result).
 
     The cyclic garbage collector is paused while a run is timed (as ``timeit``
     does), for every implementation alike: its passes over the results kept
     so far would otherwise land on whichever run happens to trigger them."""
-    best, result = float("inf"), None
+    timed = {name: (float("inf"), None) for name in runs}
     for _ in range(repeat):
-        result = None
-        gc.collect()
-        gc.disable()
-        try:
-            started = time.perf_counter()
-            result = run_once()
-            best = min(best, time.perf_counter() - started)
-        finally:
-            gc.enable()
-    return best, result
+        for name, run_once in runs.items():
+            gc.collect()
+            gc.disable()
+            try:
+                started = time.perf_counter()
+                result = run_once()
+                elapsed = time.perf_counter() - started
+            finally:
+                gc.enable()
+            timed[name] = (min(timed[name][0], elapsed), result)
+    return timed
 
 
 def _measure(args: argparse.Namespace, pools: dict[str, int], steps: int) -> dict:
@@ -133,12 +136,12 @@ def _measure(args: argparse.Namespace, pools: dict[str, int], steps: int) -> dic
         finals["arrays"] = cpkv.PageAllocator(pools)
         return stream_mod.replay_arrays(finals["arrays"], array_steps)
 
-    timed = {
-        "reference": _best(args.repeat, reference_once),
-        "single": _best(args.repeat, cpkv_once("single")),
-        "batched": _best(args.repeat, cpkv_once("batched")),
-        "arrays": _best(args.repeat, arrays_once),
-    }
+    timed = _best(args.repeat, {
+        "reference": reference_once,
+        "single": cpkv_once("single"),
+        "batched": cpkv_once("batched"),
+        "arrays": arrays_once,
+    })
     results = {mode: timed[mode][1] for mode in ("single", "batched")}
     results["arrays"] = stream_mod.placements(timed["arrays"][1])
     checksums = {"reference": stream_mod.checksum(
