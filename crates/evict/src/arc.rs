@@ -62,8 +62,13 @@ impl ArcState {
 
     pub fn dropped(&mut self, key: u64, priority: u64, pages: u64) {
         let queue = Slot::unpack(priority).queue;
+        self.shared.ghosts.record(key, queue as usize, pages);
+        self.trim_ghosts();
+    }
+
+    /// Keeps |T1| + |B1| within the cache size and all four lists within twice it.
+    pub fn trim_ghosts(&mut self) {
         let g = &mut self.shared.ghosts;
-        g.record(key, queue as usize, pages);
         let c = self.shared.peak_pages;
         let [t1, t2] = self.shared.queue_pages;
         g.trim(0, c.saturating_sub(t1));

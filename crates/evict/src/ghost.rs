@@ -198,6 +198,14 @@ impl GhostHistory {
         self.pages
     }
 
+    /// The remembered content, oldest first: `(key, hits, pages)`.
+    pub fn remembered(&self) -> impl Iterator<Item = (u64, u64, usize)> + '_ {
+        self.order.iter().filter_map(|&(seq, key)| {
+            let e = self.entries.get(&key).filter(|e| e.seq == seq)?;
+            Some((key, e.hits, e.pages))
+        })
+    }
+
     /// Every field, for snapshots: live entries in key order, then the queue
     /// as it is (stale items included: they decide when entries are forgotten).
     pub(crate) fn encode(&self, w: &mut Writer) {
@@ -311,6 +319,18 @@ mod tests {
         assert_eq!(g.take_back(2), None);
         assert_eq!(g.pages(), 4);
         assert_eq!(g.digest(), g.digest_from_scratch());
+    }
+
+    #[test]
+    fn remembered_lists_live_entries_oldest_first() {
+        let mut g = GhostHistory::default();
+        for (key, hits) in [(1, 0), (2, 4), (3, 1), (4, 2)] {
+            g.record(key, hits, key as usize, 100);
+        }
+        g.take_back(3);
+        g.record(1, 5, 1, 100); // re-recorded: now the newest
+        let listed: Vec<_> = g.remembered().collect();
+        assert_eq!(listed, vec![(2, 4, 2), (4, 2, 4), (1, 5, 1)]);
     }
 
     #[test]

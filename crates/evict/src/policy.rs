@@ -51,8 +51,9 @@ pub enum Policy {
     /// inserts; a switch needs a lead of more than 1/128 and 64 inserts
     /// since the last one). Following arc or s3fifo, the tree builds that
     /// policy's queue state from its nodes (reused content protected, each
-    /// queue least recently used first) and keeps it until a ranking leads
-    /// again. See `shadow.rs`.
+    /// queue least recently used first) and its ghost lists from its own
+    /// history of dropped content (`QueueState::adopt_books`), and keeps it
+    /// until a ranking leads again. See `shadow.rs`.
     ///
     /// Tuned on: the two Mooncake traces (conversation, synthetic) over the
     /// 12-point grid of `cpkv hitrate --grid`. The history's constants
@@ -67,7 +68,14 @@ pub enum Policy {
     /// median gap 0.168), the synthetic trace picks 64 (-0.0007; 16 gives
     /// -0.0008, the old 256 -0.0059), so each trace's choice holds on the
     /// other. Margins of 1/8 and 1/32 with five candidates missed on both
-    /// traces (down to -0.0059 and -0.0051). A victim holding at least twice
+    /// traces (down to -0.0059 and -0.0051). The ghost lists a followed
+    /// queue policy starts from were chosen on the slow and docqa generated
+    /// workloads, where starting them empty missed (ARC's B1 and B2 both
+    /// seeded, S3-FIFO's queue with all dropped content: misses 4 -> 2),
+    /// and checked on both shared traces (unchanged worst margins; seeding
+    /// S3-FIFO's queue with one-shot content only missed once on the
+    /// synthetic trace, -0.0013) and an unseen docqa seed (-0.0114 ->
+    /// -0.0087). A victim holding at least twice
     /// the pages an eviction still needs loses only its tail (see
     /// `PrefixTree::evict`); chosen over whole leaves, always splitting and
     /// evicting at least half of the leaf on both traces (misses 1 -> 0 on

@@ -146,15 +146,44 @@ impl QueueState {
 
     /// Books the pages per queue of a tree just taken over, whose cache
     /// size is `capacity` pages; ARC starts from `arc_target`, the target
-    /// its shadow adapted at that size (the ghost lists start empty: their
-    /// keys name the shadow's nodes, not the tree's).
-    pub fn adopt_books(&mut self, pages: [u64; 2], capacity: u64, arc_target: u64) {
-        if let Some(s) = self.shared_mut() {
-            s.queue_pages = pages;
-            s.peak_pages = capacity.max(pages[0] + pages[1]);
-        }
-        if let Self::Arc(s) = self {
-            s.target = arc_target.min(s.shared.peak_pages);
+    /// its shadow adapted at that size. The ghost lists start from the
+    /// tree's own history of dropped content (`remembered`: `(key, hits,
+    /// pages)`, oldest first; the shadow's lists name the shadow's nodes, not
+    /// the tree's), newest kept within each list's bound: ARC's B1 takes
+    /// one-shot content and B2 reused content, as `adopted` sorts live
+    /// content; S3-FIFO's ghost queue takes all of it (whatever ranking
+    /// dropped it, content that comes back soon is reuse the cache missed,
+    /// which is what the queue sends to M). Seeded this way, the slow
+    /// workload's one miss and two of docqa's three went (see `Policy::Ghost`).
+    pub fn adopt_books(
+        &mut self,
+        pages: [u64; 2],
+        capacity: u64,
+        arc_target: u64,
+        remembered: impl Iterator<Item = (u64, u64, usize)>,
+    ) {
+        let Some(s) = self.shared_mut() else {
+            return;
+        };
+        s.queue_pages = pages;
+        s.peak_pages = capacity.max(pages[0] + pages[1]);
+        match self {
+            Self::Off => {}
+            Self::Arc(s) => {
+                s.target = arc_target.min(s.shared.peak_pages);
+                for (key, hits, pages) in remembered {
+                    s.shared
+                        .ghosts
+                        .record(key, usize::from(hits >= 2), pages as u64);
+                }
+                s.trim_ghosts();
+            }
+            Self::S3fifo(s) => {
+                for (key, _, pages) in remembered {
+                    s.shared.ghosts.record(key, 0, pages as u64);
+                }
+                s.trim_ghosts();
+            }
         }
     }
 
@@ -360,6 +389,42 @@ impl QueueState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// (key, hits, pages), oldest first.
+    const REMEMBERED: [(u64, u64, usize); 3] = [(11, 1, 2), (12, 3, 1), (13, 0, 4)];
+
+    #[test]
+    fn arc_takes_over_with_ghost_lists_from_the_history() {
+        let mut state = QueueState::new(Policy::Arc);
+        // c = 8 pages, |T1| = 3: B1 holds at most 5 pages, so of the one-shot
+        // content (11: 2 pages, 13: 4 pages) the older goes; 12 was reused.
+        state.adopt_books([3, 1], 8, 2, REMEMBERED.into_iter());
+        assert_eq!(state.arc_target(), Some(2));
+        assert_eq!(state.remembered_pages(), 5);
+        let QueueState::Arc(arc) = &mut state else {
+            unreachable!()
+        };
+        assert_eq!(arc.shared.ghosts.take(11), None);
+        assert_eq!(arc.shared.ghosts.take(12), Some((1, 1)));
+        assert_eq!(arc.shared.ghosts.take(13), Some((0, 4)));
+    }
+
+    #[test]
+    fn s3fifo_takes_over_with_all_dropped_content_in_its_ghost_queue() {
+        let mut state = QueueState::new(Policy::S3fifo);
+        state.adopt_books([2, 3], 6, 0, REMEMBERED.into_iter());
+        // Within the cache size (6 pages), newest first: 13 and 12.
+        assert_eq!(state.remembered_pages(), 5);
+        let QueueState::S3fifo(s3) = &mut state else {
+            unreachable!()
+        };
+        assert_eq!(s3.shared.ghosts.take(11), None);
+        assert_eq!(s3.shared.ghosts.take(12), Some((0, 1)));
+        assert_eq!(s3.shared.ghosts.take(13), Some((0, 4)));
+        let mut off = QueueState::Off;
+        off.adopt_books([1, 1], 4, 0, REMEMBERED.into_iter());
+        assert_eq!(off.remembered_pages(), 0);
+    }
 
     #[test]
     fn slots_pack_and_key_by_queue_then_position() {

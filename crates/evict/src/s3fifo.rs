@@ -49,10 +49,14 @@ impl S3fifoState {
 
     pub fn dropped(&mut self, key: u64, priority: u64, pages: u64) {
         if Slot::unpack(priority).queue == SMALL {
-            let g = &mut self.shared.ghosts;
-            g.record(key, 0, pages);
-            g.trim(0, self.shared.peak_pages);
+            self.shared.ghosts.record(key, 0, pages);
+            self.trim_ghosts();
         }
+    }
+
+    /// Keeps the ghost list within the cache size.
+    pub fn trim_ghosts(&mut self) {
+        self.shared.ghosts.trim(0, self.shared.peak_pages);
     }
 
     pub fn choose(

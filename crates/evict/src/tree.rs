@@ -621,7 +621,8 @@ impl PrefixTree {
                 let slot = state.adopted(self.node_ref(id).hits);
                 self.update(id, |n| n.priority = slot);
             }
-            state.adopt_books(self.pages_per_queue(), capacity as u64, arc_target);
+            let pages = self.pages_per_queue();
+            state.adopt_books(pages, capacity as u64, arc_target, self.ghost.remembered());
             self.queues = state;
         } else {
             let (floor, weights) = (self.floor, self.weights());
