@@ -151,6 +151,9 @@ def test_row_sources_is_checked_once_and_describes_itself():
     assert "sources=2" in repr(sources) and "row_bytes=8" in repr(sources)
     with pytest.raises(CopyTableError, match="source 1 has rows"):
         RowSources([torch.zeros(3, 8, dtype=torch.uint8), torch.zeros(3, 8, dtype=torch.int64)])
+    for _ in range(2):  # the second time, both dtypes are known by identity
+        with pytest.raises(CopyTableError, match="8 bytes of f2, source 0 of 8 bytes of bfloat16"):
+            RowSources([torch.zeros(3, 4, dtype=torch.bfloat16), torch.zeros(3, 4, dtype=torch.float16)])
 
 
 def test_row_runs_merges_constant_steps_and_refuses_bad_rows():

@@ -20,8 +20,11 @@ use numpy::npyffi::flags::NPY_ARRAY_WRITEABLE;
 use numpy::{
     PyArray1, PyArray2, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods,
 };
+use std::sync::{Mutex, PoisonError};
+
+use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyList, PyTuple};
+use pyo3::types::{PyList, PyString, PyTuple};
 
 use crate::convert::invalid;
 use crate::errors::cpkv_error;
@@ -61,7 +64,7 @@ impl Rows {
 /// A torch dtype in numpy's `kind + itemsize` code where numpy has the
 /// same dtype ("torch.int16" -> "i2"), else its own name ("bfloat16"), so a
 /// numpy buffer and a torch buffer of one dtype compare equal.
-fn torch_dtype_code(name: &str) -> String {
+fn torch_dtype_name_code(name: &str) -> String {
     let name = name.trim_start_matches("torch.");
     let code = match name {
         "uint8" => "u1",
@@ -83,9 +86,24 @@ fn torch_dtype_code(name: &str) -> String {
     code.to_string()
 }
 
+/// `torch_dtype_name_code` of a torch dtype object, remembered by identity
+/// (torch's dtypes are a few singletons; each is held here, so its address
+/// cannot be reused by another object).
+fn torch_dtype_code(dtype: &Bound<'_, PyAny>) -> PyResult<String> {
+    static SEEN: Mutex<Vec<(Py<PyAny>, String)>> = Mutex::new(Vec::new());
+    let mut seen = SEEN.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some((_, code)) = seen.iter().find(|(known, _)| dtype.is(known)) {
+        return Ok(code.clone());
+    }
+    let code = torch_dtype_name_code(dtype.str()?.to_str()?);
+    seen.push((dtype.clone().unbind(), code.clone()));
+    Ok(code)
+}
+
 /// A numpy array or a CPU torch tensor as rows (`shape[0]` rows of
 /// `prod(shape[1:]) * itemsize` bytes).
 fn rows_of(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Rows> {
+    let py = obj.py();
     // `is_instance_of` first: a failed `cast` builds an error object, which
     // costs more than the rest of the call on the torch path.
     let numpy_array = obj
@@ -111,37 +129,43 @@ fn rows_of(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Rows> {
             format!("{}{}", char::from(dtype.kind()), dtype.itemsize()),
             flags & NPY_ARRAY_WRITEABLE != 0,
         )
-    } else if obj.hasattr("data_ptr")? && obj.hasattr("is_contiguous")? {
-        if !obj.getattr("is_cpu")?.extract::<bool>()? {
-            let device = obj.getattr("device")?.str()?.to_string();
+    } else if let Ok(data_ptr) = obj.getattr(intern!(py, "data_ptr")) {
+        // A torch tensor. Names are interned and each call returns a plain
+        // int or bool: this path runs once per gather, and every Python
+        // object made here is time taken from the copy.
+        if !obj.getattr(intern!(py, "is_cpu"))?.extract::<bool>()? {
+            let device = obj.getattr(intern!(py, "device"))?.str()?.to_string();
             return Err(refused(format!(
                 "{what} is on {device}: the native copy moves CPU memory (devices use the torch/Triton paths)"
             )));
         }
-        if !obj.call_method0("is_contiguous")?.extract::<bool>()? {
+        if !obj
+            .call_method0(intern!(py, "is_contiguous"))?
+            .extract::<bool>()?
+        {
             return Err(refused(format!(
                 "{what} must be contiguous (a strided view cannot move as rows)"
             )));
         }
         // Plain ints only on this path: a `torch.Size` per call is a tuple
         // the cyclic GC tracks, and its collections cost more than the call.
-        let dims: usize = obj.call_method0("dim")?.extract()?;
+        let dims: usize = obj.call_method0(intern!(py, "dim"))?.extract()?;
         let shape = if dims == 0 {
             Vec::new()
         } else {
-            let rows: usize = obj.call_method1("size", (0,))?.extract()?;
-            let numel: usize = obj.call_method0("numel")?.extract()?;
+            let rows: usize = obj.call_method1(intern!(py, "size"), (0,))?.extract()?;
+            let numel: usize = obj.call_method0(intern!(py, "numel"))?.extract()?;
             if rows == 0 {
-                obj.getattr("shape")?.extract()? // row size from the shape itself
+                obj.getattr(intern!(py, "shape"))?.extract()? // row size from the shape itself
             } else {
                 vec![rows, numel / rows]
             }
         };
         (
-            obj.call_method0("data_ptr")?.extract()?,
+            data_ptr.call0()?.extract()?,
             shape,
-            obj.call_method0("element_size")?.extract()?,
-            torch_dtype_code(obj.getattr("dtype")?.str()?.to_str()?),
+            obj.call_method0(intern!(py, "element_size"))?.extract()?,
+            torch_dtype_code(&obj.getattr(intern!(py, "dtype"))?)?,
             true,
         )
     } else {
@@ -385,9 +409,14 @@ fn stores_arg(stores: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Stores>> {
     let Some(stores) = stores.filter(|s| !s.is_none()) else {
         return Ok(None);
     };
-    match stores.extract::<String>().as_deref() {
-        Ok("cached") => Ok(Some(Stores::Cached)),
-        Ok("streaming") => Ok(Some(Stores::Streaming)),
+    let text = stores
+        .cast::<PyString>()
+        .ok()
+        .map(|t| t.to_str())
+        .transpose()?;
+    match text {
+        Some("cached") => Ok(Some(Stores::Cached)),
+        Some("streaming") => Ok(Some(Stores::Streaming)),
         _ => Err(invalid(format!(
             "stores must be None, 'cached' or 'streaming', got {}",
             stores.repr().map_or_else(|_| "?".into(), |r| r.to_string())
