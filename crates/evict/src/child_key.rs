@@ -1,10 +1,15 @@
 //! How a node keys its children: by the tokens of their first page.
 //!
 //! The first token is kept inline and the rest of the page boxed, so a
-//! lookup among many children compares inline words and touches the heap
-//! only on a tie (never with one-token pages, whose rest is empty and
-//! allocates nothing). The order is the page's lexicographic order, as if
-//! the whole page were one slice, so children are visited in the same order.
+//! lookup compares an inline word and touches the heap only on a tie (never
+//! with one-token pages, whose rest is empty and allocates nothing). A page
+//! hashes to one word (`page_word`): a one-token page to its token, a longer
+//! one to a hash of all its tokens. Children sit in a hash table of these
+//! keys (one probe where an ordered map walked several nodes, each a cache
+//! miss in a large tree); nothing iterates it in a decision. The order is
+//! still the page's lexicographic order, as if the whole page were one slice.
+
+use std::hash::{Hash, Hasher};
 
 use std::borrow::Borrow;
 use std::cmp::Ordering;
@@ -83,6 +88,32 @@ impl PartialEq for dyn PageKey + '_ {
 
 impl Eq for dyn PageKey + '_ {}
 
+/// The one word a page hashes to: the token of a one-token page, else a
+/// hash of every token (equal pages give equal words).
+fn page_word(head: Token, rest: &[Token]) -> u64 {
+    if rest.is_empty() {
+        head
+    } else {
+        crate::digest::Hasher64::default()
+            .word(head)
+            .words(rest)
+            .finish()
+    }
+}
+
+impl Hash for dyn PageKey + '_ {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(page_word(self.head(), self.rest()));
+    }
+}
+
+// As `dyn PageKey` hashes, so a borrowed page finds its key.
+impl Hash for ChildKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(page_word(self.head, &self.rest));
+    }
+}
+
 impl<'a> Borrow<dyn PageKey + 'a> for ChildKey {
     fn borrow(&self) -> &(dyn PageKey + 'a) {
         self
@@ -112,5 +143,23 @@ mod tests {
         }
         assert_eq!(map.get(&Page(&[2, 2]) as &dyn PageKey), None);
         assert!(!ChildKey::new(&[2, 9]).names(&[2, 1]));
+    }
+
+    #[test]
+    fn a_borrowed_page_hashes_like_its_key() {
+        use crate::node::Children;
+        use crate::node::NodeId;
+        let pages: [&[Token]; 6] = [&[7], &[8], &[2, 9], &[2, 1], &[9, 2], &[0, 0, 0]];
+        let table: Children = pages
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (ChildKey::new(p), NodeId(i as u64)))
+            .collect();
+        for (i, p) in pages.iter().enumerate() {
+            assert_eq!(table.get(&Page(p) as &dyn PageKey), Some(&NodeId(i as u64)));
+        }
+        for missing in [&[9][..], &[2, 2], &[0, 0], &[0, 0, 1]] {
+            assert_eq!(table.get(&Page(missing) as &dyn PageKey), None);
+        }
     }
 }

@@ -1,10 +1,15 @@
 //! One node of the radix tree: a run of whole pages and its residency.
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 use std::fmt;
 
 use crate::child_key::ChildKey;
 use crate::clock::Stamp;
+use crate::digest::WordHashing;
+
+/// A node's children by the tokens of their first page: looked up, counted
+/// and checked, never iterated in a decision (its order is the table's).
+pub(crate) type Children = HashMap<ChildKey, NodeId, WordHashing>;
 
 /// A token id.
 pub type Token = u64;
@@ -40,8 +45,8 @@ pub struct Node {
     pub(crate) parent: Option<NodeId>,
     /// Whole pages of tokens (empty for roots).
     pub(crate) tokens: Vec<Token>,
-    /// Children keyed by the tokens of their first page (ordered: no hash order).
-    pub(crate) children: BTreeMap<ChildKey, NodeId>,
+    /// Children keyed by the tokens of their first page.
+    pub(crate) children: Children,
     /// Device page ids, one per page, when the node is on device.
     pub(crate) device: Option<Vec<PageId>>,
     /// Host object key, when the node has a host copy.
@@ -80,6 +85,7 @@ impl Node {
     pub fn tokens(&self) -> &[Token] {
         &self.tokens
     }
+    /// The children's ids, in no particular order.
     pub fn children(&self) -> impl Iterator<Item = NodeId> + '_ {
         self.children.values().copied()
     }

@@ -32,7 +32,7 @@ use sha2::{Digest, Sha256};
 
 use crate::error::EvictError;
 use crate::namespace::Namespace;
-use crate::node::{Node, NodeId};
+use crate::node::{Children, Node, NodeId};
 use crate::policy::Policy;
 use crate::queues::QueueState;
 use crate::shadow::{Ranking, Shadows, CANDIDATES};
@@ -378,7 +378,7 @@ fn decode_node(r: &mut Reader<'_>) -> Result<Node, String> {
         id: NodeId(0),
         parent,
         tokens,
-        children: BTreeMap::new(),
+        children: Children::default(),
         device,
         host,
         device_children: 0,

@@ -25,7 +25,7 @@ use crate::events::Event;
 use crate::evictable::EvictableIndex;
 use crate::ghost::{content_key, GhostHistory, Weights};
 use crate::namespace::Namespace;
-use crate::node::{HostKey, Node, NodeId, PageId, Tier, Token};
+use crate::node::{Children, HostKey, Node, NodeId, PageId, Tier, Token};
 use crate::policy::Policy;
 use crate::queues::{Choice, QueueState};
 use crate::shadow::{PolicyMemory, Ranking, Shadows};
@@ -755,7 +755,7 @@ impl PrefixTree {
             id: NodeId(0),
             parent: None,
             tokens: Vec::new(),
-            children: BTreeMap::new(),
+            children: Children::default(),
             device: None,
             host: None,
             device_children: 0,
@@ -835,7 +835,7 @@ impl PrefixTree {
             id: NodeId(0),
             parent: Some(parent),
             tokens: tokens.to_vec(),
-            children: BTreeMap::new(),
+            children: Children::default(),
             device: Some(pages.to_vec()),
             host: None,
             device_children: 0,
@@ -882,7 +882,7 @@ impl PrefixTree {
             parent: Some(parent),
             tokens_hash: tokens_hash(&upper_tokens),
             tokens: upper_tokens,
-            children: BTreeMap::from([(ChildKey::new(&node.tokens[cut..cut + ps]), id)]),
+            children: Children::from_iter([(ChildKey::new(&node.tokens[cut..cut + ps]), id)]),
             device: node.device.as_ref().map(|d| d[..at].to_vec()),
             host: node.host,
             device_children: usize::from(node.device.is_some()),
