@@ -109,6 +109,13 @@ def test_bad_tables_are_refused_before_any_write(case):
     assert torch.equal(out, torch.full((4, 8), 7, dtype=torch.uint8))
 
 
+class _OnlyDataPtr:
+    """Has a tensor's ``data_ptr`` and nothing else."""
+
+    def data_ptr(self) -> int:
+        return 0
+
+
 def _misaligned_int16() -> np.ndarray:
     return np.frombuffer(bytearray(66), dtype=np.int16, count=32, offset=1).reshape(4, 8)
 
@@ -126,6 +133,7 @@ def test_bad_buffers_are_refused_before_any_write():
         (out, [torch.zeros(3, 8, dtype=torch.uint8, device="meta")], "on meta"),
         (out, [torch.tensor(3, dtype=torch.uint8)], "at least one dimension"),
         (out, [b"\0" * 24], "numpy array or a CPU torch tensor"),
+        (out, [_OnlyDataPtr()], "numpy array or a CPU torch tensor"),
         (out, good, "list or tuple"),
         (out, [out[2:]], "overlaps out"),
     ]

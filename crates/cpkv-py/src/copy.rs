@@ -15,13 +15,13 @@
 // kept alive by a reference held for the whole call.
 #![allow(unsafe_code)]
 
+use std::sync::{Mutex, PoisonError};
+
 use cpkv_copy::{Run, Stores, RUN_COLUMNS};
 use numpy::npyffi::flags::NPY_ARRAY_WRITEABLE;
 use numpy::{
     PyArray1, PyArray2, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods,
 };
-use std::sync::{Mutex, PoisonError};
-
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyString, PyTuple};
@@ -91,12 +91,21 @@ fn torch_dtype_name_code(name: &str) -> String {
 /// cannot be reused by another object).
 fn torch_dtype_code(dtype: &Bound<'_, PyAny>) -> PyResult<String> {
     static SEEN: Mutex<Vec<(Py<PyAny>, String)>> = Mutex::new(Vec::new());
-    let mut seen = SEEN.lock().unwrap_or_else(PoisonError::into_inner);
-    if let Some((_, code)) = seen.iter().find(|(known, _)| dtype.is(known)) {
-        return Ok(code.clone());
+    let known = |seen: &[(Py<PyAny>, String)]| {
+        seen.iter()
+            .find(|(known, _)| dtype.is(known))
+            .map(|(_, code)| code.clone())
+    };
+    let seen = || SEEN.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(code) = known(&seen()) {
+        return Ok(code);
     }
+    // Python runs outside the lock (it may switch threads).
     let code = torch_dtype_name_code(dtype.str()?.to_str()?);
-    seen.push((dtype.clone().unbind(), code.clone()));
+    let mut seen = seen();
+    if known(&seen).is_none() {
+        seen.push((dtype.clone().unbind(), code.clone()));
+    }
     Ok(code)
 }
 
@@ -129,11 +138,14 @@ fn rows_of(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Rows> {
             format!("{}{}", char::from(dtype.kind()), dtype.itemsize()),
             flags & NPY_ARRAY_WRITEABLE != 0,
         )
-    } else if let Ok(data_ptr) = obj.getattr(intern!(py, "data_ptr")) {
+    } else if let (Ok(data_ptr), Ok(is_cpu)) = (
+        obj.getattr(intern!(py, "data_ptr")),
+        obj.getattr(intern!(py, "is_cpu")),
+    ) {
         // A torch tensor. Names are interned and each call returns a plain
         // int or bool: this path runs once per gather, and every Python
         // object made here is time taken from the copy.
-        if !obj.getattr(intern!(py, "is_cpu"))?.extract::<bool>()? {
+        if !is_cpu.extract::<bool>()? {
             let device = obj.getattr(intern!(py, "device"))?.str()?.to_string();
             return Err(refused(format!(
                 "{what} is on {device}: the native copy moves CPU memory (devices use the torch/Triton paths)"
