@@ -334,6 +334,11 @@ impl PyPageAllocator {
         }
     }
 
+    /// The payloads `names` selects (`None`: all), literal names by identity.
+    fn payload_set(&self, names: Option<&Bound<'_, PyAny>>) -> PyResult<PayloadSet> {
+        payload_set(&self.payloads, &self.interned, names)
+    }
+
     /// The core, for a caller that released the GIL.
     fn locked_without_gil(&self) -> MutexGuard<'_, PageAllocator> {
         self.inner
@@ -391,7 +396,7 @@ impl PyPageAllocator {
     ) -> PyResult<Option<PyPlacement>> {
         let key = key_arg(key)?;
         let num_pages = pages_arg(key, num_pages)?;
-        let set = payload_set(&self.payloads, &self.interned, payloads)?;
+        let set = self.payload_set(payloads)?;
         let placed = self
             .lock()
             .reserve(key, num_pages, set)
@@ -427,7 +432,7 @@ impl PyPageAllocator {
             let key = key_arg(&key)?;
             parsed.push((key, pages_arg(key, &num_pages)?));
         }
-        let set = payload_set(&self.payloads, &self.interned, payloads)?;
+        let set = self.payload_set(payloads)?;
         let placements = self
             .lock()
             .reserve_many(&parsed, set)
@@ -467,7 +472,7 @@ impl PyPageAllocator {
             )));
         }
         let requests: Vec<(u64, u64)> = keys.iter().copied().zip(pages).collect();
-        let set = payload_set(&self.payloads, &self.interned, payloads)?;
+        let set = self.payload_set(payloads)?;
         let mut placements = Vec::with_capacity(requests.len());
         // A batch can be long: it runs without the GIL.
         py.detach(|| {

@@ -9,11 +9,11 @@
 //! miss in a large tree); nothing iterates it in a decision. The order is
 //! still the page's lexicographic order, as if the whole page were one slice.
 
-use std::hash::{Hash, Hasher};
-
 use std::borrow::Borrow;
 use std::cmp::Ordering;
+use std::hash::{Hash, Hasher};
 
+use crate::digest::Hasher64;
 use crate::node::Token;
 
 /// A child's key as stored: its first page, split after the first token.
@@ -88,18 +88,22 @@ impl PartialEq for dyn PageKey + '_ {
 
 impl Eq for dyn PageKey + '_ {}
 
-/// The one word a page hashes to: the token of a one-token page, else a
-/// hash of every token (equal pages give equal words).
-fn page_word(head: Token, rest: &[Token]) -> u64 {
+/// The one word a page stands for, as `head` and `rest` split it: the token
+/// of a one-token page, else a tagged hash of all its tokens (equal pages
+/// give equal words). Child tables hash pages with it, and the shadow
+/// caches keep it in place of a page's tokens.
+pub(crate) fn page_word(head: Token, rest: &[Token]) -> u64 {
     if rest.is_empty() {
-        head
-    } else {
-        crate::digest::Hasher64::default()
-            .word(head)
-            .words(rest)
-            .finish()
+        return head;
     }
+    // `Hasher64::words` over the whole page, without joining it first.
+    let start = Hasher64::new(PAGE_TAG)
+        .word(1 + rest.len() as u64)
+        .word(head);
+    rest.iter().fold(start, |h, &t| h.word(t)).finish()
 }
+
+const PAGE_TAG: u64 = 0x5ad0_0000_0000_0001;
 
 impl Hash for dyn PageKey + '_ {
     fn hash<H: Hasher>(&self, state: &mut H) {
@@ -143,6 +147,15 @@ mod tests {
         }
         assert_eq!(map.get(&Page(&[2, 2]) as &dyn PageKey), None);
         assert!(!ChildKey::new(&[2, 9]).names(&[2, 1]));
+    }
+
+    #[test]
+    fn a_page_word_is_the_token_or_the_hash_of_the_whole_page() {
+        assert_eq!(page_word(42, &[]), 42);
+        let page = [3, 1, 4, 1];
+        let whole = Hasher64::new(PAGE_TAG).words(&page).finish();
+        assert_eq!(page_word(page[0], &page[1..]), whole);
+        assert_ne!(page_word(3, &[1, 4]), whole);
     }
 
     #[test]

@@ -89,6 +89,13 @@ impl Shared {
         self.queue_pages[0] + self.queue_pages[1]
     }
 
+    /// The books of a tree taken over: its pages per queue, and a cache
+    /// size of `capacity` pages (or what it holds, if more).
+    fn adopt(&mut self, pages: [u64; 2], capacity: u64) {
+        self.queue_pages = pages;
+        self.peak_pages = capacity.max(pages[0] + pages[1]);
+    }
+
     /// The head leaf of `queue`, if it has an evictable one.
     pub fn head(index: &EvictableIndex, queue: u64) -> Option<NodeId> {
         index
@@ -162,23 +169,19 @@ impl QueueState {
         arc_target: u64,
         remembered: impl Iterator<Item = (u64, u64, usize)>,
     ) {
-        let Some(s) = self.shared_mut() else {
-            return;
-        };
-        s.queue_pages = pages;
-        s.peak_pages = capacity.max(pages[0] + pages[1]);
         match self {
             Self::Off => {}
             Self::Arc(s) => {
+                s.shared.adopt(pages, capacity);
                 s.target = arc_target.min(s.shared.peak_pages);
                 for (key, hits, pages) in remembered {
-                    s.shared
-                        .ghosts
-                        .record(key, usize::from(hits >= 2), pages as u64);
+                    let list = usize::from(hits >= 2);
+                    s.shared.ghosts.record(key, list, pages as u64);
                 }
                 s.trim_ghosts();
             }
             Self::S3fifo(s) => {
+                s.shared.adopt(pages, capacity);
                 for (key, _, pages) in remembered {
                     s.shared.ghosts.record(key, 0, pages as u64);
                 }
@@ -393,37 +396,42 @@ mod tests {
     /// (key, hits, pages), oldest first.
     const REMEMBERED: [(u64, u64, usize); 3] = [(11, 1, 2), (12, 3, 1), (13, 0, 4)];
 
+    /// Takes `policy`'s state over with `REMEMBERED`; returns its remembered
+    /// pages and what its ghost lists give back for keys 11, 12 and 13.
+    fn taken_over(
+        policy: Policy,
+        pages: [u64; 2],
+        capacity: u64,
+    ) -> (u64, Vec<Option<(usize, u64)>>) {
+        let mut state = QueueState::new(policy);
+        state.adopt_books(pages, capacity, 2, REMEMBERED.into_iter());
+        let remembered = state.remembered_pages();
+        let taken = match state.shared_mut() {
+            Some(s) => [11, 12, 13].map(|key| s.ghosts.take(key)).to_vec(),
+            None => Vec::new(),
+        };
+        (remembered, taken)
+    }
+
     #[test]
     fn arc_takes_over_with_ghost_lists_from_the_history() {
-        let mut state = QueueState::new(Policy::Arc);
         // c = 8 pages, |T1| = 3: B1 holds at most 5 pages, so of the one-shot
         // content (11: 2 pages, 13: 4 pages) the older goes; 12 was reused.
-        state.adopt_books([3, 1], 8, 2, REMEMBERED.into_iter());
+        let (remembered, taken) = taken_over(Policy::Arc, [3, 1], 8);
+        assert_eq!(remembered, 5);
+        assert_eq!(taken, [None, Some((1, 1)), Some((0, 4))]);
+        let mut state = QueueState::new(Policy::Arc);
+        state.adopt_books([3, 1], 8, 2, std::iter::empty());
         assert_eq!(state.arc_target(), Some(2));
-        assert_eq!(state.remembered_pages(), 5);
-        let QueueState::Arc(arc) = &mut state else {
-            unreachable!()
-        };
-        assert_eq!(arc.shared.ghosts.take(11), None);
-        assert_eq!(arc.shared.ghosts.take(12), Some((1, 1)));
-        assert_eq!(arc.shared.ghosts.take(13), Some((0, 4)));
     }
 
     #[test]
     fn s3fifo_takes_over_with_all_dropped_content_in_its_ghost_queue() {
-        let mut state = QueueState::new(Policy::S3fifo);
-        state.adopt_books([2, 3], 6, 0, REMEMBERED.into_iter());
         // Within the cache size (6 pages), newest first: 13 and 12.
-        assert_eq!(state.remembered_pages(), 5);
-        let QueueState::S3fifo(s3) = &mut state else {
-            unreachable!()
-        };
-        assert_eq!(s3.shared.ghosts.take(11), None);
-        assert_eq!(s3.shared.ghosts.take(12), Some((0, 1)));
-        assert_eq!(s3.shared.ghosts.take(13), Some((0, 4)));
-        let mut off = QueueState::Off;
-        off.adopt_books([1, 1], 4, 0, REMEMBERED.into_iter());
-        assert_eq!(off.remembered_pages(), 0);
+        let (remembered, taken) = taken_over(Policy::S3fifo, [2, 3], 6);
+        assert_eq!(remembered, 5);
+        assert_eq!(taken, [None, Some((0, 1)), Some((0, 4))]);
+        assert_eq!(taken_over(Policy::Lru, [1, 1], 4), (0, Vec::new()));
     }
 
     #[test]

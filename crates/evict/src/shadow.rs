@@ -29,6 +29,7 @@
 
 use std::borrow::Cow;
 
+use crate::child_key::page_word;
 use crate::digest::Hasher64;
 use crate::namespace::Namespace;
 use crate::node::{Node, Token};
@@ -103,7 +104,7 @@ const SWITCH_MARGIN_SHIFT: u32 = 7;
 const MIN_REQUESTS_BETWEEN: u64 = 64;
 
 /// One word per page of `tokens`: the token itself for one-token pages,
-/// else a hash of the page. The shadows only compare pages, so they keep a
+/// else a hash of the page (`page_word`). The shadows only compare pages, so they keep a
 /// word where the tree keeps `page_size` tokens. A collision (two distinct
 /// pages under one parent with one hash, odds of about 2^-64 a pair) can
 /// only blur a score, and it blurs it alike on every rank.
@@ -113,11 +114,9 @@ fn page_words(tokens: &[Token], page_size: usize) -> Cow<'_, [Token]> {
     }
     tokens
         .chunks_exact(page_size)
-        .map(|page| Hasher64::new(PAGE_TAG).words(page).finish())
+        .map(|page| page_word(page[0], &page[1..]))
         .collect()
 }
-
-const PAGE_TAG: u64 = 0x5ad0_0000_0000_0001;
 
 /// What a policy keeps beyond the live nodes of the tree.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
