@@ -17,6 +17,7 @@ mod ghost;
 mod ghost_list;
 mod namespace;
 mod node;
+mod page_set;
 mod policy;
 mod queues;
 mod s3fifo;

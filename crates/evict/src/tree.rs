@@ -19,13 +19,14 @@ use crate::arena::NodeArena;
 
 use crate::child_key::{ChildKey, Page, PageKey};
 use crate::clock::{LogicalClock, Stamp};
-use crate::digest::{namespace_hash, node_hash, tokens_hash, Hasher64, WordHashing};
+use crate::digest::{namespace_hash, node_hash, tokens_hash, Hasher64};
 use crate::error::EvictError;
 use crate::events::Event;
 use crate::evictable::EvictableIndex;
 use crate::ghost::{content_key, GhostHistory, Weights};
 use crate::namespace::Namespace;
 use crate::node::{Children, HostKey, Node, NodeId, PageId, Tier, Token};
+use crate::page_set::PageSet;
 use crate::policy::Policy;
 use crate::queues::{Choice, QueueState};
 use crate::shadow::{PolicyMemory, Ranking, Shadows};
@@ -90,9 +91,8 @@ pub struct PrefixTree {
     index: EvictableIndex,
     /// Wrapping sum of the live nodes' digest terms.
     digest_sum: u64,
-    /// Device pages held by the tree: a membership set only, never iterated,
-    /// so its hash order cannot leak into any decision.
-    live_pages: HashSet<PageId, WordHashing>,
+    /// Device pages held by the tree.
+    live_pages: PageSet,
     /// Nodes referring to each host object.
     host_refs: BTreeMap<HostKey, usize>,
     host_pages: usize,
@@ -156,7 +156,7 @@ impl PrefixTree {
             idle_digest: 0,
             index: EvictableIndex::default(),
             digest_sum: 0,
-            live_pages: HashSet::default(),
+            live_pages: PageSet::default(),
             host_refs: BTreeMap::new(),
             host_pages: 0,
             floor: 0,
@@ -696,7 +696,7 @@ impl PrefixTree {
         let mut seen = HashSet::with_capacity(pages.len());
         match pages
             .iter()
-            .find(|p| self.live_pages.contains(p) || !seen.insert(**p))
+            .find(|p| self.live_pages.contains(**p) || !seen.insert(**p))
         {
             Some(&page) => Err(EvictError::PageInUse(page)),
             None => Ok(()),
@@ -973,7 +973,7 @@ impl PrefixTree {
             tail = n.device.as_mut().expect("a device leaf").split_off(keep);
         });
         for page in &tail {
-            self.live_pages.remove(page);
+            self.live_pages.remove(*page);
         }
         if self.remembers() {
             let cached = self.live_pages.len() + self.host_pages + need;
@@ -996,7 +996,7 @@ impl PrefixTree {
         // what the tree holds once the victim is gone.
         let device = self.nodes.get(id).and_then(|n| n.device.as_ref());
         for page in device.expect("indexed on device") {
-            self.live_pages.remove(page);
+            self.live_pages.remove(*page);
         }
         // The node's own page list becomes the victim's (no copy).
         let pages = if has_host {
@@ -1244,7 +1244,7 @@ impl PrefixTree {
     pub fn check_invariants(&self) -> Result<(), String> {
         let ps = self.page_size;
         let mut expected: BTreeMap<Tier, Vec<(crate::PolicyKey, NodeId)>> = BTreeMap::new();
-        let mut pages_seen = HashSet::with_hasher(WordHashing::default());
+        let mut pages_seen = PageSet::default();
         let mut host_refs: BTreeMap<HostKey, usize> = BTreeMap::new();
         let mut host_pages = 0;
         for node in self.nodes() {
