@@ -36,22 +36,27 @@ pub struct Weights {
 /// One horizon, in the sixteenths `Weights` count in.
 pub const SIXTEENTHS: u64 = 16;
 
+/// One recorded drop, in recording order. Its sequence number is its place
+/// in the queue; it is live while `entries` maps its key to that number.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Entry {
-    seq: u64,
+struct Item {
+    key: u64,
     hits: u64,
     pages: usize,
 }
 
 #[derive(Debug, Clone, Default)]
 pub struct GhostHistory {
-    /// Looked up by key only, never iterated in any decision (the digest
-    /// sums over it, which is order-free), so its hash order cannot leak.
-    entries: HashMap<u64, Entry, WordHashing>,
-    /// (seq, key) in recording order; an entry taken back or re-recorded
-    /// leaves a stale item here, skipped when it reaches the front.
-    order: VecDeque<(u64, u64)>,
-    /// Wrapping sum of the queue items' hashes (stale ones count too: they
+    /// Content key to the sequence number of its live item. Looked up by key
+    /// only, never iterated in any decision (the digest sums over it, which
+    /// is order-free), so its hash order cannot leak. One word per entry:
+    /// the table is probed on every eviction, and a small one misses less.
+    entries: HashMap<u64, u64, WordHashing>,
+    /// Every recorded drop still in the bound, oldest first; the front's
+    /// sequence number is `next_seq - items.len()`. An item taken back or
+    /// re-recorded since is stale, skipped when it reaches the front.
+    items: VecDeque<Item>,
+    /// Wrapping sum of the items' queue hashes (stale ones count too: they
     /// take room in the queue's bound).
     order_digest: u64,
     next_seq: u64,
@@ -81,12 +86,12 @@ pub fn content_key(parent: NodeId, first_page: &[Token]) -> u64 {
         .finish()
 }
 
-fn entry_hash(key: u64, entry: &Entry) -> u64 {
+fn entry_hash(seq: u64, item: &Item) -> u64 {
     Hasher64::default()
-        .word(key)
-        .word(entry.seq)
-        .word(entry.hits)
-        .word(entry.pages as u64)
+        .word(item.key)
+        .word(seq)
+        .word(item.hits)
+        .word(item.pages as u64)
         .finish()
 }
 
@@ -95,9 +100,20 @@ fn item_hash(seq: u64, key: u64) -> u64 {
 }
 
 impl GhostHistory {
-    fn push_order(&mut self, seq: u64, key: u64) {
-        self.order.push_back((seq, key));
-        self.order_digest = self.order_digest.wrapping_add(item_hash(seq, key));
+    fn front_seq(&self) -> u64 {
+        self.next_seq - self.items.len() as u64
+    }
+
+    fn item(&self, seq: u64) -> &Item {
+        &self.items[(seq - self.front_seq()) as usize]
+    }
+
+    fn push(&mut self, item: Item) {
+        self.order_digest = self
+            .order_digest
+            .wrapping_add(item_hash(self.next_seq, item.key));
+        self.items.push_back(item);
+        self.next_seq += 1;
     }
 
     /// Remembers that content `key` of `pages` pages left with `hits` hits
@@ -107,31 +123,28 @@ impl GhostHistory {
     pub fn record(&mut self, key: u64, hits: u64, pages: usize, cached_pages: usize) {
         self.peak_cached_pages = self.peak_cached_pages.max(cached_pages);
         let bound = GHOST_PAGES_PER_CACHED_PAGE * self.peak_cached_pages;
-        let entry = Entry {
-            seq: self.next_seq,
-            hits,
-            pages,
-        };
-        self.next_seq += 1;
-        self.digest_sum = self.digest_sum.wrapping_add(entry_hash(key, &entry));
-        self.pages += pages;
-        // One lookup: a re-recorded key replaces its entry.
-        if let Some(old) = self.entries.insert(key, entry) {
-            self.discount(key, &old);
+        let (seq, item) = (self.next_seq, Item { key, hits, pages });
+        // One lookup: a re-recorded key's old item goes stale.
+        if let Some(old) = self.entries.insert(key, seq) {
+            self.discount(old);
         }
-        self.push_order(entry.seq, key);
-        while self.pages > bound || self.order.len() > bound.max(1) {
-            let Some((seq, key)) = self.order.pop_front() else {
+        self.push(item);
+        self.digest_sum = self.digest_sum.wrapping_add(entry_hash(seq, &item));
+        self.pages += pages;
+        while self.pages > bound || self.items.len() > bound.max(1) {
+            let seq = self.front_seq();
+            let Some(front) = self.items.front().copied() else {
                 break;
             };
-            self.order_digest = self.order_digest.wrapping_sub(item_hash(seq, key));
             // Stale items (taken back or re-recorded since) name no entry.
-            if let Slot::Occupied(slot) = self.entries.entry(key) {
-                if slot.get().seq == seq {
-                    let old = slot.remove();
-                    self.discount(key, &old);
+            if let Slot::Occupied(slot) = self.entries.entry(front.key) {
+                if *slot.get() == seq {
+                    slot.remove();
+                    self.discount(seq);
                 }
             }
+            self.items.pop_front();
+            self.order_digest = self.order_digest.wrapping_sub(item_hash(seq, front.key));
         }
     }
 
@@ -183,15 +196,18 @@ impl GhostHistory {
     }
 
     fn forget(&mut self, key: u64) -> Option<(u64, usize)> {
-        let entry = self.entries.remove(&key)?;
-        self.discount(key, &entry);
-        Some((entry.hits, entry.pages))
+        let seq = self.entries.remove(&key)?;
+        let item = self.discount(seq);
+        Some((item.hits, item.pages))
     }
 
-    /// Takes a removed entry out of the page count and the digest.
-    fn discount(&mut self, key: u64, entry: &Entry) {
-        self.pages -= entry.pages;
-        self.digest_sum = self.digest_sum.wrapping_sub(entry_hash(key, entry));
+    /// Takes the item whose entry was just removed out of the page count and
+    /// the digest.
+    fn discount(&mut self, seq: u64) -> Item {
+        let item = *self.item(seq);
+        self.pages -= item.pages;
+        self.digest_sum = self.digest_sum.wrapping_sub(entry_hash(seq, &item));
+        item
     }
 
     pub fn pages(&self) -> usize {
@@ -200,28 +216,28 @@ impl GhostHistory {
 
     /// The remembered content, oldest first: `(key, hits, pages)`.
     pub fn remembered(&self) -> impl Iterator<Item = (u64, u64, usize)> + '_ {
-        self.order.iter().filter_map(|&(seq, key)| {
-            let e = self.entries.get(&key).filter(|e| e.seq == seq)?;
-            Some((key, e.hits, e.pages))
-        })
+        (self.front_seq()..)
+            .zip(&self.items)
+            .filter(|(seq, item)| self.entries.get(&item.key) == Some(seq))
+            .map(|(_, item)| (item.key, item.hits, item.pages))
     }
 
     /// Every field, for snapshots: live entries in key order, then the queue
     /// as it is (stale items included: they decide when entries are forgotten).
     pub(crate) fn encode(&self, w: &mut Writer) {
-        let mut keys: Vec<&u64> = self.entries.keys().collect();
-        keys.sort_unstable();
-        w.u64(keys.len() as u64);
-        for key in keys {
-            let e = &self.entries[key];
-            for v in [*key, e.seq, e.hits, e.pages as u64] {
+        let mut live: Vec<(&u64, &u64)> = self.entries.iter().collect();
+        live.sort_unstable();
+        w.u64(live.len() as u64);
+        for (&key, &seq) in live {
+            let item = self.item(seq);
+            for v in [key, seq, item.hits, item.pages as u64] {
                 w.u64(v);
             }
         }
-        w.u64(self.order.len() as u64);
-        for (seq, key) in &self.order {
-            w.u64(*seq);
-            w.u64(*key);
+        w.u64(self.items.len() as u64);
+        for (seq, item) in (self.front_seq()..).zip(&self.items) {
+            w.u64(seq);
+            w.u64(item.key);
         }
         for v in [
             self.next_seq,
@@ -234,31 +250,60 @@ impl GhostHistory {
         }
     }
 
+    /// The inverse of `encode`. The queue's sequence numbers must run on
+    /// without a gap to `next_seq`, and each entry must name its own item.
     pub(crate) fn decode(r: &mut Reader<'_>) -> Result<Self, String> {
-        let mut g = Self::default();
+        let mut live = Vec::new();
         for _ in 0..r.len(32)? {
             let (key, seq, hits, pages) = (r.u64()?, r.u64()?, r.u64()?, r.u64()?);
             let pages = usize::try_from(pages).map_err(|_| "ghost pages out of range")?;
-            let entry = Entry { seq, hits, pages };
-            if g.entries.insert(key, entry).is_some() {
-                return Err(format!("ghost key {key} listed twice"));
-            }
-            g.digest_sum = g.digest_sum.wrapping_add(entry_hash(key, &entry));
+            live.push((key, seq, hits, pages));
         }
+        let mut queue = Vec::new();
         for _ in 0..r.len(16)? {
-            let (seq, key) = (r.u64()?, r.u64()?);
-            g.push_order(seq, key);
+            queue.push((r.u64()?, r.u64()?));
         }
         let to_usize = |v: u64| usize::try_from(v).map_err(|_| "ghost count out of range");
-        g.next_seq = r.u64()?;
-        g.pages = to_usize(r.u64()?)?;
+        let next_seq = r.u64()?;
+        let front = next_seq
+            .checked_sub(queue.len() as u64)
+            .ok_or("ghost queue longer than its records")?;
+        let mut g = Self {
+            next_seq: front,
+            ..Self::default()
+        };
+        for (i, &(seq, key)) in queue.iter().enumerate() {
+            if seq != front + i as u64 {
+                return Err(format!("ghost queue item {seq} out of sequence"));
+            }
+            g.push(Item {
+                key,
+                hits: 0,
+                pages: 0,
+            });
+        }
+        for (key, seq, hits, pages) in live {
+            let at = seq.checked_sub(front).map(|i| i as usize);
+            match at.and_then(|i| g.items.get_mut(i)) {
+                Some(item) if item.key == key => {
+                    (item.hits, item.pages) = (hits, pages);
+                }
+                _ => return Err(format!("ghost key {key} names no queue item {seq}")),
+            }
+            if g.entries.insert(key, seq).is_some() {
+                return Err(format!("ghost key {key} listed twice"));
+            }
+            let item = *g.item(seq);
+            g.digest_sum = g.digest_sum.wrapping_add(entry_hash(seq, &item));
+            g.pages += pages;
+        }
+        let stored_pages = to_usize(r.u64()?)?;
         g.peak_cached_pages = to_usize(r.u64()?)?;
         g.hit_pages = r.u64()?;
         g.returned_pages = r.u64()?;
-        let counted: usize = g.entries.values().map(|e| e.pages).sum();
-        if counted != g.pages {
+        if stored_pages != g.pages {
             return Err(format!(
-                "ghost pages {} != {counted} in its entries",
+                "ghost pages {stored_pages} != {} in its entries",
                 g.pages
             ));
         }
@@ -275,7 +320,7 @@ impl GhostHistory {
         Hasher64::default()
             .word(sum)
             .word(self.next_seq)
-            .word(self.order.len() as u64)
+            .word(self.items.len() as u64)
             .word(self.order_digest)
             .word(self.pages as u64)
             .word(self.peak_cached_pages as u64)
@@ -288,13 +333,12 @@ impl GhostHistory {
     pub fn digest_from_scratch(&self) -> u64 {
         let sum = self
             .entries
-            .iter()
-            .map(|(k, e)| entry_hash(*k, e))
+            .values()
+            .map(|&seq| entry_hash(seq, self.item(seq)))
             .fold(0u64, u64::wrapping_add);
-        let order_sum = self
-            .order
-            .iter()
-            .map(|(seq, key)| item_hash(*seq, *key))
+        let order_sum = (self.front_seq()..)
+            .zip(&self.items)
+            .map(|(seq, item)| item_hash(seq, item.key))
             .fold(0u64, u64::wrapping_add);
         if order_sum != self.order_digest {
             return self.seal(sum).wrapping_add(1);
@@ -331,6 +375,29 @@ mod tests {
         g.record(1, 5, 1, 100); // re-recorded: now the newest
         let listed: Vec<_> = g.remembered().collect();
         assert_eq!(listed, vec![(2, 4, 2), (4, 2, 4), (1, 5, 1)]);
+    }
+
+    #[test]
+    fn snapshots_round_trip_and_a_queue_with_a_gap_is_refused() {
+        let mut g = GhostHistory::default();
+        for key in 0..12 {
+            g.record(key % 5, key, 2, 4); // re-records leave stale items
+        }
+        g.take_back(3);
+        let mut w = Writer::default();
+        g.encode(&mut w);
+        let bytes = w.into_bytes();
+        let back = GhostHistory::decode(&mut Reader::new(&bytes)).unwrap();
+        assert_eq!(back.digest(), g.digest());
+        assert_eq!(back.digest(), back.digest_from_scratch());
+        assert!(back.remembered().eq(g.remembered()));
+        // The queue starts after the 4 live entries (1 word + 4 x 4 words):
+        // its length word, then (seq, key) pairs. Bump the first seq.
+        let first_seq = (1 + 4 * 4 + 1) * 8;
+        let mut gap = bytes.clone();
+        gap[first_seq] ^= 1;
+        let err = GhostHistory::decode(&mut Reader::new(&gap)).unwrap_err();
+        assert!(err.contains("out of sequence"), "{err}");
     }
 
     #[test]
