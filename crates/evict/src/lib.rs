@@ -23,6 +23,7 @@ mod queues;
 mod s3fifo;
 mod shadow;
 mod snapshot;
+mod transplant;
 mod tree;
 mod wire;
 

@@ -49,11 +49,13 @@ pub enum Policy {
     /// mark of device pages) and ranks its own leaves as the shadow with the
     /// most hit pages lately does (scores decay over about a thousand
     /// inserts; a switch needs a lead of more than 1/128 and 64 inserts
-    /// since the last one). Following arc or s3fifo, the tree builds that
-    /// policy's queue state from its nodes (reused content protected, each
-    /// queue least recently used first) and its ghost lists from its own
-    /// history of dropped content (`QueueState::adopt_books`), and keeps it
-    /// until a ranking leads again. See `shadow.rs`.
+    /// since the last one). Following arc, the tree builds ARC's queue state
+    /// from its nodes (reused content protected, each queue least recently
+    /// used first); following s3fifo, it queues each node as the s3fifo
+    /// shadow holds the same content, and what the shadow let go first
+    /// (`transplant.rs`). Either takes its ghost lists from the tree's own
+    /// history of dropped content (`QueueState::adopt_books`) and keeps its
+    /// state until a ranking leads again. See `shadow.rs`.
     ///
     /// Tuned on: the two Mooncake traces (conversation, synthetic) over the
     /// 12-point grid of `cpkv hitrate --grid`. The history's constants
@@ -75,7 +77,12 @@ pub enum Policy {
     /// and checked on both shared traces (unchanged worst margins; seeding
     /// S3-FIFO's queue with one-shot content only missed once on the
     /// synthetic trace, -0.0013) and an unseen docqa seed (-0.0114 ->
-    /// -0.0087). A victim holding at least twice
+    /// -0.0087). Queueing after the shadow was chosen on docqa (seed 3:
+    /// worst margin -0.0060 -> -0.0021, misses 2 -> 1) and checked on the
+    /// shared traces and the slow and bursty workloads (worst margins
+    /// unchanged; medians 0.053 -> 0.055 synthetic, 0.220 -> 0.212 bursty)
+    /// and docqa seed 13 (-0.0087 -> -0.0042, misses 2 -> 3); for ARC it
+    /// lost (see `PrefixTree::follow`). A victim holding at least twice
     /// the pages an eviction still needs loses only its tail (see
     /// `PrefixTree::evict`); chosen over whole leaves, always splitting and
     /// evicting at least half of the leaf on both traces (misses 1 -> 0 on

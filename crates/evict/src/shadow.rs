@@ -108,7 +108,7 @@ const MIN_REQUESTS_BETWEEN: u64 = 64;
 /// word where the tree keeps `page_size` tokens. A collision (two distinct
 /// pages under one parent with one hash, odds of about 2^-64 a pair) can
 /// only blur a score, and it blurs it alike on every rank.
-fn page_words(tokens: &[Token], page_size: usize) -> Cow<'_, [Token]> {
+pub(crate) fn page_words(tokens: &[Token], page_size: usize) -> Cow<'_, [Token]> {
     if page_size == 1 {
         return Cow::Borrowed(tokens);
     }
@@ -181,6 +181,11 @@ impl Shadows {
 
     pub fn leader(&self) -> Ranking {
         CANDIDATES[self.leader]
+    }
+
+    /// The leader's shadow tree.
+    pub fn leader_tree(&self) -> &PrefixTree {
+        &self.trees[self.leader]
     }
 
     /// Replays one insert of whole-page `tokens` into every shadow, as an

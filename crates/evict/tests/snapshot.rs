@@ -141,7 +141,7 @@ const GOLDEN: &[(&str, u64, &str)] = &[
     ("lfu", 0x91f1_b370_e75e_500b, "039acd2160e4d975"),
     ("fifo", 0x0e0f_6c54_7b5c_ea4e, "e62326dc5a8b10b2"),
     ("slru", 0x8bba_a2eb_bc7b_366b, "aabca3b36dd82564"),
-    ("ghost", 0xa601_3f14_1d7f_c2a5, "f7272d57835753f8"),
+    ("ghost", 0x30a2_0f05_e4e8_9821, "e1398d5af2156410"),
     ("arc", 0x3ada_cc15_b71c_b7b4, "8eaae0ceed16e30b"),
     ("s3fifo", 0x7df3_a62e_ab5a_30ae, "ce4bb1851fcd8efb"),
 ];
