@@ -56,7 +56,7 @@ def gather_runs(out: Any, sources: Any, runs: np.ndarray | list) -> Any:
     ``CopyTableError`` before any byte is written. On a device, torch copies.
     """
     if out.is_cpu:
-        _native_copy_rows()(_numpy_view(out), sources, as_run_table(runs))
+        _native_copy_rows()(out, sources, as_run_table(runs))
         return out
     return _gather_runs_tensor(out, sources, _as_run_list(runs))
 
@@ -68,16 +68,6 @@ def _native_copy_rows() -> Any:
     from cpkv._cpkv import copy_rows
 
     return copy_rows
-
-
-def _numpy_view(out: Any) -> Any:
-    """``out`` as a numpy view of the same memory where numpy has its dtype (the byte rows the
-    compose moves always): the native call reads a numpy header directly, while a torch tensor
-    costs it several Python attribute calls. bf16/fp8 tensors go as they are."""
-    try:
-        return out.numpy()
-    except (TypeError, RuntimeError):
-        return out
 
 
 def as_run_table(runs: np.ndarray | list) -> np.ndarray:

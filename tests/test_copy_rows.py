@@ -116,6 +116,16 @@ class _OnlyDataPtr:
         return 0
 
 
+class _ShapelessTensor(_OnlyDataPtr):
+    """Looks like a CPU tensor except that its ``shape`` is no tuple."""
+
+    is_cpu = True
+    shape = "8 rows"
+
+    def is_contiguous(self) -> bool:
+        return True
+
+
 def _misaligned_int16() -> np.ndarray:
     return np.frombuffer(bytearray(66), dtype=np.int16, count=32, offset=1).reshape(4, 8)
 
@@ -134,6 +144,8 @@ def test_bad_buffers_are_refused_before_any_write():
         (out, [torch.tensor(3, dtype=torch.uint8)], "at least one dimension"),
         (out, [b"\0" * 24], "numpy array or a CPU torch tensor"),
         (out, [_OnlyDataPtr()], "numpy array or a CPU torch tensor"),
+        (out, [_ShapelessTensor()], "shape that is not a tuple"),
+        (out, [torch.zeros(3, 4, dtype=torch.bfloat16)], "8 bytes of bfloat16, out has rows of 8 bytes of u1"),
         (out, good, "list or tuple"),
         (out, [out[2:]], "overlaps out"),
     ]

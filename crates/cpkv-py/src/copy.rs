@@ -15,7 +15,8 @@
 // kept alive by a reference held for the whole call.
 #![allow(unsafe_code)]
 
-use std::sync::{Mutex, PoisonError};
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use cpkv_copy::{Run, Stores, RUN_COLUMNS};
 use numpy::npyffi::flags::NPY_ARRAY_WRITEABLE;
@@ -48,7 +49,7 @@ struct Rows {
     bytes: usize,
     rows: usize,
     row_bytes: usize,
-    dtype: String,
+    dtype: Dtype,
     writable: bool,
 }
 
@@ -61,52 +62,90 @@ impl Rows {
     }
 }
 
-/// A torch dtype in numpy's `kind + itemsize` code where numpy has the
-/// same dtype ("torch.int16" -> "i2"), else its own name ("bfloat16"), so a
-/// numpy buffer and a torch buffer of one dtype compare equal.
-fn torch_dtype_name_code(name: &str) -> String {
-    let name = name.trim_start_matches("torch.");
-    let code = match name {
-        "uint8" => "u1",
-        "int8" => "i1",
-        "int16" => "i2",
-        "int32" => "i4",
-        "int64" => "i8",
-        "uint16" => "u2",
-        "uint32" => "u4",
-        "uint64" => "u8",
-        "float16" => "f2",
-        "float32" => "f4",
-        "float64" => "f8",
-        "bool" => "b1",
-        "complex64" => "c8",
-        "complex128" => "c16",
-        other => other,
-    };
-    code.to_string()
+/// A buffer's element type: numpy's kind and item size where numpy has the
+/// type ("u1", "f2"; torch.int16 is "i2" too), else torch's own name
+/// ("bfloat16"), so a numpy buffer and a torch buffer of one type compare
+/// equal. Made and compared without allocating.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Dtype {
+    Numpy(char, usize),
+    Named(Arc<str>),
 }
 
-/// `torch_dtype_name_code` of a torch dtype object, remembered by identity
-/// (torch's dtypes are a few singletons; each is held here, so its address
-/// cannot be reused by another object).
-fn torch_dtype_code(dtype: &Bound<'_, PyAny>) -> PyResult<String> {
-    static SEEN: Mutex<Vec<(Py<PyAny>, String)>> = Mutex::new(Vec::new());
-    let known = |seen: &[(Py<PyAny>, String)]| {
+impl fmt::Display for Dtype {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Dtype::Numpy(kind, size) => write!(f, "{kind}{size}"),
+            Dtype::Named(name) => f.write_str(name),
+        }
+    }
+}
+
+impl Dtype {
+    /// A torch dtype by its `str` ("torch.int16").
+    fn of_torch_name(name: &str) -> Self {
+        let name = name.trim_start_matches("torch.");
+        let (kind, size) = match name {
+            "uint8" => ('u', 1),
+            "int8" => ('i', 1),
+            "int16" => ('i', 2),
+            "int32" => ('i', 4),
+            "int64" => ('i', 8),
+            "uint16" => ('u', 2),
+            "uint32" => ('u', 4),
+            "uint64" => ('u', 8),
+            "float16" => ('f', 2),
+            "float32" => ('f', 4),
+            "float64" => ('f', 8),
+            "bool" => ('b', 1),
+            "complex64" => ('c', 8),
+            "complex128" => ('c', 16),
+            other => return Dtype::Named(other.into()),
+        };
+        Dtype::Numpy(kind, size)
+    }
+}
+
+/// The `Dtype` and item size of a torch tensor's dtype object, remembered
+/// by identity (torch's dtypes are a few singletons; each is held here, so
+/// its address cannot be reused by another object). `tensor` gives the item
+/// size the first time a dtype is seen.
+fn torch_dtype(dtype: &Bound<'_, PyAny>, tensor: &Bound<'_, PyAny>) -> PyResult<(Dtype, usize)> {
+    type Seen = Vec<(Py<PyAny>, Dtype, usize)>;
+    static SEEN: Mutex<Seen> = Mutex::new(Vec::new());
+    let known = |seen: &Seen| {
         seen.iter()
-            .find(|(known, _)| dtype.is(known))
-            .map(|(_, code)| code.clone())
+            .find(|(known, ..)| dtype.is(known))
+            .map(|(_, code, size)| (code.clone(), *size))
     };
     let seen = || SEEN.lock().unwrap_or_else(PoisonError::into_inner);
-    if let Some(code) = known(&seen()) {
-        return Ok(code);
+    if let Some(found) = known(&seen()) {
+        return Ok(found);
     }
     // Python runs outside the lock (it may switch threads).
-    let code = torch_dtype_name_code(dtype.str()?.to_str()?);
+    let code = Dtype::of_torch_name(dtype.str()?.to_str()?);
+    let size: usize = tensor
+        .call_method0(intern!(dtype.py(), "element_size"))?
+        .extract()?;
     let mut seen = seen();
     if known(&seen).is_none() {
-        seen.push((dtype.clone().unbind(), code.clone()));
+        seen.push((dtype.clone().unbind(), code.clone(), size));
     }
-    Ok(code)
+    Ok((code, size))
+}
+
+/// `(rows, elements per row)` of a shape, `None` for a scalar.
+fn split_shape(
+    mut dims: impl Iterator<Item = PyResult<usize>>,
+) -> PyResult<Option<(usize, usize)>> {
+    let Some(rows) = dims.next().transpose()? else {
+        return Ok(None);
+    };
+    let mut per_row = 1usize;
+    for dim in dims {
+        per_row = per_row.saturating_mul(dim?);
+    }
+    Ok(Some((rows, per_row)))
 }
 
 /// A numpy array or a CPU torch tensor as rows (`shape[0]` rows of
@@ -133,18 +172,20 @@ fn rows_of(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Rows> {
         let dtype = array.dtype();
         (
             data,
-            array.shape().to_vec(),
+            split_shape(array.shape().iter().map(|&d| Ok(d)))?,
             dtype.itemsize(),
-            format!("{}{}", char::from(dtype.kind()), dtype.itemsize()),
+            Dtype::Numpy(char::from(dtype.kind()), dtype.itemsize()),
             flags & NPY_ARRAY_WRITEABLE != 0,
         )
     } else if let (Ok(data_ptr), Ok(is_cpu)) = (
         obj.getattr(intern!(py, "data_ptr")),
         obj.getattr(intern!(py, "is_cpu")),
     ) {
-        // A torch tensor. Names are interned and each call returns a plain
-        // int or bool: this path runs once per gather, and every Python
-        // object made here is time taken from the copy.
+        // A torch tensor. Names are interned, the item size comes with the
+        // remembered dtype, and the shape is read once as the tuple it is
+        // (`size(0)` alone parses its argument for longer than `shape` takes
+        // whole): this path runs once per gather, and every Python call made
+        // here is time taken from the copy.
         if !is_cpu.extract::<bool>()? {
             let device = obj.getattr(intern!(py, "device"))?.str()?.to_string();
             return Err(refused(format!(
@@ -159,25 +200,16 @@ fn rows_of(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Rows> {
                 "{what} must be contiguous (a strided view cannot move as rows)"
             )));
         }
-        // Plain ints only on this path: a `torch.Size` per call is a tuple
-        // the cyclic GC tracks, and its collections cost more than the call.
-        let dims: usize = obj.call_method0(intern!(py, "dim"))?.extract()?;
-        let shape = if dims == 0 {
-            Vec::new()
-        } else {
-            let rows: usize = obj.call_method1(intern!(py, "size"), (0,))?.extract()?;
-            let numel: usize = obj.call_method0(intern!(py, "numel"))?.extract()?;
-            if rows == 0 {
-                obj.getattr(intern!(py, "shape"))?.extract()? // row size from the shape itself
-            } else {
-                vec![rows, numel / rows]
-            }
-        };
+        let shape = obj.getattr(intern!(py, "shape"))?;
+        let shape = shape
+            .cast::<PyTuple>()
+            .map_err(|_| refused(format!("{what} has a shape that is not a tuple of ints")))?;
+        let (dtype, itemsize) = torch_dtype(&obj.getattr(intern!(py, "dtype"))?, obj)?;
         (
             data_ptr.call0()?.extract()?,
-            shape,
-            obj.call_method0(intern!(py, "element_size"))?.extract()?,
-            torch_dtype_code(&obj.getattr(intern!(py, "dtype"))?)?,
+            split_shape(shape.iter().map(|d| d.extract::<usize>()))?,
+            itemsize,
+            dtype,
             true,
         )
     } else {
@@ -186,12 +218,12 @@ fn rows_of(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Rows> {
             obj.get_type().name()?
         )));
     };
-    let Some((&rows, page)) = shape.split_first() else {
+    let Some((rows, per_row)) = shape else {
         return Err(refused(format!(
             "{what} must have at least one dimension (rows), got a scalar"
         )));
     };
-    let row_bytes = page.iter().product::<usize>() * itemsize;
+    let row_bytes = per_row * itemsize;
     if itemsize > 1 && address % itemsize != 0 {
         return Err(refused(format!(
             "{what} starts at address {address:#x}, not aligned to its {itemsize}-byte elements"
