@@ -609,9 +609,10 @@ impl PrefixTree {
     /// when a ranking leads. S3-FIFO queues each node as its shadow holds the
     /// same content, what the shadow let go first (`transplant`). ARC queues
     /// reused content in T2 and one-shot content in T1, each least recently
-    /// used first, with its shadow's target `arc_target` (queued after its
-    /// shadow too, docqa lost up to 0.03 of hit ratio at 1,255 blocks: ARC's
-    /// split rests on its own ghost lists, which name the shadow's nodes).
+    /// used first, with its shadow's target `arc_target`: queued after its
+    /// shadow too, docqa lost up to 0.03 of hit ratio at 1,255 blocks (not
+    /// established why; likely the target, which ARC steers by ghost lists
+    /// that cannot come along, the shadow's naming the shadow's nodes).
     /// The ghost priority is recomputed as of each node's last access.
     fn follow(&mut self, before: Ranking, capacity: usize, arc_target: u64) {
         let after = self.ranking();
