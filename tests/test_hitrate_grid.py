@@ -64,6 +64,16 @@ def test_the_default_is_never_below_the_best_classic_policy_on_the_synthetic_tra
     assert not below, below
 
 
+def test_the_default_is_never_below_the_best_classic_policy_on_documents_with_questions():
+    """Long documents that come back with new questions (docqa, 8,000 requests, seed 3), where the
+    default follows arc and s3fifo for long stretches: the same guard, allowing 0.001."""
+    requests = [r.hash_ids for r in generate(8000, 3, "docqa")]
+    capacities, rows, _ = grid_rows(requests, ONLINE)
+    below = {c: (rows[c][DEFAULT_POLICY], max(rows[c][p] for p in CLASSIC)) for c in capacities
+             if rows[c][DEFAULT_POLICY] < max(rows[c][p] for p in CLASSIC) - 0.001}
+    assert not below, below
+
+
 def test_grid_command_prints_the_summary(capsys, tmp_path):
     out = tmp_path / "grid.json"
     assert main(["hitrate", "--generate", "300", "--seed", "2", "--mix", "bursty", "--grid",

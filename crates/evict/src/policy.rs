@@ -87,7 +87,13 @@ pub enum Policy {
     /// `PrefixTree::evict`); chosen over whole leaves, always splitting and
     /// evicting at least half of the leaf on both traces (misses 1 -> 0 on
     /// each; always splitting tied on conversation and missed once on
-    /// synthetic). The key changes only on access,
+    /// synthetic). Following arc, one-shot victims (T1) leave whole: chosen
+    /// on docqa (seed 3: worst margin -0.0021 -> -0.0009, its last miss)
+    /// and checked on the shared traces and the slow and bursty workloads
+    /// (worst margins unchanged; synthetic's median 0.055 -> 0.054) and
+    /// docqa seed 13 (-0.0042 -> -0.0024). Every victim whole while
+    /// following arc missed on synthetic (-0.0012), reused ones (T2) whole
+    /// lost on docqa (-0.0139). The key changes only on access,
     /// creation or a switch of ranking, so the ordered index stays valid in
     /// between.
     Ghost,

@@ -468,8 +468,8 @@ impl PrefixTree {
     /// `num_pages` are freed or nothing is evictable. A victim with a host
     /// copy stays as host-only; one without leaves the tree. Under
     /// `Policy::Ghost` a victim holding at least twice the pages still needed
-    /// loses only its tail: the head is what a returning request matches
-    /// first. A device-only leaf without children is trimmed in place (it
+    /// loses only its tail (`keeps_head`): the head is what a returning
+    /// request matches first. A device-only leaf without children is trimmed in place (it
     /// keeps its id); otherwise a split keeps the children or the host copy
     /// with the tail.
     pub fn evict(&mut self, num_pages: usize) -> Vec<DeviceVictim> {
@@ -482,7 +482,7 @@ impl PrefixTree {
             };
             let need = num_pages - freed;
             let held = self.node_ref(id).device.as_ref().map_or(0, Vec::len);
-            if self.policy == Policy::Ghost && held >= 2 * need {
+            if self.keeps_head(id) && held >= 2 * need {
                 // Only the victim's last `need` pages leave when that is at
                 // most half of it: its head stays a leaf (same stamps) for a
                 // returning request to match first.
@@ -952,6 +952,14 @@ impl PrefixTree {
             access(n, policy, now, floor, weights, queued);
         });
         self.update(parent, |p| p.device_children += 1);
+    }
+
+    /// Whether victim `id` keeps its head when it holds more than an eviction
+    /// needs: under `Policy::Ghost`, except for one-shot content (ARC's T1)
+    /// while the tree follows arc, which leaves whole as in ARC itself.
+    fn keeps_head(&self, id: NodeId) -> bool {
+        let one_shot = || crate::queues::Slot::unpack(self.node_ref(id).priority).queue == 0;
+        self.policy == Policy::Ghost && !(self.ranking() == Ranking::Arc && one_shot())
     }
 
     /// The policy's next device victim: the index's first leaf, or what a
