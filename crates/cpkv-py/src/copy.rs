@@ -143,7 +143,7 @@ fn split_shape(
     };
     let mut per_row = 1usize;
     for dim in dims {
-        per_row = per_row.saturating_mul(dim?);
+        per_row *= dim?;
     }
     Ok(Some((rows, per_row)))
 }

@@ -6,18 +6,16 @@
 //! hashes to one word (`page_word`): a one-token page to its token, a longer
 //! one to a hash of all its tokens. Children sit in a hash table of these
 //! keys (one probe where an ordered map walked several nodes, each a cache
-//! miss in a large tree); nothing iterates it in a decision. The order is
-//! still the page's lexicographic order, as if the whole page were one slice.
+//! miss in a large tree); nothing iterates it in a decision.
 
 use std::borrow::Borrow;
-use std::cmp::Ordering;
 use std::hash::{Hash, Hasher};
 
 use crate::digest::Hasher64;
 use crate::node::Token;
 
 /// A child's key as stored: its first page, split after the first token.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChildKey {
     head: Token,
     rest: Box<[Token]>,
@@ -65,24 +63,10 @@ impl PageKey for Page<'_> {
     }
 }
 
-// The order `ChildKey` derives: head first, then the rest.
-impl Ord for dyn PageKey + '_ {
-    fn cmp(&self, other: &Self) -> Ordering {
-        self.head()
-            .cmp(&other.head())
-            .then_with(|| self.rest().cmp(other.rest()))
-    }
-}
-
-impl PartialOrd for dyn PageKey + '_ {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
+// The equality `ChildKey` derives: head, then the rest.
 impl PartialEq for dyn PageKey + '_ {
     fn eq(&self, other: &Self) -> bool {
-        self.cmp(other) == Ordering::Equal
+        self.head() == other.head() && self.rest() == other.rest()
     }
 }
 
@@ -127,26 +111,13 @@ impl<'a> Borrow<dyn PageKey + 'a> for ChildKey {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::BTreeMap;
-
     #[test]
-    fn orders_like_the_whole_page_and_finds_borrowed_pages() {
-        let pages: [&[Token]; 5] = [&[2, 9], &[1, 5], &[2, 1], &[1, 7], &[0, 100]];
-        let map: BTreeMap<ChildKey, usize> = pages
-            .iter()
-            .enumerate()
-            .map(|(i, p)| (ChildKey::new(p), i))
-            .collect();
-        let mut sorted = pages.to_vec();
-        sorted.sort();
-        let order: Vec<&[Token]> = map.values().map(|&i| pages[i]).collect();
-        assert_eq!(order, sorted);
-        for (i, p) in pages.iter().enumerate() {
-            assert_eq!(map.get(&Page(p) as &dyn PageKey), Some(&i));
-            assert!(ChildKey::new(p).names(p));
+    fn a_key_names_its_page_only() {
+        for page in [&[2, 9][..], &[5], &[0, 0, 7]] {
+            assert!(ChildKey::new(page).names(page));
         }
-        assert_eq!(map.get(&Page(&[2, 2]) as &dyn PageKey), None);
         assert!(!ChildKey::new(&[2, 9]).names(&[2, 1]));
+        assert!(!ChildKey::new(&[2, 9]).names(&[3, 9]));
     }
 
     #[test]

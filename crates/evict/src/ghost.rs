@@ -384,6 +384,7 @@ mod tests {
             g.record(key % 5, key, 2, 4); // re-records leave stale items
         }
         g.take_back(3);
+        assert_eq!(g.entries.len(), 4, "the offsets below count 4 live entries");
         let mut w = Writer::default();
         g.encode(&mut w);
         let bytes = w.into_bytes();

@@ -154,11 +154,8 @@ impl QueueState {
     /// A node of a tree taken over, queued behind the ones before it with
     /// the queue and count of `held` (where a shadow holds its content).
     pub fn adopted_as(&mut self, held: Slot) -> u64 {
-        match self {
-            Self::Off => 0,
-            Self::Arc(s) => s.shared.slot(held.queue, held.count),
-            Self::S3fifo(s) => s.shared.slot(held.queue, held.count),
-        }
+        self.shared_mut()
+            .map_or(0, |s| s.slot(held.queue, held.count))
     }
 
     /// Books the pages per queue of a tree just taken over, whose cache

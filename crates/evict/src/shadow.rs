@@ -104,8 +104,8 @@ const SWITCH_MARGIN_SHIFT: u32 = 7;
 const MIN_REQUESTS_BETWEEN: u64 = 64;
 
 /// One word per page of `tokens`: the token itself for one-token pages,
-/// else a hash of the page (`page_word`). The shadows only compare pages, so they keep a
-/// word where the tree keeps `page_size` tokens. A collision (two distinct
+/// else a hash of the page (`page_word`). The shadows only compare pages,
+/// so they keep a word where the tree keeps `page_size` tokens. A collision (two distinct
 /// pages under one parent with one hash, odds of about 2^-64 a pair) can
 /// only blur a score, and it blurs it alike on every rank.
 pub(crate) fn page_words(tokens: &[Token], page_size: usize) -> Cow<'_, [Token]> {

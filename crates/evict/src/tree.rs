@@ -469,9 +469,9 @@ impl PrefixTree {
     /// copy stays as host-only; one without leaves the tree. Under
     /// `Policy::Ghost` a victim holding at least twice the pages still needed
     /// loses only its tail (`keeps_head`): the head is what a returning
-    /// request matches first. A device-only leaf without children is trimmed in place (it
-    /// keeps its id); otherwise a split keeps the children or the host copy
-    /// with the tail.
+    /// request matches first. A device-only leaf without children is trimmed
+    /// in place (it keeps its id); otherwise a split keeps the children or
+    /// the host copy with the tail.
     pub fn evict(&mut self, num_pages: usize) -> Vec<DeviceVictim> {
         self.clock.tick();
         let mut victims = Vec::new();
@@ -619,8 +619,6 @@ impl PrefixTree {
         if before.queue_policy().is_none() && after.queue_policy().is_none() {
             return self.rekey();
         }
-        let mut ids: Vec<(Stamp, NodeId)> = self.nodes().map(|n| (n.last_access, n.id)).collect();
-        ids.sort_unstable();
         // Off first: the old priorities leave no books behind.
         self.queues = QueueState::Off;
         if let Some(policy) = after.queue_policy() {
@@ -632,7 +630,7 @@ impl PrefixTree {
                     self.update(id, |n| n.priority = slot);
                 }
             } else {
-                for &(_, id) in &ids {
+                for id in self.by_last_access() {
                     let slot = state.adopted(self.node_ref(id).hits);
                     self.update(id, |n| n.priority = slot);
                 }
@@ -642,12 +640,19 @@ impl PrefixTree {
             self.queues = state;
         } else {
             let (floor, weights) = (self.floor, self.weights());
-            for &(_, id) in &ids {
+            for id in self.by_last_access() {
                 self.update(id, |n| {
                     n.priority = Policy::Ghost.priority(n, n.last_access, floor, weights);
                 });
             }
         }
+    }
+
+    /// Every node, least recently accessed first (ties by id).
+    fn by_last_access(&self) -> Vec<NodeId> {
+        let mut ids: Vec<(Stamp, NodeId)> = self.nodes().map(|n| (n.last_access, n.id)).collect();
+        ids.sort_unstable();
+        ids.into_iter().map(|(_, id)| id).collect()
     }
 
     /// Device pages per queue, counted from the nodes' queue states (only
