@@ -1,5 +1,7 @@
 //! The copy itself: one copy per contiguous stretch, one per row otherwise,
-//! with the stores `Stores::for_bytes` picks for the whole table.
+//! with the stores `Stores::for_bytes` picks for the whole table. Runs that
+//! interleave into one stretch of the destination (a compose gather's `cp`
+//! owners of a request) are copied together in destination order.
 
 use crate::check::{check_runs, rows_of, CopyError};
 use crate::runs::Run;
@@ -25,11 +27,11 @@ pub fn copy_runs_with(
     runs: &[Run],
     stores: Option<Stores>,
 ) -> Result<(), CopyError> {
-    let dst_rows = rows_of("the destination", dst.len(), row_bytes)?;
+    let dst_rows = rows_of(|| "the destination".into(), dst.len(), row_bytes)?;
     let source_rows = sources
         .iter()
         .enumerate()
-        .map(|(i, s)| rows_of(&format!("source {i}"), s.len(), row_bytes))
+        .map(|(i, s)| rows_of(|| format!("source {i}"), s.len(), row_bytes))
         .collect::<Result<Vec<_>, _>>()?;
     check_runs(runs, dst_rows, &source_rows)?;
     let stores = stores.unwrap_or_else(|| {
@@ -37,12 +39,73 @@ pub fn copy_runs_with(
         let rows: u64 = runs.iter().map(|r| r.count).sum();
         Stores::for_bytes((rows as usize).saturating_mul(row_bytes))
     });
-    // A run of no rows names no buffer (its source was not checked).
-    for run in runs.iter().filter(|r| r.count > 0) {
-        copy_checked(dst, sources[run.source as usize], row_bytes, run, stores);
+    let mut rest = runs;
+    while let Some(run) = rest.first() {
+        let group = interleaved_len(rest);
+        if group > 1 {
+            copy_interleaved(dst, sources, row_bytes, &rest[..group], stores);
+        } else if run.count > 0 {
+            // A run of no rows names no buffer (its source was not checked).
+            copy_checked(dst, sources[run.source as usize], row_bytes, run, stores);
+        }
+        rest = &rest[group..];
     }
     fence(stores);
     Ok(())
+}
+
+/// How many runs from the front of `runs` interleave: `n` runs with one
+/// destination stride `s >= n`, starting at consecutive rows `d, d + 1, ...,
+/// d + n - 1`, with counts that never grow. Each writes its own residue of
+/// `s`, so their rows are disjoint and may be copied in any order; taken a
+/// row of each run at a time, the writes move strictly forward (a run that
+/// outlasted an earlier one would jump ahead of the next group's rows).
+/// Copying run after run instead sweeps the stretch `n` times: for 4 KB rows
+/// in cache at cp 4 and 8, 0.88-0.90 of one memcpy of the same bytes instead
+/// of 0.91-0.93.
+fn interleaved_len(runs: &[Run]) -> usize {
+    let first = &runs[0];
+    let stride = first.dst_stride;
+    if stride < 2 || first.count == 0 {
+        return 1;
+    }
+    let mut n = 1;
+    while n < runs.len() && (n as u64) < stride {
+        let (run, previous) = (&runs[n], &runs[n - 1]);
+        if run.dst_stride != stride
+            || run.dst_row != first.dst_row + n as u64
+            || run.count == 0
+            || run.count > previous.count
+        {
+            break;
+        }
+        n += 1;
+    }
+    n
+}
+
+/// Interleaved runs (see `interleaved_len`), already checked, in destination order.
+fn copy_interleaved(
+    dst: &mut [u8],
+    sources: &[&[u8]],
+    row_bytes: usize,
+    group: &[Run],
+    stores: Stores,
+) {
+    // Counts never grow along the group: in round `k`, the runs still going
+    // are a prefix of it.
+    let mut live = group.len();
+    for k in 0..group[0].count {
+        while group[live - 1].count <= k {
+            live -= 1;
+        }
+        for run in &group[..live] {
+            let d = (run.dst_row + k * run.dst_stride) as usize * row_bytes;
+            let s = (run.src_row + k * run.src_stride) as usize * row_bytes;
+            let src = sources[run.source as usize];
+            copy_row(&mut dst[d..d + row_bytes], &src[s..s + row_bytes], stores);
+        }
+    }
 }
 
 /// One run, already checked (every row index is in range, so the casts fit).
