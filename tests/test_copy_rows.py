@@ -261,3 +261,22 @@ def test_an_unknown_kind_of_stores_is_refused_and_nothing_is_written(stores):
     with pytest.raises(InvalidArgumentError, match="stores must be None, 'cached' or 'streaming'"):
         copy_rows(out, [np.zeros((2, 8), dtype=np.uint8)], table((0, 1, 2, 0, 0, 1)), stores)
     assert (out == 9).all()
+
+
+def test_gather_runs_writes_numpy_and_tensor_targets_alike_from_any_table_form():
+    """``gather_runs`` (what the compose groups call) takes a numpy ``out`` as the cheaper target
+    and a run table as an int64 array (passed as it is), a strided or int32 array, or a list."""
+    from cpkv.kernels.gather import as_run_table, gather_runs
+
+    gen = torch.Generator().manual_seed(5)
+    sources = [random_rows(gen, 6, (16,), torch.uint8) for _ in range(4)]
+    runs = table((0, 4, 2, 0, 1, 1), (1, 4, 2, 1, 0, 1), (2, 4, 2, 2, 3, 1), (3, 4, 1, 3, 5, 1), (7, 1, 1, 0, 0, 0))
+    want = reference(torch.zeros(8, 16, dtype=torch.uint8), sources, runs)
+    assert as_run_table(runs) is runs
+    strided = np.repeat(runs, 2, axis=0)[::2]
+    for form in (runs, strided, runs.astype(np.int32), runs.tolist()):
+        tensor = gather_runs(torch.zeros(8, 16, dtype=torch.uint8), RowSources(sources), form)
+        array = gather_runs(np.zeros((8, 16), dtype=np.uint8), RowSources(sources), form)
+        assert torch.equal(tensor, want) and np.array_equal(array, want.numpy())
+    with pytest.raises(CopyTableError, match="reaches destination row 8"):
+        gather_runs(np.zeros((8, 16), dtype=np.uint8), sources, table((7, 1, 2, 0, 0, 1)))

@@ -190,7 +190,8 @@ def _gather_vs_copy(cp: int, requests: int, prefix: int, current: int, row_bytes
     groups = plan.index_groups(0)
     out_rows, flat_rows, run_table = out.numpy(), flat.numpy(), as_run_table(runs)
     paths = {
-        "native_s": lambda: gather_runs(out, table, runs),
+        # As ShmGroup.compose runs it: into the numpy array its fresh dense tensor shares.
+        "native_s": lambda: gather_runs(out_rows, table, runs),
         "cached_s": lambda: copy_rows(out_rows, table, run_table, "cached"),
         "streaming_s": lambda: copy_rows(out_rows, table, run_table, "streaming"),
         "copy_s": lambda: out.copy_(flat),
