@@ -36,21 +36,44 @@ def next_uses(requests: Sequence[Sequence[int]]) -> list[list[int]]:
 
 def belady_hits(requests: Sequence[Sequence[int]], capacity: int) -> tuple[int, int]:
     """(hit blocks, total blocks) of Belady's policy at ``capacity`` blocks."""
+    # The farthest next use leaves first (never-again blocks before all), then the deeper block.
+    return _offline_hits(requests, capacity, lambda request, depth, block, nxt: (-nxt, -depth, -block))
+
+
+def one_shot_oracle_hits(requests: Sequence[Sequence[int]], capacity: int) -> tuple[int, int]:
+    """(hit blocks, total blocks) of LRU told which blocks are never used again: those leave
+    first (oldest first), then the least recently used (the deeper block on a tie).
+
+    It knows *whether* each block returns, not *when*: the most an online policy could gain by
+    recognising one-shot content (documents, last turns, unique tails) and nothing else. Where
+    it closes little of the lru -> Belady gap, the rest is timing, which no online policy sees.
+    The never-again set holds the descendants of its blocks, so the cache stays prefix-closed.
+    """
+    return _offline_hits(
+        requests, capacity, lambda request, depth, block, nxt: (nxt != NEVER, request, -depth, -block)
+    )
+
+
+def _offline_hits(requests: Sequence[Sequence[int]], capacity: int, rank) -> tuple[int, int]:
+    """The block cache both offline policies share: per request, the hit is its longest run of
+    leading cached blocks, then all its blocks are admitted (ranked by ``rank(request, depth,
+    block, next_use)``) and the lowest-ranked cached block leaves until the cache fits."""
     nexts = next_uses(requests)
-    cached: dict[int, int] = {}  # block -> its next use (heap entries are lazy)
-    heap: list[tuple[int, int, int]] = []  # (-next use, -depth, -block)
+    cached: dict[int, tuple] = {}  # block -> its rank (heap entries are lazy)
+    heap: list[tuple] = []
     hits = total = 0
-    for blocks, upcoming in zip(requests, nexts):
+    for request, (blocks, upcoming) in enumerate(zip(requests, nexts)):
         matched = 0
         while matched < len(blocks) and blocks[matched] in cached:
             matched += 1
         hits += matched
         total += len(blocks)
         for depth, (block, nxt) in enumerate(zip(blocks, upcoming)):
-            cached[block] = nxt
-            heapq.heappush(heap, (-nxt, -depth, -block))
+            key = rank(request, depth, block, nxt)
+            cached[block] = key
+            heapq.heappush(heap, (key, block))
         while len(cached) > capacity:
-            nxt, _, block = heapq.heappop(heap)
-            if cached.get(-block) == -nxt:
-                del cached[-block]
+            key, block = heapq.heappop(heap)
+            if cached.get(block) == key:
+                del cached[block]
     return hits, total

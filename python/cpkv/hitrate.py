@@ -17,6 +17,10 @@ summary gives, per policy, the grid points where it is the best online
 policy, the median and worst fraction of the lru -> Belady gap it closes,
 and its worst margin against the best classic policy (lru, lfu, fifo, slru,
 arc, s3fifo) at any point; the recommended default is ``DEFAULT_POLICY``.
+Beside Belady it prints the one-shot oracle (``cpkv.belady.one_shot_oracle_hits``):
+LRU told which blocks never return, the reach of recognising one-shot content
+without knowing when anything returns; where it closes little of the gap, the
+rest is timing, which no online policy sees.
 ``--generate N`` replays N requests of a generated workload
 (``cpkv.workload``, ``--mix``, ``--seed``) instead of a trace file.
 """
@@ -221,19 +225,27 @@ def _run_grid(loaded, policies: list[str], json_path: str | None) -> int:
 
     if "lru" not in policies:
         raise InvalidArgumentError("--grid measures the gap closed from lru: include lru in --policy")
+    import statistics
+
+    from cpkv.belady import one_shot_oracle_hits
+
     tables = []
     summaries = {}
     for path, requests in loaded:
         started = time.perf_counter()
         capacities, rows, belady = grid_rows(requests, policies)
+        oracle = {c: one_shot_oracle_hits(requests, c) for c in capacities}
+        oracle = {c: hits / total for c, (hits, total) in oracle.items()}
         name = Path(path).name if Path(path).exists() else path
         table = Table(
-            f"{name}: block prefix hit ratio on the grid, {len(requests):,} requests",
-            ["capacity", *policies, "belady"],
+            f"{name}: block prefix hit ratio on the grid, {len(requests):,} requests (offline: belady, and "
+            f"one-shot oracle = lru told which blocks never return)",
+            ["capacity", *policies, "one-shot oracle", "belady"],
         )
         for c in capacities:
-            table.add(c, *(f"{rows[c][p]:.4f}" for p in policies), f"{belady[c]:.4f}")
+            table.add(c, *(f"{rows[c][p]:.4f}" for p in policies), f"{oracle[c]:.4f}", f"{belady[c]:.4f}")
         summary = grid_summary(rows, belady)
+        oracle_gaps = [gap_closed(oracle[c], rows[c]["lru"], belady[c]) for c in capacities]
         best_classic = [p for p in CLASSIC if p in policies]
         table_s = Table(
             f"{name}: per policy over {len(capacities)} grid points (gap = lru -> belady; "
@@ -246,8 +258,12 @@ def _run_grid(loaded, policies: list[str], json_path: str | None) -> int:
                 p, s["won"], f"{s['median_gap_closed']:.3f}", f"{s['worst_gap_closed']:.3f}",
                 f"{s['worst_margin_vs_best_classic']:+.4f}", s["worst_margin_at"],
             )
+        # The reach of recognising one-shot content: what no online policy can exceed by that alone.
+        table_s.add("one-shot oracle (offline)", "-", f"{statistics.median(oracle_gaps):.3f}",
+                    f"{min(oracle_gaps):.3f}", "-", "-")
         tables += [table, table_s]
-        summaries[name] = {"capacities": capacities, "rows": rows, "belady": belady, "summary": summary}
+        summaries[name] = {"capacities": capacities, "rows": rows, "belady": belady, "one_shot_oracle": oracle,
+                           "summary": summary}
         if DEFAULT_POLICY in summary:
             s = summary[DEFAULT_POLICY]
             print(
