@@ -44,10 +44,11 @@ def one_shot_oracle_hits(requests: Sequence[Sequence[int]], capacity: int) -> tu
     """(hit blocks, total blocks) of LRU told which blocks are never used again: those leave
     first (oldest first), then the least recently used (the deeper block on a tie).
 
-    It knows *whether* each block returns, not *when*: the most an online policy could gain by
-    recognising one-shot content (documents, last turns, unique tails) and nothing else. Where
-    it closes little of the lru -> Belady gap, the rest is timing, which no online policy sees.
-    The never-again set holds the descendants of its blocks, so the cache stays prefix-closed.
+    It knows *whether* each block returns, not *when*: what recognising one-shot content
+    (documents, last turns, unique tails) adds to recency alone. It bounds no online policy (one
+    that weighs frequency can beat it where content returns often), but where it closes little of
+    the lru -> Belady gap, the rest of Belady's lead comes from knowing when blocks return. The
+    never-again set holds the descendants of its blocks, so the cache stays prefix-closed.
     """
     return _offline_hits(
         requests, capacity, lambda request, depth, block, nxt: (nxt != NEVER, request, -depth, -block)

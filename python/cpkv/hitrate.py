@@ -18,9 +18,9 @@ policy, the median and worst fraction of the lru -> Belady gap it closes,
 and its worst margin against the best classic policy (lru, lfu, fifo, slru,
 arc, s3fifo) at any point; the recommended default is ``DEFAULT_POLICY``.
 Beside Belady it prints the one-shot oracle (``cpkv.belady.one_shot_oracle_hits``):
-LRU told which blocks never return, the reach of recognising one-shot content
-without knowing when anything returns; where it closes little of the gap, the
-rest is timing, which no online policy sees.
+LRU told which blocks never return, what recognising one-shot content adds to
+recency; where it closes little of the gap, Belady's lead comes from knowing
+when blocks return.
 ``--generate N`` replays N requests of a generated workload
 (``cpkv.workload``, ``--mix``, ``--seed``) instead of a trace file.
 """
@@ -258,7 +258,7 @@ def _run_grid(loaded, policies: list[str], json_path: str | None) -> int:
                 p, s["won"], f"{s['median_gap_closed']:.3f}", f"{s['worst_gap_closed']:.3f}",
                 f"{s['worst_margin_vs_best_classic']:+.4f}", s["worst_margin_at"],
             )
-        # The reach of recognising one-shot content: what no online policy can exceed by that alone.
+        # What recognising one-shot content adds to recency alone (offline: it is told).
         table_s.add("one-shot oracle (offline)", "-", f"{statistics.median(oracle_gaps):.3f}",
                     f"{min(oracle_gaps):.3f}", "-", "-")
         tables += [table, table_s]
