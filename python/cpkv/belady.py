@@ -16,7 +16,7 @@ policy there.
 from __future__ import annotations
 
 import heapq
-from typing import Sequence
+from typing import Callable, Sequence
 
 NEVER = 1 << 62
 
@@ -55,7 +55,9 @@ def one_shot_oracle_hits(requests: Sequence[Sequence[int]], capacity: int) -> tu
     )
 
 
-def _offline_hits(requests: Sequence[Sequence[int]], capacity: int, rank) -> tuple[int, int]:
+def _offline_hits(
+    requests: Sequence[Sequence[int]], capacity: int, rank: Callable[[int, int, int, int], tuple]
+) -> tuple[int, int]:
     """The block cache both offline policies share: per request, the hit is its longest run of
     leading cached blocks, then all its blocks are admitted (ranked by ``rank(request, depth,
     block, next_use)``) and the lowest-ranked cached block leaves until the cache fits."""
