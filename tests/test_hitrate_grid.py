@@ -90,6 +90,9 @@ def test_grid_command_prints_the_summary(capsys, tmp_path):
     (name, data), = grid.items()
     assert "bursty" in name and len(data["capacities"]) == GRID_POINTS
     assert set(data["summary"]) == {"lru", "arc", "s3fifo", "ghost"}
+    assert "one-shot oracle (offline)" in text
+    oracle, belady = data["one_shot_oracle"], data["belady"]
+    assert set(oracle) == set(belady) and all(oracle[c] <= belady[c] + 1e-12 for c in oracle)
 
 
 @pytest.mark.parametrize(
