@@ -10,8 +10,9 @@ Implementations of the same contract:
   *copy runs* (a span's pages owned by one rank are every ``cp``-th dense slot
   and read consecutive rows of one source). On CPU the whole table runs in one
   native call (``cpkv._cpkv.copy_rows``, crate ``cpkv-copy``: every run checked
-  first, the GIL released, one memcpy per row or contiguous stretch); on a
-  device, one strided ``Tensor.copy_`` per run.
+  first, the GIL released, one copy per contiguous stretch, and a request's
+  ``cp`` interleaved runs copied together in destination order); on a device,
+  one strided ``Tensor.copy_`` per run.
 - :func:`gather_indexed` (CPU): one indexed numpy copy per source, and
   :func:`gather_runs_numpy`, one strided numpy assignment per run: the two
   CPU strategies the native call replaced, kept as ``bench compose``'s
