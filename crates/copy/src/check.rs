@@ -28,6 +28,8 @@ pub enum CopyError {
     },
     /// Run `index` writes one row several times (`dst_stride` 0 with `count` > 1).
     ZeroDstStride { index: usize },
+    /// A buffer handed to `CheckedRuns::copy` is not the size the runs were checked for.
+    NotChecked { what: String },
 }
 
 impl fmt::Display for CopyError {
@@ -62,6 +64,9 @@ impl fmt::Display for CopyError {
                 f,
                 "run {index} has dst_stride 0 and count > 1 (it would write one row several times)"
             ),
+            CopyError::NotChecked { what } => {
+                write!(f, "{what} is not the size the run table was checked for")
+            }
         }
     }
 }
@@ -75,7 +80,11 @@ fn last_row(first: u64, stride: u64, count: u64) -> u128 {
 
 /// Checks every run against a destination of `dst_rows` rows and sources of
 /// `source_rows[s]` rows each.
-pub fn check_runs(runs: &[Run], dst_rows: usize, source_rows: &[usize]) -> Result<(), CopyError> {
+pub(crate) fn check_runs(
+    runs: &[Run],
+    dst_rows: usize,
+    source_rows: &[usize],
+) -> Result<(), CopyError> {
     for (index, run) in runs.iter().enumerate() {
         if run.count == 0 {
             continue;

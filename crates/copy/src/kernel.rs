@@ -33,25 +33,82 @@ pub fn copy_runs_with(
         .enumerate()
         .map(|(i, s)| rows_of(|| format!("source {i}"), s.len(), row_bytes))
         .collect::<Result<Vec<_>, _>>()?;
-    check_runs(runs, dst_rows, &source_rows)?;
-    let stores = stores.unwrap_or_else(|| {
-        // Checked above: every run's rows lie in `dst`, so this cannot overflow.
-        let rows: u64 = runs.iter().map(|r| r.count).sum();
-        Stores::for_bytes((rows as usize).saturating_mul(row_bytes))
-    });
-    let mut rest = runs;
-    while let Some(run) = rest.first() {
-        let group = interleaved_len(rest);
-        if group > 1 {
-            copy_interleaved(dst, sources, row_bytes, &rest[..group], stores);
-        } else if run.count > 0 {
-            // A run of no rows names no buffer (its source was not checked).
-            copy_checked(dst, sources[run.source as usize], row_bytes, run, stores);
-        }
-        rest = &rest[group..];
+    CheckedRuns::new(runs, row_bytes, dst_rows, source_rows, stores)?.copy(dst, sources)
+}
+
+/// A run table checked against buffer sizes, with its stores chosen: a
+/// caller can check before it lets go of a lock (the binding, of the GIL)
+/// and copy after, without a second pass over the runs.
+#[derive(Clone, Debug)]
+pub struct CheckedRuns<'a> {
+    runs: &'a [Run],
+    row_bytes: usize,
+    dst_rows: usize,
+    source_rows: Vec<usize>,
+    stores: Stores,
+}
+
+impl<'a> CheckedRuns<'a> {
+    /// Checks `runs` against a destination of `dst_rows` rows and sources of
+    /// `source_rows[s]` rows, all of `row_bytes` bytes; `stores` as in
+    /// `copy_runs_with`.
+    pub fn new(
+        runs: &'a [Run],
+        row_bytes: usize,
+        dst_rows: usize,
+        source_rows: Vec<usize>,
+        stores: Option<Stores>,
+    ) -> Result<Self, CopyError> {
+        check_runs(runs, dst_rows, &source_rows)?;
+        let stores = stores.unwrap_or_else(|| {
+            // Checked above: every run's rows lie in the destination, so this cannot overflow.
+            let rows: u64 = runs.iter().map(|r| r.count).sum();
+            Stores::for_bytes((rows as usize).saturating_mul(row_bytes))
+        });
+        Ok(CheckedRuns {
+            runs,
+            row_bytes,
+            dst_rows,
+            source_rows,
+            stores,
+        })
     }
-    fence(stores);
-    Ok(())
+
+    /// Copies from `sources` into `dst`, which must have the sizes the table
+    /// was checked for (else `CopyError::NotChecked`, nothing written).
+    pub fn copy(&self, dst: &mut [u8], sources: &[&[u8]]) -> Result<(), CopyError> {
+        let fits = |bytes: usize, rows: usize| rows.checked_mul(self.row_bytes) == Some(bytes);
+        if !fits(dst.len(), self.dst_rows) {
+            return Err(CopyError::NotChecked {
+                what: "the destination".into(),
+            });
+        }
+        if sources.len() != self.source_rows.len() {
+            return Err(CopyError::NotChecked {
+                what: format!("a table of {} sources", sources.len()),
+            });
+        }
+        if let Some(i) = (0..sources.len()).find(|&i| !fits(sources[i].len(), self.source_rows[i]))
+        {
+            return Err(CopyError::NotChecked {
+                what: format!("source {i}"),
+            });
+        }
+        let (row_bytes, stores) = (self.row_bytes, self.stores);
+        let mut rest = self.runs;
+        while let Some(run) = rest.first() {
+            let group = interleaved_len(rest);
+            if group > 1 {
+                copy_interleaved(dst, sources, row_bytes, &rest[..group], stores);
+            } else if run.count > 0 {
+                // A run of no rows names no buffer (its source was not checked).
+                copy_checked(dst, sources[run.source as usize], row_bytes, run, stores);
+            }
+            rest = &rest[group..];
+        }
+        fence(stores);
+        Ok(())
+    }
 }
 
 /// How many runs from the front of `runs` interleave: `n` runs with one

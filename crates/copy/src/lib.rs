@@ -14,7 +14,7 @@ mod kernel;
 mod runs;
 mod stores;
 
-pub use check::{check_runs, CopyError};
-pub use kernel::{copy_runs, copy_runs_with};
+pub use check::CopyError;
+pub use kernel::{copy_runs, copy_runs_with, CheckedRuns};
 pub use runs::{runs_from_rows, Run, RUN_COLUMNS};
 pub use stores::{streaming_threshold, Stores};

@@ -1,6 +1,6 @@
 //! The kernel against a naive model: a byte-by-byte loop over every run.
 
-use cpkv_copy::{copy_runs, copy_runs_with, runs_from_rows, CopyError, Run, Stores};
+use cpkv_copy::{copy_runs, copy_runs_with, runs_from_rows, CheckedRuns, CopyError, Run, Stores};
 use proptest::prelude::*;
 
 /// The model: every row of every run, one byte at a time, in table order
@@ -205,6 +205,42 @@ fn huge_strides_do_not_overflow() {
     };
     assert!(matches!(
         copy_runs(&mut dst, &[&[1u8; 8]], 4, &[run]),
+        Err(CopyError::OutOfRange { .. })
+    ));
+}
+
+#[test]
+fn a_checked_table_copies_only_into_buffers_of_the_checked_sizes() {
+    let source = source_bytes(0, 6, 4);
+    let runs = [Run {
+        dst_row: 0,
+        dst_stride: 2,
+        count: 3,
+        source: 0,
+        src_row: 1,
+        src_stride: 1,
+    }];
+    let checked = CheckedRuns::new(&runs, 4, 6, vec![6], None).unwrap();
+    let (mut dst, mut want) = (vec![0u8; 24], vec![0u8; 24]);
+    checked.copy(&mut dst, &[&source]).unwrap();
+    model(&mut want, std::slice::from_ref(&source), 4, &runs);
+    assert_eq!(dst, want);
+    let bad: [(usize, Vec<&[u8]>); 3] = [
+        (20, vec![&source[..]]),              // a short destination
+        (24, vec![&source[..20]]),            // a short source
+        (24, vec![&source[..], &source[..]]), // one source too many
+    ];
+    for (len, sources) in bad {
+        let mut dst = vec![9u8; len];
+        assert!(matches!(
+            checked.copy(&mut dst, &sources),
+            Err(CopyError::NotChecked { .. })
+        ));
+        assert!(dst.iter().all(|&b| b == 9), "nothing written");
+    }
+    // A table that does not fit is refused when checked.
+    assert!(matches!(
+        CheckedRuns::new(&runs, 4, 4, vec![6], None),
         Err(CopyError::OutOfRange { .. })
     ));
 }

@@ -419,12 +419,14 @@ fn copy_rows(
     }
     let runs = runs_arg(runs)?;
     let source_rows: Vec<usize> = table.rows.iter().map(|r| r.rows).collect();
-    cpkv_copy::check_runs(&runs, dst.rows, &source_rows).map_err(|e| refused(e.to_string()))?;
+    // Checked here, before the GIL goes; the copy below does not check again.
+    let checked = cpkv_copy::CheckedRuns::new(&runs, dst.row_bytes, dst.rows, source_rows, stores)
+        .map_err(|e| refused(e.to_string()))?;
     if runs.is_empty() || dst.row_bytes == 0 {
         return Ok(());
     }
     let sources: Vec<(usize, usize)> = table.rows.iter().map(|r| (r.address, r.bytes)).collect();
-    let (dst_address, dst_bytes, row_bytes) = (dst.address, dst.bytes, dst.row_bytes);
+    let (dst_address, dst_bytes) = (dst.address, dst.bytes);
     py.detach(move || {
         // SAFETY: every range is a live allocation of that many bytes (checked
         // above, kept alive by `out`, `sources` and `table`, which outlive this
@@ -443,7 +445,7 @@ fn copy_rows(
         } else {
             unsafe { std::slice::from_raw_parts_mut(dst_address as *mut u8, dst_bytes) }
         };
-        cpkv_copy::copy_runs_with(dst, &views, row_bytes, &runs, stores)
+        checked.copy(dst, &views)
     })
     .map_err(|e| refused(e.to_string()))
 }
