@@ -28,8 +28,9 @@ use crate::namespace::Namespace;
 use crate::node::{Children, HostKey, Node, NodeId, PageId, Tier, Token};
 use crate::page_set::PageSet;
 use crate::policy::Policy;
-use crate::queues::{Choice, QueueState};
+use crate::queues::{Choice, QueueState, Slot};
 use crate::shadow::{PolicyMemory, Ranking, Shadows};
+use crate::transplant::queue_order;
 
 /// What `match_prefix` found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -625,7 +626,7 @@ impl PrefixTree {
             let mut state = QueueState::new(policy);
             if policy == Policy::S3fifo {
                 let shadows = self.shadows.as_ref().expect("a following tree has shadows");
-                for (id, held) in crate::transplant::queue_order(self, shadows.leader_tree()) {
+                for (id, held) in queue_order(self, shadows.leader_tree()) {
                     let slot = state.adopted_as(held);
                     self.update(id, |n| n.priority = slot);
                 }
@@ -660,7 +661,7 @@ impl PrefixTree {
     fn pages_per_queue(&self) -> [u64; 2] {
         let mut pages = [0u64; 2];
         for node in self.nodes().filter(|n| n.on_device()) {
-            let queue = crate::queues::Slot::unpack(node.priority).queue as usize;
+            let queue = Slot::unpack(node.priority).queue as usize;
             pages[queue] += node.pages(self.page_size) as u64;
         }
         pages
@@ -963,7 +964,7 @@ impl PrefixTree {
     /// needs: under `Policy::Ghost`, except for one-shot content (ARC's T1)
     /// while the tree follows arc, which leaves whole as in ARC itself.
     fn keeps_head(&self, id: NodeId) -> bool {
-        let one_shot = || crate::queues::Slot::unpack(self.node_ref(id).priority).queue == 0;
+        let one_shot = || Slot::unpack(self.node_ref(id).priority).queue == 0;
         self.policy == Policy::Ghost && !(self.ranking() == Ranking::Arc && one_shot())
     }
 
