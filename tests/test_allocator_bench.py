@@ -38,7 +38,7 @@ def test_reference_allocator_matches_cpkv_on_a_tight_stream():
     stream = stream_mod.make_stream(7, 200, pools, batch=8, occupancy=0.95, max_pages=48)
     names = list(pools)
     reference = ReferenceAllocator(pools)
-    ref = stream_mod.replay_reference(reference, stream)
+    ref = stream_mod.replay(reference, stream)
     alloc = cpkv.PageAllocator(pools)
     got = stream_mod.replay(alloc, stream, batched=True)
     keys = [k for step in stream for k, _ in step.reserves]

@@ -125,10 +125,11 @@ def placements(batches: Iterable) -> list:
 
 
 def replay(alloc: Any, stream: Sequence[Step], batched: bool = False) -> list:
-    """Runs `stream` through a cpkv ``PageAllocator``; returns the placements.
+    """Runs `stream` through an allocator, cpkv's ``PageAllocator`` or the
+    `ReferenceAllocator`; returns the placements.
 
-    This loop and `replay_reference`'s are written alike (bound methods looked
-    up once), so the harness costs both sides the same."""
+    Single calls run one loop for both (bound methods looked up once), so the
+    harness costs both sides the same."""
     results: list = []
     if batched:
         reserve_many, release_many = alloc.reserve_many, alloc.release_many
@@ -145,14 +146,3 @@ def replay(alloc: Any, stream: Sequence[Step], batched: bool = False) -> list:
             release(key)
     return results
 
-
-def replay_reference(alloc: ReferenceAllocator, stream: Sequence[Step]) -> list:
-    results: list = []
-    reserve, release, append = alloc.reserve, alloc.release, results.append
-    for step in stream:
-        payloads = step.payloads
-        for key, pages in step.reserves:
-            append(reserve(key, pages, payloads))
-        for key in step.releases:
-            release(key)
-    return results

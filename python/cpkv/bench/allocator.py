@@ -121,7 +121,7 @@ def _measure(args: argparse.Namespace, pools: dict[str, int], steps: int) -> dic
 
     def reference_once():
         finals["reference"] = ReferenceAllocator(pools)
-        return stream_mod.replay_reference(finals["reference"], stream)
+        return stream_mod.replay(finals["reference"], stream)
 
     def cpkv_once(mode: str):
         def once():
