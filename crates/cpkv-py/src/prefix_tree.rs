@@ -48,17 +48,12 @@ fn node_id(value: &Bound<'_, PyAny>) -> PyResult<NodeId> {
 }
 
 /// What `PrefixTree.match` found.
-#[pyclass(frozen, module = "cpkv._cpkv")]
+#[pyclass(frozen, get_all, module = "cpkv._cpkv")]
 pub(crate) struct MatchResult {
-    #[pyo3(get)]
     length: usize,
-    #[pyo3(get)]
     device_pages: Py<PyArray1<i64>>,
-    #[pyo3(get)]
     host_length: usize,
-    #[pyo3(get)]
     node: u64,
-    #[pyo3(get)]
     host_node: u64,
 }
 
@@ -73,11 +68,9 @@ impl MatchResult {
 }
 
 /// What `PrefixTree.insert` did.
-#[pyclass(frozen, module = "cpkv._cpkv")]
+#[pyclass(frozen, get_all, module = "cpkv._cpkv")]
 pub(crate) struct InsertResult {
-    #[pyo3(get)]
     node: u64,
-    #[pyo3(get)]
     cached: usize,
 }
 
@@ -89,11 +82,9 @@ impl InsertResult {
 }
 
 /// A node whose device pages `evict` freed.
-#[pyclass(frozen, module = "cpkv._cpkv")]
+#[pyclass(frozen, get_all, module = "cpkv._cpkv")]
 pub(crate) struct DeviceVictim {
-    #[pyo3(get)]
     node: u64,
-    #[pyo3(get)]
     pages: Py<PyArray1<i64>>,
 }
 
@@ -109,15 +100,11 @@ impl DeviceVictim {
 }
 
 /// A host-only node `evict_host` dropped; release `object_key` when `released`.
-#[pyclass(frozen, module = "cpkv._cpkv")]
+#[pyclass(frozen, get_all, module = "cpkv._cpkv")]
 pub(crate) struct HostVictim {
-    #[pyo3(get)]
     node: u64,
-    #[pyo3(get)]
     object_key: u64,
-    #[pyo3(get)]
     num_pages: usize,
-    #[pyo3(get)]
     released: bool,
 }
 
@@ -133,23 +120,16 @@ impl HostVictim {
 
 /// A residency change: `kind` is "stored" or "removed", `tier` "device" or
 /// "host"; pages `start .. start + num_pages` of the prefix ending at `node`.
-#[pyclass(frozen, module = "cpkv._cpkv")]
+#[pyclass(frozen, get_all, module = "cpkv._cpkv")]
 pub(crate) struct TreeEvent {
-    #[pyo3(get)]
     kind: &'static str,
-    #[pyo3(get)]
     tier: &'static str,
-    #[pyo3(get)]
     node: u64,
-    #[pyo3(get)]
     start: usize,
-    #[pyo3(get)]
     num_pages: usize,
     /// Device page ids (empty for host events).
-    #[pyo3(get)]
     pages: Py<PyArray1<i64>>,
     /// The host object key (None for device events).
-    #[pyo3(get)]
     object_key: Option<u64>,
 }
 

@@ -44,19 +44,13 @@ fn node_arg(obj: &Bound<'_, PyAny>) -> PyResult<NodeId> {
 }
 
 /// What `TierCache.lookup` found; `node` is locked when `locked`.
-#[pyclass(frozen, module = "cpkv._cpkv")]
+#[pyclass(frozen, get_all, module = "cpkv._cpkv")]
 pub(crate) struct Lookup {
-    #[pyo3(get)]
     device_tokens: usize,
-    #[pyo3(get)]
     host_tokens: usize,
-    #[pyo3(get)]
     device_pages: Py<PyArray1<i64>>,
-    #[pyo3(get)]
     device_node: u64,
-    #[pyo3(get)]
     node: u64,
-    #[pyo3(get)]
     locked: bool,
 }
 
@@ -72,13 +66,10 @@ impl Lookup {
 
 /// One host-only node of a load plan: slab row `host_pages[i]` goes to
 /// device page `device_pages[i]`.
-#[pyclass(frozen, module = "cpkv._cpkv")]
+#[pyclass(frozen, get_all, module = "cpkv._cpkv")]
 pub(crate) struct LoadRun {
-    #[pyo3(get)]
     node: u64,
-    #[pyo3(get)]
     device_pages: Py<PyArray1<i64>>,
-    #[pyo3(get)]
     host_pages: Py<PyArray1<i64>>,
 }
 
@@ -105,15 +96,11 @@ fn load_runs(py: Python<'_>, plan: CorePlan) -> Vec<LoadRun> {
 }
 
 /// A write-through backup in flight.
-#[pyclass(frozen, module = "cpkv._cpkv")]
+#[pyclass(frozen, get_all, module = "cpkv._cpkv")]
 pub(crate) struct Backup {
-    #[pyo3(get)]
     ticket: u64,
-    #[pyo3(get)]
     node: u64,
-    #[pyo3(get)]
     device_pages: Py<PyArray1<i64>>,
-    #[pyo3(get)]
     host_pages: Py<PyArray1<i64>>,
 }
 
@@ -139,17 +126,12 @@ fn backup(py: Python<'_>, b: CoreBackup) -> Backup {
 }
 
 /// What `TierCache.insert` did.
-#[pyclass(frozen, module = "cpkv._cpkv")]
+#[pyclass(frozen, get_all, module = "cpkv._cpkv")]
 pub(crate) struct InsertOutcome {
-    #[pyo3(get)]
     node: u64,
-    #[pyo3(get)]
     cached_pages: usize,
-    #[pyo3(get)]
     freed_pages: Py<PyArray1<i64>>,
-    #[pyo3(get)]
     backups: Vec<Py<Backup>>,
-    #[pyo3(get)]
     skipped_pages: usize,
 }
 
