@@ -66,8 +66,9 @@ class DistributedGroup(ComposeGroup):
     """A rank of a ``torch.distributed`` process group (:class:`ShmGroup`, :class:`CudaIpcGroup`).
 
     Subclasses provide ``_dist``, ``_pg``, ``rank``, ``timeout_s``, ``plans``,
-    ``device``, ``pool``, ``_payload`` (with ``rows``, ``row_bytes``, ``dtype``,
-    ``page_shape``) and ``_out``, and call :meth:`_init_protocol`.
+    ``device``, ``_payloads`` (records with ``rows``, ``row_bytes``, ``dtype``,
+    ``page_shape`` and ``pools``, one per rank), ``_out`` and ``_compose``, and
+    call :meth:`_init_protocol`.
 
     Agreement: a batch's plan is agreed by one small MAX all-reduce of ``[digest, -digest]`` when
     its first layer (``layer == 0``) is composed; ranks that differ raise :class:`DivergenceError` on
@@ -91,6 +92,7 @@ class DistributedGroup(ComposeGroup):
     timeout_s: float
     plans: PlanCache
     device: Any
+    _payloads: dict[str, Any]
 
     def _init_protocol(self) -> None:
         self._batch_digest: int | None = None  # the last agreed plan digest
@@ -195,10 +197,37 @@ class DistributedGroup(ComposeGroup):
             )
         self._batch_digest = digest
 
+    def _payload(self, payload: str) -> Any:
+        self._check_usable()
+        try:
+            return self._payloads[payload]
+        except KeyError:
+            raise InvalidArgumentError(f"payload {payload!r} is not registered") from None
+
+    def pool(self, payload: str) -> Any:
+        """This rank's pool for ``payload``, ``[rows, *page_shape]`` of its dtype (its peers read what it writes)."""
+        p = self._payload(payload)
+        return p.pools[self.rank].view(p.dtype).view(p.rows, *p.page_shape)
+
+    def compose(self, plan: ComposePlan, payload: str, current: Any, *, layer: int = 0, out: Any = None) -> Any:
+        """This rank's dense buffer ``[num_slots, *page_shape]``: stage, one barrier, one gather.
+
+        The first compose of a batch's plan first agrees on its digest (see the class doc).
+        """
+        with self._protocol(f"compose of layer {layer}"):
+            return self._compose(plan, payload, current, layer, out)
+
+    def _compose(self, plan: ComposePlan, payload: str, current: Any, layer: int, out: Any) -> Any:
+        raise NotImplementedError
+
+    def _out(self, plan: ComposePlan, p: Any, out: Any) -> Any:
+        """The uint8 ``[num_slots, row_bytes]`` dense buffer: ``out`` checked, or a new one."""
+        raise NotImplementedError
+
     def plan(self, payload: str, page_size: int, requests: Sequence[SlotSpans], num_slots: int) -> ComposePlan:
         """The batch's plan for ``payload``, from this group's cache (keyed by everything it depends on)."""
         return self.plans.get(self.cp_size, page_size, requests, num_slots, device=str(self.device),
-                              payload=payload, pool_rows=self._payload(payload).rows)  # type: ignore[attr-defined]
+                              payload=payload, pool_rows=self._payload(payload).rows)
 
     def compose_allreduce(
         self, plan: ComposePlan, payload: str, current: Any, *, layer: int = 0, out: Any = None
@@ -208,12 +237,12 @@ class DistributedGroup(ComposeGroup):
             return self._compose_allreduce(plan, payload, current, layer, out)
 
     def _compose_allreduce(self, plan: ComposePlan, payload: str, current: Any, layer: int, out: Any) -> Any:
-        p = self._payload(payload)  # type: ignore[attr-defined]
+        p = self._payload(payload)
         self._check_plan(plan)
         self._agree(plan, layer)
-        pool = check_pool(plan, self.rank, self.pool(payload), payload)  # type: ignore[attr-defined]
+        pool = check_pool(plan, self.rank, self.pool(payload), payload)
         rows = check_current_rows(plan, self.rank, current, p.row_bytes, plan.staging_rows(self.rank))
-        dense = self._out(plan, p, out).zero_()  # type: ignore[attr-defined]
+        dense = self._out(plan, p, out).zero_()
         gather_runs(dense, [pool, rows], plan.owned_runs(self.rank))
         # Exactly one rank contributes each slot and the rest add zeros: the byte sum is exact.
         guarded("all-reduce", self.rank, layer, self.timeout_s,

@@ -129,19 +129,8 @@ class CudaIpcGroup(DistributedGroup):
         self.barrier("pool registration", layer=-1)
         return self.pool(payload)
 
-    def pool(self, payload: str) -> Any:
-        p = self._payload(payload)
-        return p.pools[self.rank].view(p.dtype).view(p.rows, *p.page_shape)
-
-    def compose(self, plan: ComposePlan, payload: str, current: Any, *, layer: int = 0, out: Any = None) -> Any:
-        """This rank's dense buffer: stage, one barrier, one Triton gather through the address table.
-
-        The first compose of a batch's plan first agrees on its digest (see :class:`DistributedGroup`).
-        """
-        with self._protocol(f"compose of layer {layer}"):
-            return self._compose(plan, payload, current, layer, out)
-
     def _compose(self, plan: ComposePlan, payload: str, current: Any, layer: int, out: Any) -> Any:
+        """Stage, one barrier, one Triton gather through the address table."""
         p = self._payload(payload)
         self._check_plan(plan)
         self._agree(plan, layer)
@@ -220,13 +209,6 @@ class CudaIpcGroup(DistributedGroup):
         if out.dtype != torch.uint8 or tuple(out.shape) != (plan.num_slots, p.row_bytes) or not out.is_contiguous():
             raise InvalidArgumentError(f"out must be contiguous uint8 [{plan.num_slots}, {p.row_bytes}]")
         return out
-
-    def _payload(self, payload: str) -> _DevicePayload:
-        self._check_usable()
-        try:
-            return self._payloads[payload]
-        except KeyError:
-            raise InvalidArgumentError(f"payload {payload!r} is not registered") from None
 
 
 def _round_up(n: int) -> int:

@@ -207,22 +207,11 @@ class ShmGroup(DistributedGroup):
         if any(errors):
             raise on_every_rank(InvalidArgumentError(f"payload {payload!r}: {'; '.join(e for e in errors if e)}"))
 
-    def pool(self, payload: str) -> Any:
-        """This rank's pool for ``payload``, ``[rows, *page_shape]`` of its dtype (writes go to shared memory)."""
-        p = self._payload(payload)
-        return p.pools[self.rank].view(p.dtype).view(p.rows, *p.page_shape)
-
     # -- the hot path ---------------------------------------------------------------------
 
-    def compose(self, plan: ComposePlan, payload: str, current: Any, *, layer: int = 0, out: Any = None) -> Any:
-        """This rank's dense buffer ``[num_slots, *page_shape]``: stage, one barrier, one gather.
-
-        The first compose of a batch's plan first agrees on its digest (see :class:`DistributedGroup`).
-        """
-        with self._protocol(f"compose of layer {layer}"):
-            return self._compose(plan, payload, current, layer, out)
-
     def _compose(self, plan: ComposePlan, payload: str, current: Any, layer: int, out: Any) -> Any:
+        """Stage into shared memory, one barrier, one native gather (a dense all-reduce when the batch
+        outgrows the staging)."""
         p = self._payload(payload)
         self._check_plan(plan)
         self._agree(plan, layer)
@@ -282,13 +271,6 @@ class ShmGroup(DistributedGroup):
         if out.dtype != torch.uint8 or tuple(out.shape) != (plan.num_slots, p.row_bytes) or not out.is_contiguous():
             raise InvalidArgumentError(f"out must be contiguous uint8 [{plan.num_slots}, {p.row_bytes}]")
         return out
-
-    def _payload(self, payload: str) -> _Payload:
-        self._check_usable()
-        try:
-            return self._payloads[payload]
-        except KeyError:
-            raise InvalidArgumentError(f"payload {payload!r} is not registered") from None
 
     # -- teardown -------------------------------------------------------------------------
 
