@@ -148,6 +148,7 @@ CASES += [
     ("bench compose: page-bytes 0", ["bench", "compose", "--page-bytes", "0"], "--page-bytes"),
     ("bench compose: layers 0", ["bench", "compose", "--layers", "0"], "--layers"),
     ("bench compose: gather-reps 0", ["bench", "compose", "--gather-reps", "0"], "--gather-reps"),
+    ("bench compose: out-of-cache-reps 0", ["bench", "compose", "--out-of-cache-reps", "0"], "--out-of-cache-reps"),
     ("bench compose-gpu: cp 0", ["bench", "compose-gpu", "--cp", "0"], "--cp"),
     ("bench compose-gpu: layers -1", ["bench", "compose-gpu", "--layers=-1"], "--layers"),
     # bench tier

@@ -57,7 +57,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         layers=40)
     parser.add_argument("--gather-reps", type=integer(1), default=400,
                         help="timed rounds per in-cache gather row, best kept (default %(default)s: a 50 us copy needs "
-                             "hundreds to settle; out-of-cache rows take 5)")
+                             "hundreds to settle)")
+    parser.add_argument("--out-of-cache-reps", type=integer(1), default=15,
+                        help="timed rounds per out-of-cache gather row, best kept (default %(default)s: memory "
+                             "bandwidth shared with other processes can slow one 20 ms gather 1.6x)")
     parser.add_argument("--out-of-cache-mb", type=integer(0), default=256,
                         help="dense MB of the out-of-cache gather rows (default %(default)s; 0 skips them)")
     parser.add_argument("--json", metavar="PATH", type=output_path, help="also write the tables as JSON")
@@ -288,7 +291,8 @@ def run(args: argparse.Namespace) -> int:
     for data, requests, prefix, current, row_bytes in workloads:
         big = data == "out of cache"
         for cp in cps:
-            g = _gather_vs_copy(cp, requests, prefix, current, row_bytes, 5 if big else args.gather_reps)
+            reps = args.out_of_cache_reps if big else args.gather_reps
+            g = _gather_vs_copy(cp, requests, prefix, current, row_bytes, reps)
             times = {"native": g["native_s"], "numpy runs": g["runs_s"], "numpy indexed": g["indexed_s"]}
             fraction = min(g["copy_s"], g["memcpy_s"]) / g["native_s"]
             fractions.append(fraction)
