@@ -60,7 +60,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "hundreds to settle)")
     parser.add_argument("--out-of-cache-reps", type=integer(1), default=15,
                         help="timed rounds per out-of-cache gather row, best kept (default %(default)s: memory "
-                             "bandwidth shared with other processes can slow one 20 ms gather 1.6x)")
+                             "bandwidth shared with other processes can slow a 20 ms gather about 2x)")
     parser.add_argument("--out-of-cache-mb", type=integer(0), default=256,
                         help="dense MB of the out-of-cache gather rows (default %(default)s; 0 skips them)")
     parser.add_argument("--json", metavar="PATH", type=output_path, help="also write the tables as JSON")
