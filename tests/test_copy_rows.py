@@ -126,6 +126,16 @@ class _ShapelessTensor(_OnlyDataPtr):
         return True
 
 
+class _HugeTensor(_ShapelessTensor):
+    """Looks like a CPU uint8 tensor whose shape has more bytes than a machine can address."""
+
+    shape = (1 << 40, 1 << 40)
+    dtype = torch.uint8
+
+    def element_size(self) -> int:
+        return 1
+
+
 def _misaligned_int16() -> np.ndarray:
     return np.frombuffer(bytearray(66), dtype=np.int16, count=32, offset=1).reshape(4, 8)
 
@@ -145,6 +155,7 @@ def test_bad_buffers_are_refused_before_any_write():
         (out, [b"\0" * 24], "numpy array or a CPU torch tensor"),
         (out, [_OnlyDataPtr()], "numpy array or a CPU torch tensor"),
         (out, [_ShapelessTensor()], "shape that is not a tuple"),
+        (out, [_HugeTensor()], "size in bytes overflows"),
         (out, [torch.zeros(3, 4, dtype=torch.bfloat16)], "8 bytes of bfloat16, out has rows of 8 bytes of u1"),
         (out, good, "list or tuple"),
         (out, [out[2:]], "overlaps out"),

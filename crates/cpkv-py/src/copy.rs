@@ -134,7 +134,8 @@ fn torch_dtype(dtype: &Bound<'_, PyAny>, tensor: &Bound<'_, PyAny>) -> PyResult<
     Ok((code, size))
 }
 
-/// `(rows, elements per row)` of a shape, `None` for a scalar.
+/// `(rows, elements per row)` of a shape, `None` for a scalar; the element
+/// count saturates (`rows_of` refuses a shape whose bytes overflow).
 fn split_shape(
     mut dims: impl Iterator<Item = PyResult<usize>>,
 ) -> PyResult<Option<(usize, usize)>> {
@@ -143,7 +144,7 @@ fn split_shape(
     };
     let mut per_row = 1usize;
     for dim in dims {
-        per_row *= dim?;
+        per_row = per_row.saturating_mul(dim?);
     }
     Ok(Some((rows, per_row)))
 }
@@ -223,7 +224,16 @@ fn rows_of(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Rows> {
             "{what} must have at least one dimension (rows), got a scalar"
         )));
     };
-    let row_bytes = per_row * itemsize;
+    // Real arrays and tensors always fit; a tensor-like object's shape may not.
+    let sizes = per_row
+        .checked_mul(itemsize)
+        .and_then(|row_bytes| Some((row_bytes, rows.checked_mul(row_bytes)?)))
+        .filter(|&(_, bytes)| bytes <= isize::MAX as usize);
+    let Some((row_bytes, bytes)) = sizes else {
+        return Err(refused(format!(
+            "{what} has a shape whose size in bytes overflows ({rows} rows of {per_row} elements of {itemsize} bytes)"
+        )));
+    };
     if itemsize > 1 && address % itemsize != 0 {
         return Err(refused(format!(
             "{what} starts at address {address:#x}, not aligned to its {itemsize}-byte elements"
@@ -231,7 +241,7 @@ fn rows_of(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Rows> {
     }
     Ok(Rows {
         address,
-        bytes: rows * row_bytes,
+        bytes,
         rows,
         row_bytes,
         dtype,
