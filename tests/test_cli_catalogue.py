@@ -210,3 +210,47 @@ def test_bad_invocation_is_one_line_and_exit_2(outcomes, name, argv, want):
     assert lines[0].startswith("cpkv: error: "), err
     assert want in lines[0], err
     assert code == 2, (code, err)
+
+
+def _help_command_lines() -> list[tuple[str, ...]]:
+    """Every command of the catalogue, every command group, and the top level."""
+    from cpkv.cli import COMMANDS
+
+    lines: list[tuple[str, ...]] = [()]
+    for words, _, _ in COMMANDS:
+        for n in range(1, len(words) + 1):
+            if words[:n] not in lines:
+                lines.append(words[:n])
+    return lines
+
+
+HELP_LINES = _help_command_lines()
+
+
+@pytest.fixture(scope="module")
+def help_outcomes():
+    def one(words):
+        try:
+            proc = subprocess.run([sys.executable, "-m", "cpkv", *words, "--help"], cwd=REPO_ROOT, text=True,
+                                  capture_output=True, timeout=TIME_LIMIT_S)
+        except subprocess.TimeoutExpired:
+            return words, (None, "", f"no answer within {TIME_LIMIT_S} s")
+        return words, (proc.returncode, proc.stdout, proc.stderr)
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        return dict(pool.map(one, HELP_LINES))
+
+
+def test_help_covers_every_command():
+    from cpkv.cli import COMMANDS
+
+    assert {words for words, _, _ in COMMANDS} <= set(HELP_LINES)
+
+
+@pytest.mark.parametrize("words", HELP_LINES, ids=[" ".join(w) or "cpkv" for w in HELP_LINES])
+def test_help_of_every_command_exits_0_without_a_traceback(help_outcomes, words):
+    code, out, err = help_outcomes[words]
+    assert code == 0, (code, err)
+    assert "Traceback" not in err and "Traceback" not in out, err
+    assert err == "", err
+    assert out.startswith("usage: cpkv" + "".join(" " + w for w in words)), out[:200]

@@ -42,7 +42,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--grid",
         type=int,
         metavar="K",
-        help=f"K capacities log-spaced from {GRID_LOW:.1%} to {GRID_HIGH:.0%} of the distinct blocks "
+        # argparse %-formats help strings, so the percent signs are doubled.
+        help=f"K capacities log-spaced from {GRID_LOW * 100:g}%% to {GRID_HIGH * 100:g}%% of the distinct blocks "
         f"(default {GRID_POINTS})",
     )
     parser.add_argument(
