@@ -77,8 +77,36 @@ def _rank_worker(rank: int, cp: int, args: dict) -> dict:
     return result
 
 
-def _gather_vs_copy(cp: int, args: argparse.Namespace) -> tuple[float, float, int]:
-    """Seconds per Triton gather and per device-to-device copy of the same bytes (CUDA events)."""
+def _timer(device: Any) -> Any:
+    """``timed(fn, reps)``: seconds per call, after 3 warm-up calls. CUDA events on a GPU (the calls are
+    asynchronous), the wall clock elsewhere (the CPU check of this bench runs the kernel interpreted)."""
+    import torch
+
+    def timed(fn: Any, reps: int) -> float:
+        for _ in range(3):
+            fn()
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(reps):
+                fn()
+            end.record()
+            torch.cuda.synchronize(device)
+            return start.elapsed_time(end) / 1e3 / reps
+        started = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        return (time.perf_counter() - started) / reps
+
+    return timed
+
+
+def _gather_vs_copy(cp: int, args: argparse.Namespace, device: Any = "cuda", reps: int = 50) -> tuple[float, float, int]:
+    """Seconds per Triton gather and per device-to-device copy of the same bytes.
+
+    The gather is checked (every slot against its source row) before anything else writes: the copy
+    it is timed against fills a buffer of its own.
+    """
     import numpy as np
     import torch
 
@@ -86,36 +114,35 @@ def _gather_vs_copy(cp: int, args: argparse.Namespace) -> tuple[float, float, in
     from cpkv.compose.workload import uniform_batch
     from cpkv.kernels.gather import gather_triton
 
+    device = torch.device(device)
     batch = uniform_batch(cp, args.requests, args.prefix_pages, args.current_pages)
     plan = ComposePlan(cp, 64, batch.requests, batch.num_slots)
     rows = args.page_bytes
-    sources = [torch.randint(0, 256, (batch.pool_rows, rows), dtype=torch.uint8, device="cuda") for _ in range(cp)]
-    sources += [torch.zeros(plan.staging_rows(r), rows, dtype=torch.uint8, device="cuda") for r in range(cp)]
+    gen = torch.Generator(device=device).manual_seed(cp)
+    sources = [torch.randint(0, 256, (batch.pool_rows, rows), dtype=torch.uint8, device=device, generator=gen)
+               for _ in range(cp)]
+    # Staging rows are random too (row 0 is the zero dummy), so a slot read from the wrong row shows.
+    for r in range(cp):
+        staging = torch.randint(0, 256, (plan.staging_rows(r), rows), dtype=torch.uint8, device=device, generator=gen)
+        staging[0].zero_()
+        sources.append(staging)
     addresses = [s.data_ptr() for s in sources]
-    table = torch.tensor(addresses, dtype=torch.int64, device="cuda")
+    table = torch.tensor(addresses, dtype=torch.int64, device=device)
     source, row = plan.descriptors(0)
-    source_t = torch.from_numpy(source.astype(np.int32)).cuda()
-    row_t = torch.from_numpy(row.copy()).cuda()
-    out = torch.empty(plan.num_slots, rows, dtype=torch.uint8, device="cuda")
-    flat = torch.randint(0, 256, (plan.num_slots, rows), dtype=torch.uint8, device="cuda")
-
-    def timed(fn: Any, reps: int = 50) -> float:
-        for _ in range(3):
-            fn()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(reps):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) / 1e3 / reps
-
-    gather_s = timed(lambda: gather_triton(out, table, source_t, row_t, addresses=addresses))
-    copy_s = timed(lambda: out.copy_(flat))
-    # The gather is checked too: every slot against its source row.
-    for slot in range(0, plan.num_slots, max(1, plan.num_slots // 64)):
-        if not torch.equal(out[slot], sources[int(source[slot])][int(row[slot])]):
-            raise SystemExit(f"cp {cp}: gathered slot {slot} differs from its source row")
+    source_t = torch.from_numpy(source.astype(np.int32)).to(device)
+    row_t = torch.from_numpy(row.copy()).to(device)
+    out = torch.empty(plan.num_slots, rows, dtype=torch.uint8, device=device)
+    copied = torch.empty_like(out)
+    flat = torch.randint(0, 256, (plan.num_slots, rows), dtype=torch.uint8, device=device, generator=gen)
+    timed = _timer(device)
+    gather_s = timed(lambda: gather_triton(out, table, source_t, row_t, addresses=addresses), reps)
+    want = torch.stack([sources[int(s)][int(r)] for s, r in zip(source.tolist(), row.tolist())]) \
+        if plan.num_slots else out
+    differ = (out != want).any(dim=1).nonzero().flatten().tolist()
+    if differ:
+        raise SystemExit(f"cp {cp}: gathered slot {differ[0]} differs from its source row "
+                         f"({len(differ)} of {plan.num_slots} slots differ)")
+    copy_s = timed(lambda: copied.copy_(flat), reps)
     return gather_s, copy_s, plan.num_slots
 
 
@@ -139,10 +166,13 @@ def run(args: argparse.Namespace) -> int:
         ["cp", "path", "ms/layer (slowest rank)", "MB moved/rank", "barriers/layer", "collectives/layer",
          "speedup vs all-reduce", "byte-exact"],
     )
+    inexact = []
     for cp in cps:
         results = run_ranks(_rank_worker, cp, params, timeout_s=420, collective_timeout_s=300)
         slowest = {p: max(r[p]["s_per_layer"] for r in results) for p in ("staged", "allreduce")}
         exact = all(r["exact"] for r in results)
+        if not exact:
+            inexact.append(cp)
         for path in ("allreduce", "staged"):
             r0 = results[0][path]
             compose.add(cp, "all-reduce (baseline)" if path == "allreduce" else "staged single gather",
@@ -159,6 +189,9 @@ def run(args: argparse.Namespace) -> int:
         gather.add(cp, nbytes / 1e6, gather_s * 1e6, copy_s * 1e6, 2 * nbytes / gather_s / 1e12,
                    2 * nbytes / copy_s / 1e12, copy_s / gather_s)
     emit("bench compose-gpu", [compose, gather], args.json, **params, cp=cps)
+    if inexact:
+        print(f"bench compose-gpu: the staged compose differs from the all-reduce at cp {inexact}", file=sys.stderr)
+        return 1
     return 0
 
 
