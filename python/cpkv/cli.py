@@ -39,7 +39,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
 class _OneLineParser(argparse.ArgumentParser):
     """argparse, but a bad command line is one line (no usage block): ``cpkv: error: COMMAND: ...``."""
 
-    def error(self, message: str) -> NoReturn:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         command = self.prog.removeprefix("cpkv").strip()
         text = " ".join(message.split())
         sys.stderr.write(f"cpkv: error: {command + ': ' if command else ''}{text}\n")

@@ -234,8 +234,8 @@ def _run_grid(loaded, policies: list[str], json_path: str | None) -> int:
     for path, requests in loaded:
         started = time.perf_counter()
         capacities, rows, belady = grid_rows(requests, policies)
-        oracle = {c: one_shot_oracle_hits(requests, c) for c in capacities}
-        oracle = {c: hits / total for c, (hits, total) in oracle.items()}
+        oracle_counts = {c: one_shot_oracle_hits(requests, c) for c in capacities}
+        oracle = {c: hits / total for c, (hits, total) in oracle_counts.items()}
         name = Path(path).name if Path(path).exists() else path
         table = Table(
             f"{name}: block prefix hit ratio on the grid, {len(requests):,} requests (offline: belady, and "

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import gc
 import time
+from typing import Any
 
 # The cpkv runs: single calls, reserve_many with tuples, reserve_batch with arrays.
 MODES = ("single", "batched", "arrays")
@@ -117,7 +118,7 @@ def _measure(args: argparse.Namespace, pools: dict[str, int], steps: int) -> dic
     )
     keys = [key for step in stream for key, _ in step.reserves]
     ops = len(keys) + sum(len(s.releases) for s in stream)
-    finals: dict[str, object] = {}
+    finals: dict[str, Any] = {}
 
     def reference_once():
         finals["reference"] = ReferenceAllocator(pools)

@@ -102,11 +102,11 @@ class _Shape:
 class _RadixNode:
     __slots__ = ("id", "parent", "children", "pages", "last_access")
 
-    def __init__(self, node_id: int, parent: "_RadixNode | None", pages: list[int], last_access: int) -> None:
+    def __init__(self, node_id: int, parent: _RadixNode | None, pages: list[int], last_access: int) -> None:
         self.id, self.parent, self.pages, self.last_access = node_id, parent, pages, last_access
         self.children: dict[int, _RadixNode] = {}
 
-    def __lt__(self, other: "_RadixNode") -> bool:
+    def __lt__(self, other: _RadixNode) -> bool:
         return (self.last_access, self.id) < (other.last_access, other.id)
 
 
@@ -142,6 +142,7 @@ class SGLangEvict:
             victims.append(node.pages)
             freed += len(node.pages)
             parent = node.parent
+            assert parent is not None  # leaves are never the root
             del parent.children[node.id]
             if parent is not self.root and not parent.children:
                 heapq.heappush(heap, parent)
@@ -228,7 +229,8 @@ def _measure(leaves: int, page_size: int, calls: int) -> dict:
     tree = build_tree(leaves, page_size)
     build_s = time.perf_counter() - started
     shape = _Shape(leaves)
-    implementations = {"sglang": SGLangEvict(shape), "lru_list": LruListEvict(shape)}
+    implementations: dict[str, SGLangEvict | LruListEvict] = {
+        "sglang": SGLangEvict(shape), "lru_list": LruListEvict(shape)}
     sizes = [size for size in CALL_PAGES for _ in range(calls)]
     if sum(sizes) > 2 * leaves:
         from cpkv.errors import InvalidArgumentError

@@ -10,7 +10,7 @@ describe the same regions, so there is nothing to disagree with.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, Sequence, cast
 
 import numpy as np
 
@@ -21,7 +21,7 @@ Span = tuple[int, int, int]
 
 def _span_tuple(kind: str, span: object) -> Span:
     try:
-        slot, page, count = span  # type: ignore[misc]
+        slot, page, count = cast("Iterable[object]", span)  # not a triple: refused just below
     except (TypeError, ValueError):
         raise SpanError(f"{kind} span {span!r} is not a (slot, page, count) triple") from None
     values = []

@@ -119,6 +119,7 @@ class ShmGroup(DistributedGroup):
         run_id = [f"{os.getpid()}-{secrets.token_hex(4)}" if self.rank == 0 else None]
         guarded("setup broadcast", self.rank, -1, self.timeout_s,
                 lambda: dist.broadcast_object_list(run_id, src=0, group=process_group))
+        assert run_id[0] is not None  # the broadcast filled it on every rank
         self.run_id: str = run_id[0]
 
     # -- setup (collective; every rank calls it with the same arguments) -----------------
@@ -170,6 +171,7 @@ class ShmGroup(DistributedGroup):
             except OSError as err:
                 error = f"rank {self.rank}: cannot create /dev/shm/{names[self.rank]} ({total} bytes): {err}"
             self._raise_agreed(payload, "pool registration", error)
+            assert own is not None  # every rank created its segment, or every rank raised above
             # 2. Each rank maps every peer's; the outcomes are exchanged, which also tells every
             #    creator that every rank now holds a mapping of its segment.
             error = None
