@@ -88,6 +88,79 @@ def test_one_rank_on_another_workload_is_stopped_by_the_agreement_check() -> Non
     assert all(isinstance(r, str) and r.startswith("DivergenceError") for r in results), results
 
 
+# The issue's trace: a 3-block request, six one-block fillers, then a 3-block request whose ids differ
+# from the first's by 2**60 (id * 16 wrapped in int64 onto the first's tokens, a false 0.250 device hit
+# rate with no failed byte). LAST_CONTROL repeats the first request, LAST_PLAIN is an unrelated one.
+LAST_ALIASED, LAST_PLAIN, LAST_CONTROL = [1 + 2**60, 2 + 2**60, 3 + 2**60], [21, 22, 23], [1, 2, 3]
+
+
+def _aliasing_trace(last: list[int]) -> list[tuple[int, ...]]:
+    return [(1, 2, 3), *((100 + i,) for i in range(6)), tuple(last)]
+
+
+def _write_trace(path: Path, requests: list[tuple[int, ...]]) -> Path:
+    path.write_text("".join(json.dumps({"timestamp": i, "input_length": 512 * len(ids), "output_length": 1,
+                                        "hash_ids": list(ids)}) + "\n" for i, ids in enumerate(requests)))
+    return path
+
+
+def test_block_ids_past_int64_token_arithmetic_do_not_alias(tmp_path: Path) -> None:
+    reports = {}
+    for name, last in (("aliased", LAST_ALIASED), ("plain", LAST_PLAIN), ("control", LAST_CONTROL)):
+        trace = _write_trace(tmp_path / f"{name}.jsonl", _aliasing_trace(last))
+        out = tmp_path / f"{name}.json"
+        done = _cli("replay", "--quiet", "--trace", str(trace), "--json", str(out))
+        assert done.returncode == 0, done.stderr
+        reports[name] = json.loads(out.read_text())["report"]
+        assert reports[name]["verification failures (pages)"] == 0
+    rates = ("prefix hit rate: device", "prefix hit rate: host", "prefix hit rate: total",
+             "prefix hit rate with no host tier")
+    assert [reports["aliased"][k] for k in rates] == [reports["plain"][k] for k in rates] == [0.0] * 4
+    # Not vacuous: the same run does see the repeated request (3 of 12 blocks on the device).
+    assert reports["control"]["prefix hit rate: device"] == 0.25
+    assert reports["control"]["prefix hit rate with no host tier"] == 0.25
+
+
+def _wrapping_rank(rank: int, world: int, options: ReplayOptions, requests: list) -> dict:
+    import numpy as np
+
+    from cpkv.replay import rank as replay_rank_module
+
+    def wrapping_tokens(hash_ids, page):  # the old mapping: id * page in int64, which wraps
+        blocks = np.asarray(hash_ids, dtype=np.int64)
+        with np.errstate(over="ignore"):
+            return (blocks[:, None] * page + np.arange(page, dtype=np.int64)[None, :]).reshape(-1)
+
+    replay_rank_module.block_tokens = wrapping_tokens
+    return replay_rank_module.replay_rank(rank, world, options, requests)
+
+
+def test_the_byte_check_sees_a_page_served_for_another_block() -> None:
+    # With tokens that alias again, the cache serves block 1's pages for block 1 + 2**60: the
+    # expected bytes (computed without that arithmetic) must disagree with them.
+    results = run_ranks(_wrapping_rank, 2, _options(), _aliasing_trace(LAST_ALIASED), timeout_s=120)
+    assert sum(r["verification_failures"] for r in results) > 0
+    assert sum(r["device_hit_blocks"] for r in results[:1]) == 3
+
+
+def test_expected_rows_tell_every_block_layer_and_payload_apart() -> None:
+    import numpy as np
+
+    from cpkv.replay.rank import KV_ROW_MIN_BYTES, kv_rows
+
+    ids = np.array([0, 1, 2, 1 + 2**60, 2**32 + 1, 2**63 - 1, 251, 252, 2**8, 2**16], dtype=np.int64)
+    seen = {}
+    for row_bytes in (KV_ROW_MIN_BYTES, 17, 64):
+        for layer in (0, 1, 97, 2**32 - 1):
+            for payload in (0, 1, 13):
+                for block, row in zip(ids.tolist(), kv_rows(ids, layer, payload, row_bytes)):
+                    key = (row_bytes, row.tobytes())
+                    assert seen.setdefault(key, (block, layer, payload)) == (block, layer, payload)
+    assert len(seen) == 3 * 4 * 3 * len(ids)
+    with pytest.raises(ValueError):
+        kv_rows(ids, 0, 0, KV_ROW_MIN_BYTES - 1)
+
+
 @pytest.mark.parametrize("args, message", [
     (["--trace", "/nonexistent/trace.jsonl"], "nonexistent"),
     (["--trace", "/tmp"], "directory"),
@@ -100,6 +173,7 @@ def test_one_rank_on_another_workload_is_stopped_by_the_agreement_check() -> Non
     (["--timeout", "nan"], "--timeout"),
     (["--limit", "-3"], "--limit"),
     (["--json", "/nonexistent/dir/out.json"], "does not exist"),
+    (["--payloads", "kv:4:uint8"], "at least 16"),
 ])
 def test_bad_input_is_one_line_and_exit_code_2(args: list[str], message: str) -> None:
     done = _cli("replay", "--quiet", *args, timeout=120)
@@ -114,7 +188,9 @@ def test_empty_and_malformed_traces(tmp_path: Path) -> None:
     empty.write_text("")
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"timestamp": 0, "input_length": 600, "output_length": 1, "hash_ids": [0, 1]}\n{oops\n')
-    for path, message in ((empty, "no"), (bad, ":2")):
+    huge = tmp_path / "huge.jsonl"
+    huge.write_text('{"timestamp": 0, "input_length": 512, "output_length": 1, "hash_ids": [9223372036854775808]}\n')
+    for path, message in ((empty, "no"), (bad, ":2"), (huge, "huge.jsonl:1: bad trace record: hash_ids[0]")):
         done = _cli("replay", "--quiet", "--trace", str(path), timeout=120)
         assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
         assert message in done.stderr

@@ -19,9 +19,15 @@ import numpy as np
 
 from cpkv.errors import InvalidArgumentError, TraceError
 
-__all__ = ["BLOCK_TOKENS", "TraceRequest", "load_trace", "blocks_for"]
+__all__ = ["BLOCK_TOKENS", "MAX_BLOCK_ID", "MAX_LINE_BYTES", "TraceRequest", "load_trace", "blocks_for"]
 
 BLOCK_TOKENS = 512
+# Block ids become int64 token ids (numpy's and the engines' token type); a larger id would wrap
+# or fail deep inside a run, so it is refused where it enters.
+MAX_BLOCK_ID = 2**63 - 1
+# One record per line; 1 MiB holds ~50k 20-digit ids (25M tokens). Lines are read at most this
+# long, so a file without newlines (/dev/zero) fails at once instead of filling memory.
+MAX_LINE_BYTES = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,8 +64,11 @@ def _record(rec: Any, prev_ts: int) -> TraceRequest:
         raise ValueError(f"input_length must be a positive integer, got {inp!r}")
     if not _is_int(out) or out < 0:
         raise ValueError(f"output_length must be a non-negative integer, got {out!r}")
-    if not isinstance(ids, list) or not all(_is_int(h) and h >= 0 for h in ids):
-        raise ValueError("hash_ids must be a list of non-negative integers")
+    if not isinstance(ids, list):
+        raise ValueError(f"hash_ids must be a list of block ids, got a JSON {type(ids).__name__}")
+    for i, h in enumerate(ids):
+        if not _is_int(h) or not 0 <= h <= MAX_BLOCK_ID:
+            raise ValueError(f"hash_ids[{i}] = {h!r} is not a block id (an integer from 0 to 2**63-1)")
     if len(ids) != blocks_for(inp):
         raise ValueError(
             f"{len(ids)} hash_ids for input_length {inp}, expected ceil({inp}/{BLOCK_TOKENS}) = {blocks_for(inp)}"
@@ -74,8 +83,10 @@ def load_trace(path: str | Path, limit: int | None = None) -> list[TraceRequest]
     records, and the first bad record: bad JSON or UTF-8, a missing key, a
     count that is not a non-negative integer, ``len(hash_ids) !=
     ceil(input_length / 512)``, a timestamp before the previous one, or a
-    block id that breaks the chain (it followed another id earlier in the
-    file, so "equal id means equal prefix" would not hold).
+    block id outside ``[0, 2**63)``, a line longer than
+    :data:`MAX_LINE_BYTES`, or a block id that breaks the chain (it followed
+    another id earlier in the file, so "equal id means equal prefix" would
+    not hold).
     """
     if limit is not None and (not _is_int(limit) or limit < 1):
         raise InvalidArgumentError(f"limit must be a positive integer or None, got {limit!r}")
@@ -92,9 +103,14 @@ def load_trace(path: str | Path, limit: int | None = None) -> list[TraceRequest]
     with f:
         line_no = 0
         try:
-            for line_no, raw in enumerate(f, 1):
-                if limit is not None and len(requests) >= limit:
+            while limit is None or len(requests) < limit:
+                raw = f.readline(MAX_LINE_BYTES + 1)
+                if not raw:
                     break
+                line_no += 1
+                if len(raw) > MAX_LINE_BYTES:
+                    raise TraceError(f"{path}:{line_no}: line longer than {MAX_LINE_BYTES:,} bytes "
+                                     "(one JSON record per line)")
                 try:
                     line = raw.decode("utf-8")
                     if not line.strip():
@@ -132,7 +148,14 @@ def _one_line(exc: BaseException) -> str:
 def block_tokens(hash_ids: Sequence[int], page_tokens: int) -> np.ndarray:
     """Token ids standing for a request's blocks at ``page_tokens`` tokens per block (one page each).
 
-    Determined by the block id alone; since ids chain, equal token prefixes mean equal block prefixes.
+    Every token of a block's page is the block id itself: no arithmetic, so no id can wrap onto
+    another's tokens (``id * page_tokens`` did in int64), and distinct ids give distinct pages.
+    Since ids chain, equal token prefixes mean equal block prefixes.
     """
-    blocks = np.asarray(hash_ids, dtype=np.int64)
-    return (blocks[:, None] * page_tokens + np.arange(page_tokens, dtype=np.int64)[None, :]).reshape(-1)
+    if isinstance(page_tokens, bool) or not isinstance(page_tokens, (int, np.integer)) or page_tokens < 1:
+        raise InvalidArgumentError(f"page_tokens must be a positive integer, got {page_tokens!r}")
+    blocks = np.asarray(hash_ids)
+    if blocks.ndim != 1 or (blocks.size and (blocks.dtype.kind not in "iu" or int(blocks.min()) < 0
+                                             or int(blocks.max()) > MAX_BLOCK_ID)):
+        raise InvalidArgumentError(f"hash_ids must be block ids from 0 to 2**63-1, got {hash_ids!r:.80}")
+    return np.repeat(blocks.astype(np.int64), int(page_tokens))

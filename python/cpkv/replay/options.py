@@ -77,6 +77,16 @@ def check(options: ReplayOptions, longest_request_pages: int) -> None:
 
         raise UnknownPolicyError(f"--policy: unknown eviction policy {options.policy!r} "
                                  f"(known: {', '.join(PrefixTree.POLICIES)})")
+    if options.payloads is not None:
+        from cpkv.replay.rank import KV_ROW_MIN_BYTES
+
+        for name, spec in options.payloads.items():
+            if spec.row_bytes < KV_ROW_MIN_BYTES:
+                raise InvalidArgumentError(
+                    f"--payloads: {name}'s page is {spec.row_bytes} bytes; the byte check needs at least "
+                    f"{KV_ROW_MIN_BYTES} to tell every (block, layer, payload) apart")
+    if options.layers > 2**32 - 1:
+        raise InvalidArgumentError(f"--layers {options.layers}: at most 2**32-1 layers")
     if options.device_pages < max(options.ranks, longest_request_pages + 1):
         raise InvalidArgumentError(
             f"--device-pages {options.device_pages} cannot hold one request: the longest has "

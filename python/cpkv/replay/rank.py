@@ -6,8 +6,9 @@ wait for the load, compose every request's dense KV (:class:`~cpkv.compose.ShmGr
 every composed byte, write the new KV into the owners' pools, write-through backup; then insert,
 release, and the commit point (:meth:`~cpkv.tier.CacheController.end_forward`).
 
-The KV of a page is a pure function of (its block id, layer, payload): block ids chain (equal
-ids mean equal prefixes), so the expected bytes of every page of every request are known.
+The KV of a page is a pure function of (its block id, layer, payload) that tells every such triple
+apart (:func:`kv_rows`): block ids chain (equal ids mean equal prefixes), so the expected bytes of
+every page of every request are known, and a page served for the wrong block is a wrong byte.
 """
 
 from __future__ import annotations
@@ -26,13 +27,30 @@ from cpkv.traces import block_tokens
 # after each compose, before the check, so a test can corrupt one composed byte.
 after_compose: Callable[[int, str, int, Any], None] | None = None
 
+# kv_rows writes (block id, layer, payload) into every row whole: 8 + 4 + 4 bytes.
+KV_ROW_MIN_BYTES = 16
+
 
 def kv_rows(block_ids: np.ndarray, layer: int, payload: int, row_bytes: int) -> np.ndarray:
-    """The expected bytes of pages holding ``block_ids``: ``[len(block_ids), row_bytes]`` uint8."""
-    base = (block_ids.astype(np.uint64) * np.uint64(2654435761) + np.uint64(layer * 97 + payload * 13 + 1)) \
-        % np.uint64(1 << 32)
-    ramp = np.arange(row_bytes, dtype=np.uint64) * np.uint64(131)
-    return ((base[:, None] + ramp[None, :]) % np.uint64(251)).astype(np.uint8)
+    """The expected bytes of pages holding ``block_ids``: ``[len(block_ids), row_bytes]`` uint8.
+
+    A row spells out what it stands for: block id (8 bytes), layer and payload index (4 each),
+    little-endian, repeated over the row and XORed with a fixed ramp (so a shifted or truncated copy
+    differs too). XOR with a constant is a bijection, so two distinct (block, layer, payload) never
+    share a row; nothing is multiplied or reduced, so this check cannot wrap the way the token
+    mapping it verifies might (rows need at least :data:`KV_ROW_MIN_BYTES`).
+    """
+    if row_bytes < KV_ROW_MIN_BYTES:
+        raise ValueError(f"a verified row needs at least {KV_ROW_MIN_BYTES} bytes, got {row_bytes}")
+    ids = np.asarray(block_ids)
+    if ids.size and (ids.dtype.kind not in "iu" or int(ids.min()) < 0):
+        raise ValueError("block ids must be non-negative integers")
+    header = np.empty((len(ids), KV_ROW_MIN_BYTES), dtype=np.uint8)
+    header[:, :8] = ids.astype("<u8").reshape(-1, 1).view(np.uint8)
+    header[:, 8:] = np.array([layer, payload], dtype="<u4").view(np.uint8)
+    reps = -(-row_bytes // KV_ROW_MIN_BYTES)
+    ramp = (np.arange(row_bytes, dtype=np.uint32) * 131 % 251).astype(np.uint8)
+    return np.tile(header, (1, reps))[:, :row_bytes] ^ ramp[None, :]
 
 
 @dataclass
