@@ -191,6 +191,8 @@ def gather_triton(
     ``addresses`` (the table's values, on the host) pick the widest aligned
     word; without them a CPU table is read directly and a device table is
     assumed allocator-aligned (256 bytes), so the hot path never syncs.
+    The kernel is launched on ``out``'s device (Triton launches on the current
+    one), so ``cuda:N`` works without the caller's ``set_device``.
     """
     import torch
     import triton.language as tl
@@ -211,5 +213,17 @@ def gather_triton(
     block = min(max(block_bytes // size, 16), 1 << (max(row_words, 16) - 1).bit_length())
     block = 1 << (block.bit_length() - 1)  # tl.arange needs a power of two
     grid = (slots, -(-row_words // block))
-    _kernel()[grid](out.view(torch_word), table, source, row, row_words, WORD=triton_word, BLOCK=block)
+    with launch_device(out):
+        _kernel()[grid](out.view(torch_word), table, source, row, row_words, WORD=triton_word, BLOCK=block)
     return out
+
+
+def launch_device(out: Any) -> Any:
+    """Makes ``out``'s CUDA device current for a launch (nothing to do for a CPU tensor)."""
+    import contextlib
+
+    import torch
+
+    if out.device.type != "cuda":
+        return contextlib.nullcontext()
+    return torch.cuda.device(out.device)

@@ -1,4 +1,5 @@
-"""CudaIpcGroup: needs a CUDA GPU (skipped without one); import-safe everywhere."""
+"""CudaIpcGroup: the device, group and handle logic on the CPU; the transport itself needs a CUDA GPU
+(those tests skip without one, and ``make gpu-check`` runs them where one exists)."""
 
 from __future__ import annotations
 
@@ -6,10 +7,18 @@ import numpy as np
 import pytest
 import torch
 
+import inspect
+
+import torch.distributed as dist
+
 from cpkv.compose import ComposePlan, CudaIpcGroup
+from cpkv.compose import gloo_group as gloo_module
+from cpkv.compose.groups import cuda as cuda_module
+from cpkv.compose.groups.base import check_pool, resolve_device
 from cpkv.compose.launch import run_ranks
 from cpkv.compose.workload import random_batch
 from cpkv.errors import FallbackError, GroupBrokenError, InvalidArgumentError
+from cpkv.kernels import gather as gather_module
 from compose_reference import DTYPES, as_bytes, random_rows, reference_dense
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -47,6 +56,135 @@ def test_cuda_group_abort_exit_and_closed_state_on_the_cpu():
         broken.pool("kv")
     broken.close()  # a broken group closes without a collective (its peers may be gone)
     assert broken.closed
+
+
+# -- devices, groups and handles, on the CPU ---------------------------------------------------------
+
+
+class _OnDevice:
+    """A CPU tensor that reports another device (the checks read only ``.device``)."""
+
+    def __init__(self, tensor: torch.Tensor, device: str) -> None:
+        self._tensor, self.device = tensor, torch.device(device)
+
+    def __getattr__(self, name):
+        return getattr(self._tensor, name)
+
+
+@pytest.fixture
+def two_gpus_current_1(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+
+
+def test_cuda_without_an_index_is_the_current_device(two_gpus_current_1):
+    assert resolve_device("cuda") == torch.device("cuda", 1)
+    assert resolve_device(torch.device("cuda")) == torch.device("cuda", 1)
+    assert resolve_device("cuda:0") == torch.device("cuda", 0)
+    assert resolve_device("cpu") == torch.device("cpu")
+    for spelled in (None, "cuda", torch.device("cuda")):
+        assert cuda_module.cuda_device(spelled) == torch.device("cuda", 1)
+    assert cuda_module.cuda_device("cuda:0") == torch.device("cuda", 0)
+    for bad, match in (("cpu", "needs a CUDA device"), ("cuda:2", "sees 2 CUDA devices"), ("gpu", "not a device")):
+        with pytest.raises(InvalidArgumentError, match=match):
+            cuda_module.cuda_device(bad)
+
+
+def test_a_plan_for_cuda_serves_a_pool_on_the_current_cuda_device(monkeypatch):
+    # Before the fix, "cuda" never equalled "cuda:0": every compose raised a device mismatch.
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    plan = ComposePlan(2, 16, [], 4, pool_rows=6, device="cuda")
+    pool = _OnDevice(torch.zeros(6, 8, dtype=torch.uint8), "cuda:0")
+    assert check_pool(plan, 0, pool).shape == (6, 8)
+    with pytest.raises(InvalidArgumentError, match="plan was built for device cuda, pool is on cuda:1"):
+        check_pool(plan, 0, _OnDevice(torch.zeros(6, 8, dtype=torch.uint8), "cuda:1"))
+
+
+def test_out_on_another_device_is_refused():
+    group = _bare_group()
+    group.device = torch.device("cuda", 0)
+    plan = ComposePlan(1, 16, [], 3)
+    record = cuda_module._DevicePayload(4, (8,), torch.uint8, 8, 1, None, [], [], [], [])
+    with pytest.raises(InvalidArgumentError, match=r"rank 0: out is on cpu, the group on cuda:0"):
+        group._out(plan, record, torch.empty(3, 8, dtype=torch.uint8))
+    assert group._out(plan, record, _OnDevice(torch.empty(3, 8, dtype=torch.uint8), "cuda:0")).shape == (3, 8)
+
+
+def test_a_peer_handle_is_opened_on_this_ranks_device_not_the_senders():
+    from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+    params = list(inspect.signature(rebuild_cuda_tensor).parameters)
+    assert "storage_device" in params  # what open_peer_buffer rewrites, in this torch
+    opened = {}
+
+    def rebuild(tensor_cls, tensor_size, tensor_stride, tensor_offset, storage_cls, dtype, storage_device,
+                storage_handle, storage_size_bytes, storage_offset_bytes, requires_grad, ref_counter_handle,
+                ref_counter_offset, event_handle, event_sync_required):
+        opened.update(device=storage_device, handle=storage_handle, size=storage_size_bytes)
+        return "buffer"
+
+    sent = tuple(range(len(params)))  # the peer's arguments; index 6, storage_device, says GPU 6
+    assert cuda_module.open_peer_buffer(rebuild, sent, 2) == "buffer"
+    assert opened == {"device": 2, "handle": 7, "size": 8}
+    with pytest.raises(FallbackError, match="names no storage_device"):
+        cuda_module.open_peer_buffer(lambda *args: None, sent, 2)
+
+
+def test_the_triton_launch_makes_the_outputs_device_current(monkeypatch):
+    entered = []
+
+    class Guard:
+        def __init__(self, device):
+            self.device = device
+
+        def __enter__(self):
+            entered.append(self.device)
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(torch.cuda, "device", Guard)
+    with gather_module.launch_device(_OnDevice(torch.empty(1), "cuda:3")):
+        pass
+    with gather_module.launch_device(torch.empty(1)):
+        pass
+    assert entered == [torch.device("cuda", 3)]
+
+
+def _object_group_worker(rank: int, world: int, timeout_s: float) -> dict:
+    """Two CP groups of two ranks in a world of four, each disguised as NCCL: the gloo group made for
+    the handles spans exactly the CP group's ranks, has the given timeout, and is made by the CP
+    group's ranks alone (the other CP group is inside a world barrier meanwhile: a world-wide
+    new_group would wait for it until the barrier timed out)."""
+    groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    mine = groups[rank // 2]
+    real_backend, real_new_group = dist.get_backend, dist.new_group
+    made = []
+    dist.get_backend = lambda group=None: "nccl" if group is mine else real_backend(group)
+    dist.new_group = lambda *args, **kwargs: (made.append(kwargs), real_new_group(*args, **kwargs))[1]
+    try:
+        if rank >= 2:
+            dist.barrier()  # CP group [0, 1] makes its group while this one waits here
+        objects = gloo_module.gloo_group_of(mine, timeout_s)
+        if rank < 2:
+            dist.barrier()
+    finally:
+        dist.get_backend, dist.new_group = real_backend, real_new_group
+    heard = [None, None]
+    dist.all_gather_object(heard, rank, group=objects)  # cp_size entries: an error with a world-sized group
+    result = {"ranks": dist.get_process_group_ranks(objects), "heard": heard, "calls": len(made),
+              "timeout": made[0]["timeout"].total_seconds(), "gloo_as_is": gloo_module.gloo_group_of(mine, 1.0) is mine}
+    dist.barrier()  # rank 0 holds the store: nobody leaves while a peer still uses it
+    return result
+
+
+@pytest.mark.timeout(180)
+def test_the_handle_group_spans_the_cp_group_only_with_its_timeout():
+    results = run_ranks(_object_group_worker, 4, 7.5, timeout_s=150)
+    for rank, r in enumerate(results):
+        members = [0, 1] if rank < 2 else [2, 3]
+        assert r["ranks"] == members and r["heard"] == members and r["calls"] == 1 and r["timeout"] == 7.5
+        assert r["gloo_as_is"]  # a group that already is gloo is used as it is
 
 
 def _cuda_worker(rank: int, cp: int, seed: int) -> int:

@@ -252,6 +252,17 @@ class DistributedGroup(ComposeGroup):
         return dense.view(p.dtype).view(plan.num_slots, *p.page_shape)
 
 
+def resolve_device(device: Any) -> Any:
+    """``device`` as a ``torch.device`` with an index where one is implied: ``"cuda"`` is the current
+    CUDA device (``cuda:N``), so two spellings of one device compare equal; CPU stays ``cpu``."""
+    import torch
+
+    resolved = device if isinstance(device, torch.device) else torch.device(device)
+    if resolved.type == "cuda" and resolved.index is None:
+        resolved = torch.device("cuda", torch.cuda.current_device())
+    return resolved
+
+
 def check_pool(plan: ComposePlan, rank: int, pool: Any, payload: str | None = None) -> Any:
     """``rank``'s pool as byte rows, after checking it is the pool ``plan`` was made for.
 
@@ -267,7 +278,8 @@ def check_pool(plan: ComposePlan, rank: int, pool: Any, payload: str | None = No
         )
     if key.payload is not None and payload != key.payload:
         raise InvalidArgumentError(f"rank {rank}: plan was built for payload {key.payload!r}, not {payload!r}")
-    if key.device is not None and str(pool.device) != key.device:
+    if key.device is not None and str(pool.device) != key.device \
+            and resolve_device(pool.device) != resolve_device(key.device):  # "cuda" is "cuda:0" on device 0
         raise InvalidArgumentError(f"rank {rank}: plan was built for device {key.device}, pool is on {pool.device}")
     plan.check_pool_rows(pool.shape[0])
     return as_byte_rows(pool)

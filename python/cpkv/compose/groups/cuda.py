@@ -19,17 +19,28 @@ A batch the stagings cannot hold raises :class:`~cpkv.errors.FallbackError`:
 on CUDA there is no silent fallback to the dense all-reduce, which stays an
 explicit call (:meth:`compose_allreduce`).
 
+Devices: ``device`` (default: the current CUDA device) is resolved to ``cuda:N`` once, and every
+allocation, copy and kernel launch of the group runs under it, whatever the caller's current device.
+A peer's IPC handle is opened in this rank's device context (peer access enabled lazily by the
+driver), never in the peer's device index: in one-GPU-per-rank mode that would put the mapping in a
+context of the peer's GPU, created in this process, which this rank's kernels cannot use.
+
+Handles travel over gloo: the process group itself when it is gloo, else a gloo group of exactly its
+ranks (:func:`~cpkv.compose.gloo_group.gloo_group_of`), made with the group's timeout.
+
 Importing this module needs neither CUDA nor triton; constructing the group does.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from cpkv.compose.groups.base import DistributedGroup, check_current_rows, check_pool, on_every_rank
+from cpkv.compose.gloo_group import gloo_group_of
+from cpkv.compose.groups.base import DistributedGroup, check_current_rows, check_pool, on_every_rank, resolve_device
 from cpkv.compose.plan import ComposePlan, PlanCache, PlanKey
 from cpkv.compose.timeouts import DEFAULT_TIMEOUT_S, as_timedelta, guarded
 from cpkv.errors import FallbackError, InvalidArgumentError
@@ -69,16 +80,17 @@ class CudaIpcGroup(DistributedGroup):
         self._torch, self._dist, self._pg = torch, dist, process_group
         self.rank = dist.get_rank(process_group)
         super().__init__(dist.get_world_size(process_group))
-        self.device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
+        self.device = cuda_device(device)
         self.backend = str(dist.get_backend(process_group)).lower()
         self.timeout_s = float(timeout_s)
         self._timeout = as_timedelta(self.timeout_s)
-        self._flag = torch.zeros(1, dtype=torch.int32, device=self.device)
+        with torch.cuda.device(self.device):
+            self._flag = torch.zeros(1, dtype=torch.int32, device=self.device)
         self._payloads: dict[str, _DevicePayload] = {}
         self.plans = PlanCache()
-        # Handles are Python objects: exchange them over gloo whatever the data backend is
-        # (created here, on every rank, in the same order).
-        self._objects = process_group if self.backend == "gloo" else dist.new_group(backend="gloo")
+        # Handles are Python objects: exchanged over gloo whatever the data backend is (made here, on
+        # every rank of the group, in the same order).
+        self._objects = gloo_group_of(process_group, self.timeout_s)
         self._init_protocol()
 
     def _agreement_group(self) -> Any:
@@ -88,7 +100,7 @@ class CudaIpcGroup(DistributedGroup):
         self, payload: str, rows: int, page_shape: Sequence[int], dtype: Any, max_current_pages: int
     ) -> Any:
         """Collective: allocates this rank's pool and stagings, maps every peer's; returns the pool."""
-        with self._protocol(f"registration of payload {payload!r}"):
+        with self._protocol(f"registration of payload {payload!r}"), self._torch.cuda.device(self.device):
             return self._register_pool(payload, rows, page_shape, dtype, max_current_pages)
 
     def _register_pool(
@@ -113,7 +125,9 @@ class CudaIpcGroup(DistributedGroup):
         if any(s != spec for s in specs) or any(again for _, again, _ in gathered):
             raise on_every_rank(InvalidArgumentError(
                 f"payload {payload!r}: ranks registered different (or repeated) pools: {specs}"))
-        buffers = [own if r == self.rank else fn(*args) for r, (_, _, (fn, args)) in enumerate(gathered)]
+        index = self.device.index
+        buffers = [own if r == self.rank else open_peer_buffer(fn, args, index)
+                   for r, (_, _, (fn, args)) in enumerate(gathered)]
         pools = [b[: rows * row_bytes].view(rows, row_bytes) for b in buffers]
         stagings = [
             [b[start : start + capacity * row_bytes].view(capacity, row_bytes)
@@ -128,6 +142,16 @@ class CudaIpcGroup(DistributedGroup):
         torch.cuda.synchronize(self.device)
         self.barrier("pool registration", layer=-1)
         return self.pool(payload)
+
+    def compose(self, plan: ComposePlan, payload: str, current: Any, *, layer: int = 0, out: Any = None) -> Any:
+        with self._torch.cuda.device(self.device):  # the staging copy and the kernel run on the group's device
+            return super().compose(plan, payload, current, layer=layer, out=out)
+
+    def compose_allreduce(
+        self, plan: ComposePlan, payload: str, current: Any, *, layer: int = 0, out: Any = None
+    ) -> Any:
+        with self._torch.cuda.device(self.device):
+            return super().compose_allreduce(plan, payload, current, layer=layer, out=out)
 
     def _compose(self, plan: ComposePlan, payload: str, current: Any, layer: int, out: Any) -> Any:
         """Stage, one barrier, one Triton gather through the address table."""
@@ -157,7 +181,7 @@ class CudaIpcGroup(DistributedGroup):
 
 
     def barrier(self, what: str = "barrier", *, layer: int = -1) -> None:
-        with self._protocol(what):
+        with self._protocol(what), self._torch.cuda.device(self.device):
             if self.backend == "nccl":
                 guarded(what, self.rank, layer, self.timeout_s,
                         lambda: self._dist.all_reduce(self._flag, group=self._pg))
@@ -208,7 +232,39 @@ class CudaIpcGroup(DistributedGroup):
             return torch.empty(plan.num_slots, p.row_bytes, dtype=torch.uint8, device=self.device)
         if out.dtype != torch.uint8 or tuple(out.shape) != (plan.num_slots, p.row_bytes) or not out.is_contiguous():
             raise InvalidArgumentError(f"out must be contiguous uint8 [{plan.num_slots}, {p.row_bytes}]")
+        if out.device != self.device:  # the kernel would write through a pointer of another device
+            raise InvalidArgumentError(f"rank {self.rank}: out is on {out.device}, the group on {self.device}")
         return out
+
+
+def cuda_device(device: Any) -> Any:
+    """The group's device as ``cuda:N`` (``None`` or ``"cuda"``: the current device); anything else
+    (a CPU device, an index past the devices present) is an :class:`InvalidArgumentError`."""
+    import torch
+
+    try:
+        resolved = resolve_device("cuda" if device is None else device)
+    except (RuntimeError, TypeError) as err:
+        raise InvalidArgumentError(f"device {device!r} is not a device: {err}") from None
+    if resolved.type != "cuda":
+        raise InvalidArgumentError(f"CudaIpcGroup needs a CUDA device, got {device!r}")
+    count = torch.cuda.device_count()
+    if not 0 <= resolved.index < count:
+        raise InvalidArgumentError(f"device {device!r}: this process sees {count} CUDA devices")
+    return resolved
+
+
+def open_peer_buffer(rebuild: Any, args: tuple, device_index: int) -> Any:
+    """A peer's buffer from its CUDA IPC handle (``reduce_tensor``'s ``(rebuild, args)``), opened in
+    this rank's device context: the handle names the peer's device, which is another GPU when every
+    rank has its own."""
+    params = list(inspect.signature(rebuild).parameters)
+    if "storage_device" not in params:
+        raise FallbackError(f"cannot open a CUDA IPC handle rebuilt by {getattr(rebuild, '__name__', rebuild)!r}: "
+                            "this torch names no storage_device argument")
+    args = list(args)
+    args[params.index("storage_device")] = device_index
+    return rebuild(*args)
 
 
 def _round_up(n: int) -> int:
