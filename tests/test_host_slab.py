@@ -62,12 +62,30 @@ def _plain_memfd(data_bytes: int) -> tuple[int, str, int]:
     return 0, "memfd", mmap.PAGESIZE
 
 
+def _as_if_huge_pages(data_bytes: int) -> tuple[int, str, int]:
+    """A host with free 2 MiB huge pages, as the slab sees it (a plain memfd reported as "hugetlb")."""
+    return 0, "hugetlb", mmap.PAGESIZE
+
+
+def _no_huge_pages() -> None:
+    """Tests about the /dev/shm path take it on any host: a GPU server often has free huge pages, and
+    then the slab (rightly) lives in them, not in /dev/shm."""
+    slab_module._free_huge_page_bytes = lambda: 0
+
+
+@pytest.fixture
+def no_huge_pages(monkeypatch):
+    monkeypatch.setattr(slab_module, "_free_huge_page_bytes", lambda: 0)
+
+
 # -- across real processes --------------------------------------------------------------------------
 
 
 def _share_worker(rank: int, world: int, memfd: bool) -> dict:
     if memfd:
         slab_module._memfd_choice = _plain_memfd
+    else:
+        _no_huge_pages()
     before = set(glob.glob("/dev/shm/cpkv-slab-*"))
     slab = HostSlab.create(PAYLOADS, num_pages=NUM_PAGES, num_layers=NUM_LAYERS, timeout_s=20)
     after = set(glob.glob("/dev/shm/cpkv-slab-*"))
@@ -116,6 +134,7 @@ def _enospc(fd: int, offset: int, length: int) -> None:
 
 
 def _reserve_failure_worker(rank: int, world: int, how: str) -> str:
+    _no_huge_pages()
     payloads, num_pages = PAYLOADS, NUM_PAGES
     if how == "one rank's fallocate fails" and rank == world - 1:
         slab_module._fallocate = _enospc
@@ -149,6 +168,7 @@ def test_a_failed_reservation_is_the_same_typed_error_on_every_rank_and_leaves_n
 
 
 def _kill_worker(rank: int, world: int, when: str, record: str) -> str:
+    _no_huge_pages()  # the victim's name must be a /dev/shm path
     if when == "during create" and rank == 1:
         def reserve_then_die(fd: int, offset: int, length: int) -> None:
             with open(record, "w") as f:
@@ -235,11 +255,20 @@ def test_bad_or_mismatched_arguments_raise_alike_on_every_rank():
 # -- one process, no torch.distributed -------------------------------------------------------------
 
 
-def test_single_process_without_torch_distributed():
+@pytest.mark.parametrize("host", ["no free huge pages", "free huge pages"])
+def test_single_process_without_torch_distributed(host, monkeypatch):
+    # The kind follows the host: "shm" was assumed once, and failed on hosts with free huge pages.
+    if host == "no free huge pages":
+        monkeypatch.setattr(slab_module, "_free_huge_page_bytes", lambda: 0)
+    else:
+        monkeypatch.setattr(slab_module, "_memfd_choice", _as_if_huge_pages)
+    kind = "shm" if host == "no free huge pages" else "hugetlb"
     assert not dist.is_initialized()
     before = set(glob.glob("/dev/shm/cpkv-slab-*"))
+    pinned = torch.cuda.is_available() and torch.cuda.is_initialized()  # the default: only where CUDA is in use
     with HostSlab.create(PAYLOADS, num_pages=NUM_PAGES, num_layers=NUM_LAYERS) as slab:
-        assert (slab.rank, slab.world_size, slab.kind, slab.pinned) == (0, 1, "shm", torch.cuda.is_available())
+        assert (slab.rank, slab.world_size, slab.kind, slab.pinned) == (0, 1, kind, pinned)
+        assert set(slab.kinds.values()) == {kind}
         assert [n for n in set(glob.glob("/dev/shm/cpkv-slab-*")) - before if slab.run_id in n] == []
         assert dict(slab.payloads) == PAYLOADS and (slab.num_pages, slab.num_layers) == (NUM_PAGES, NUM_LAYERS)
         for payload in PAYLOADS:
@@ -282,7 +311,14 @@ def test_no_free_huge_pages_after_all_falls_back_to_dev_shm(monkeypatch, caplog)
     assert any("no hugetlb region" in r.getMessage() for r in caplog.records)
 
 
-def test_the_kind_is_logged_once_per_process(monkeypatch, caplog):
+def test_this_hosts_kind_is_what_its_free_huge_pages_allow():
+    """No forcing: whatever this host has, the slab says which memory it got."""
+    with HostSlab.create({"k": PAYLOADS["k"]}, num_pages=3, num_layers=2) as slab:
+        offered = slab_module._memfd_choice(slab.nbytes) is not None
+        assert slab.kind in (("hugetlb", "shm") if offered else ("shm",))
+
+
+def test_the_kind_is_logged_once_per_process(no_huge_pages, monkeypatch, caplog):
     monkeypatch.setattr(slab_module, "_logged_kinds", set())
     with caplog.at_level(logging.INFO, logger="cpkv.tier"):
         for _ in range(3):
@@ -291,7 +327,7 @@ def test_the_kind_is_logged_once_per_process(monkeypatch, caplog):
     assert kinds == ["cpkv host slab: POSIX shared memory in /dev/shm (not enough free 2 MiB huge pages)"]
 
 
-def test_a_failed_reservation_names_payload_bytes_and_path_and_leaves_nothing(monkeypatch):
+def test_a_failed_reservation_names_payload_bytes_and_path_and_leaves_nothing(no_huge_pages, monkeypatch):
     monkeypatch.setattr(slab_module, "_fallocate", _enospc)
     with pytest.raises(InvalidArgumentError, match=r"payload 'k': cannot reserve 8192 bytes at /dev/shm/") as info:
         HostSlab.create({"k": PAYLOADS["k"]}, num_pages=4, num_layers=32)
@@ -299,7 +335,7 @@ def test_a_failed_reservation_names_payload_bytes_and_path_and_leaves_nothing(mo
     assert not os.path.exists(path) and path not in segment._owned  # gone, and not left for the exit hook
 
 
-def test_larger_than_dev_shm_fails_at_once():
+def test_larger_than_dev_shm_fails_at_once(no_huge_pages):
     st = os.statvfs("/dev/shm")
     pages = st.f_blocks * st.f_frsize // (1 << 20) + 1
     start = time.monotonic()
@@ -363,22 +399,49 @@ def test_slab_spec_sizes():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")
-def test_a_failed_pin_is_a_fallback_error_not_a_silent_slow_path(monkeypatch):
+def test_a_failed_pin_is_a_fallback_error_not_a_silent_slow_path(no_huge_pages, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # CUDA seems present; registering fails
     created: list[str] = []
     monkeypatch.setattr(slab_module, "unlink_at_exit", lambda path: (created.append(path), segment.unlink_at_exit(path)))
     with pytest.raises(FallbackError, match=r"payload 'k': cudaHostRegister of 4096 bytes failed: .*pin=False"):
-        HostSlab.create({"k": PAYLOADS["k"]}, num_pages=2, num_layers=1)
+        HostSlab.create({"k": PAYLOADS["k"]}, num_pages=2, num_layers=1, pin=True)
     assert len(created) == 1 and not os.path.exists(created[0]) and created[0] not in segment._owned
     assert HostSlab.create({"k": PAYLOADS["k"]}, num_pages=2, num_layers=1, pin=False).pinned is False
 
 
+@pytest.mark.parametrize("in_use", [False, True])
+def test_by_default_only_a_process_already_using_cuda_pins(monkeypatch, in_use):
+    """A GPU machine (CUDA available) running a CPU-only user: no page-locking, no CUDA context.
+    Before the fix the default pinned whenever CUDA was available."""
+    registered = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: in_use)
+    monkeypatch.setattr(slab_module, "_pin", lambda region: registered.append(region.payload))
+    monkeypatch.setattr(slab_module, "_unpin", lambda region: None)
+    with HostSlab.create({"k": PAYLOADS["k"]}, num_pages=2, num_layers=1) as slab:
+        assert slab.pinned is in_use and registered == (["k"] if in_use else [])
+    with HostSlab.create({"k": PAYLOADS["k"]}, num_pages=2, num_layers=1, pin=False) as slab:
+        assert slab.pinned is False
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_regions_are_pinned_for_cuda():
-    with HostSlab.create(PAYLOADS, num_pages=4, num_layers=2, pin=True) as slab:
+    """Random bytes both ways through pinned regions with asynchronous copies (an all-zero slab would
+    pass whatever the copies did); 32 MiB in the large payload, so an unsynchronised read would see
+    old bytes."""
+    payloads = {**PAYLOADS, "large": SlabSpec((8192,), torch.uint8)}
+    with HostSlab.create(payloads, num_pages=2048, num_layers=2, pin=True) as slab:
         assert slab.pinned
-        for payload in PAYLOADS:
-            assert slab.rows(payload).is_pinned()
-            device = slab.view(payload).to("cuda", non_blocking=True)
+        for payload in payloads:
+            rows = slab.rows(payload)
+            assert rows.is_pinned()
+            gen = torch.Generator().manual_seed(len(payload))
+            rows.copy_(torch.randint(0, 256, rows.shape, dtype=torch.uint8, generator=gen))
+            want = rows.clone()
+            device = rows.to("cuda", non_blocking=True)  # host -> device from the pinned slab
             torch.cuda.synchronize()
-            assert torch.equal(_as_bytes(device.cpu()), _as_bytes(slab.view(payload)))
+            assert torch.equal(device.cpu(), want)
+            fresh = torch.randint(0, 256, rows.shape, dtype=torch.uint8, device="cuda")
+            rows.copy_(fresh, non_blocking=True)  # device -> host into the pinned slab
+            torch.cuda.synchronize()
+            assert torch.equal(rows, fresh.cpu()) and not torch.equal(rows, want)

@@ -15,7 +15,8 @@ owns bytes, processes and time.
    /dev/shm. Running out of room fails here, with an error naming payload, bytes and path, instead
    of a SIGBUS at first touch hours later. The creators' outcomes are exchanged: every rank raises
    the same error, and nothing is left behind;
-3. every rank maps every region (and pins it for CUDA when CUDA is present); the outcomes are
+3. every rank maps every region (and pins it for CUDA when asked to, or by default when this process
+   already uses CUDA); the outcomes are
    exchanged again, which also tells every creator that every rank now holds its mapping;
 4. the creators drop the names: the /dev/shm file is unlinked (a memfd never had one) and the
    creator's descriptor closed; a last barrier (bounded by ``timeout_s``) makes that true on every
@@ -238,15 +239,20 @@ def _check_arguments(payloads: Any, num_pages: Any, num_layers: Any, timeout_s: 
 
 
 def _check_pin(pin: Any) -> bool:
-    """``None``: pin when CUDA is available; ``True`` demands it."""
+    """``None``: pin when this process already uses CUDA (a context exists); ``True`` demands it.
+
+    "CUDA is available" is not enough: a CPU-only user on a GPU machine would lock the whole slab
+    in memory and start a CUDA context on GPU 0 for nothing.
+    """
     if pin is not None and not isinstance(pin, bool):
         raise InvalidArgumentError(f"pin must be True, False or None, got {pin!r}")
     import torch
 
-    available = torch.cuda.is_available()
-    if pin and not available:
+    if pin and not torch.cuda.is_available():
         raise InvalidArgumentError("pin=True but CUDA is not available")
-    return available if pin is None else pin
+    if pin is None:
+        return torch.cuda.is_available() and torch.cuda.is_initialized()
+    return pin
 
 
 def _valid_timeout(timeout_s: Any) -> bool:
@@ -525,8 +531,11 @@ class HostSlab:
 
         ``timeout_s`` bounds the wait for every rank to arrive; the exchanges after that wait on
         reserving and pinning (seconds for hundreds of GB) and run under the group's own timeout.
-        ``pin``: register the regions with CUDA as pinned memory (default: when CUDA is available);
-        a failed registration is a :class:`~cpkv.errors.FallbackError`, never a silent slow path.
+        ``pin``: register the regions with CUDA as pinned memory, so device copies to and from them are
+        asynchronous and at full speed (default: when this process already uses CUDA; pass ``True``
+        for device pools, ``False`` for CPU ones); registered in the current device's context, and
+        portable to the others. A failed registration is a :class:`~cpkv.errors.FallbackError`, never
+        a silent slow path.
 
         Raises the same typed error on every rank when any rank's arguments are bad, the ranks'
         arguments differ, a region cannot be reserved (its payload, bytes and path named) or mapped;
