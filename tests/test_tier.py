@@ -18,7 +18,9 @@ from cpkv.compose import CpLayout
 from cpkv.compose.launch import run_ranks
 from cpkv.config import CpkvConfig
 from cpkv.errors import CollectiveTimeoutError, CpkvError, DivergenceError, InvalidArgumentError, LockError
-from cpkv.tier import CacheController, SlabSpec
+from cpkv.tier import CacheController, LoadHandle, SlabSpec
+from cpkv.tier import streams as streams_module
+from stream_double import RecordingStreams
 
 pytestmark = pytest.mark.slow
 
@@ -46,14 +48,14 @@ class _Engine:
     """A minimal engine over one controller: writes owned KV, checks owned bytes."""
 
     def __init__(self, rank: int, world: int, layers: int, host_pages: int, policy: str = "lru",
-                 settings: CpkvConfig | None = None, rows: int = ROWS) -> None:
+                 settings: CpkvConfig | None = None, rows: int = ROWS, process_group=None) -> None:
         self.layout = CpLayout(world, rank, PAGE)
         self.layers, self.num_rows = layers, rows
         self.pools = {name: [torch.zeros(rows, *spec.page_shape, dtype=spec.dtype) for _ in range(layers)]
                       for name, spec in PAYLOADS.items()}
         self.ctl = CacheController(layout=self.layout, device_pages=rows * world, host_pages=host_pages,
                                    payloads=PAYLOADS, device_pools=self.pools, policy=policy,
-                                   settings=settings or _settings())
+                                   settings=settings or _settings(), process_group=process_group)
         self.checked = 0
 
     def rows(self, name: str, layer: int) -> torch.Tensor:
@@ -97,7 +99,9 @@ class _Engine:
         ctl.end_forward()
 
 
-def _round_trip(rank: int, world: int, layers: int) -> dict:
+def _round_trip(rank: int, world: int, layers: int, device_path: bool = False) -> dict:
+    if device_path:  # the CUDA pools' copies and stream ordering, run on CPU tensors
+        streams_module.stream_ops = lambda device: RecordingStreams()
     engine = _Engine(rank, world, layers, host_pages=64)
     ctl = engine.ctl
     try:
@@ -124,9 +128,9 @@ def _round_trip(rank: int, world: int, layers: int) -> dict:
         ctl.close()
 
 
-@pytest.mark.parametrize("world", [1, 2, 4])
-def test_backup_evict_and_load_back_are_byte_identical(world: int) -> None:
-    results = run_ranks(_round_trip, world, 3, timeout_s=120)
+@pytest.mark.parametrize("world, device_path", [(1, False), (2, False), (4, False), (1, True), (2, True)])
+def test_backup_evict_and_load_back_are_byte_identical(world: int, device_path: bool) -> None:
+    results = run_ranks(_round_trip, world, 3, device_path, timeout_s=120)
     assert len({r["digest"] for r in results}) == 1
     assert all(r["checked"] > 0 for r in results)
     # Every page of the second pass (22) and the first pass's shared-prompt hits (2 x 2), in 3 layers
@@ -158,6 +162,37 @@ def test_slice_runs_copy_exactly_what_the_indexed_copy_does() -> None:
             by_runs[slab_slice].copy_(src[pool_slice])
         if runs:
             assert torch.equal(by_runs, by_index)
+
+
+def test_slab_stretches_copy_exactly_what_the_indexed_copy_does() -> None:
+    """The device path's copy when rows have no constant-step runs: one indexed copy on the device,
+    one contiguous host copy per stretch of consecutive slab rows (both directions)."""
+    from cpkv.tier.controller import _Copy
+
+    rng = np.random.default_rng(9)
+    for case in range(200):
+        n = int(rng.integers(1, 40))
+        pool = rng.choice(64, n, replace=False)
+        slab = rng.choice(64, n, replace=False) if case % 2 else int(rng.integers(0, 20)) + rng.permutation(n)
+        copy = _Copy(torch.from_numpy(pool.astype(np.int64)), torch.from_numpy(slab.astype(np.int64)))
+        order, stretches = copy.slab_runs(torch.device("cpu"))
+        assert sum(count for _, count, _ in stretches) == n
+        if case % 2 == 0:
+            assert len(stretches) == 1  # a permuted contiguous object is one stretch
+        src = torch.from_numpy(rng.integers(0, 255, (64, 3)).astype(np.int64))
+        want, got = torch.zeros(64, 3, dtype=torch.int64), torch.zeros(64, 3, dtype=torch.int64)
+        want.index_copy_(0, copy.slab_rows, src.index_select(0, copy.pool_rows))
+        gathered = src.index_select(0, order)
+        for first, count, row in stretches:
+            got[row : row + count].copy_(gathered[first : first + count])
+        assert torch.equal(got, want)
+        back_want, back = torch.zeros(64, 3, dtype=torch.int64), torch.zeros(64, 3, dtype=torch.int64)
+        back_want.index_copy_(0, copy.pool_rows, want.index_select(0, copy.slab_rows))
+        staged = torch.empty(n, 3, dtype=torch.int64)
+        for first, count, row in stretches:
+            staged[first : first + count].copy_(want[row : row + count])
+        back.index_copy_(0, order, staged)
+        assert torch.equal(back, back_want)
 
 
 def _pressure(rank: int, world: int, seed: int) -> dict:
@@ -259,6 +294,7 @@ def _bad_input(rank: int, world: int) -> list[str]:
     try:
         engine.request(_tokens(0, 3))
         held = ctl.allocate(2)
+        miss = ctl.lookup(_tokens(9, 1))
         digest = ctl.digest()
         cases = [
             (lambda: ctl.insert(_tokens(1, 2), [ROWS * world + 5, held[0]]), InvalidArgumentError, "outside"),
@@ -270,6 +306,14 @@ def _bad_input(rank: int, world: int) -> list[str]:
             (lambda: ctl.allocate(-1), InvalidArgumentError, "out of range"),
             (lambda: ctl.allocate(True), InvalidArgumentError, "must be an int"),
             (lambda: ctl.backup_layer(5), InvalidArgumentError, "layer 5"),
+            (lambda: ctl.backup_layer(1.5), InvalidArgumentError, "layer must be an int, got 1.5"),
+            (lambda: ctl.backup_layer(True), InvalidArgumentError, "layer must be an int, got True"),
+            (lambda: ctl.release(None), InvalidArgumentError, "release takes a Lookup from lookup.., got None"),
+            (lambda: ctl.load(None), InvalidArgumentError, "load takes a Lookup from lookup.., got None"),
+            (lambda: ctl.load_batch([miss, None]), InvalidArgumentError, "got None"),
+            (lambda: ctl.load_batch(None), InvalidArgumentError, "a sequence of Lookups, got None"),
+            (lambda: LoadHandle(np.zeros(0, np.int64), 2, 1.0).wait(0.5), InvalidArgumentError,
+             "layer must be an int, got 0.5"),
             (lambda: ctl.core.commit(2**64), InvalidArgumentError, "out of range"),
             (lambda: ctl.core.commit(99), InvalidArgumentError, "beyond the last issued"),
         ]
@@ -287,7 +331,7 @@ def _bad_input(rank: int, world: int) -> list[str]:
 
 def test_bad_input_is_a_typed_error_and_changes_nothing() -> None:
     results = run_ranks(_bad_input, 2, timeout_s=60)
-    assert results[0] == results[1] and len(results[0]) == 11
+    assert results[0] == results[1] and len(results[0]) == 18
 
 
 def test_bad_configuration_is_refused() -> None:

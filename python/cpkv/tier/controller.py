@@ -22,12 +22,19 @@ One forward (``C``: a collective, every rank issues it in the same order, whatev
 A backup reserved by ``insert`` is copied by the ``backup_layer`` calls that follow (the next
 forward's layers, or :meth:`flush_backups`), and committed by the first ``end_forward`` after
 every rank finished it. Nothing else is collective: placement and eviction are computed.
+
+CUDA pools: copies run on two side streams of the pools' device and never block the host
+(:mod:`cpkv.tier.streams` says how they are ordered against the caller's stream). A backup is
+``non_blocking`` device-to-host into the pinned slab, each layer marked done by an event; it counts
+as finished (and can be committed) once its events have completed. Pages a backup may still read
+are safe to reuse: ``allocate`` and ``load`` order the caller's and the load stream after the
+backups issued so far.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
+import operator
 import threading
 import time
 from dataclasses import dataclass, field
@@ -36,10 +43,12 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from cpkv._cpkv import InsertOutcome, Lookup, TierCache
+from cpkv.compose.gloo_group import gloo_group_of
 from cpkv.compose.layout import CpLayout
 from cpkv.compose.timeouts import as_timedelta, guarded
 from cpkv.config import CpkvConfig, config
 from cpkv.errors import CollectiveTimeoutError, DivergenceError, InvalidArgumentError
+from cpkv.tier import streams as _streams
 from cpkv.tier.slab import HostSlab, SlabSpec
 from cpkv.tier.warnings import RateLimitedLog
 
@@ -53,7 +62,7 @@ class _Copy:
     pool_rows: Any  # int64 tensor, on the CPU
     slab_rows: Any  # int64 tensor, on the CPU
     _runs: list[tuple[slice, slice]] | None = field(default=None, repr=False)
-    _pool_index: Any = field(default=None, repr=False)
+    _slab_runs: Any = field(default=None, repr=False)
     _tables: dict[bool, np.ndarray] = field(default_factory=dict, repr=False)
 
     def run_table(self, to_slab: bool) -> np.ndarray:
@@ -68,11 +77,20 @@ class _Copy:
             table = self._tables[to_slab] = row_runs(slab, pool) if to_slab else row_runs(pool, slab)
         return table
 
-    def pool_index(self, device: Any) -> Any:
-        """``pool_rows`` on the pool's device (moved once)."""
-        if self._pool_index is None:
-            self._pool_index = self.pool_rows.to(device)
-        return self._pool_index
+    def slab_runs(self, device: Any) -> tuple[Any, list[tuple[int, int, int]]]:
+        """Device pools, when `runs` found none: the copy sorted by slab row, as (pool rows in that
+        order, on ``device``; [(first, count, slab row)] per stretch of consecutive slab rows). One
+        indexed copy on the device and one contiguous host copy per stretch (slab objects are
+        contiguous, so stretches are few): no pageable temporary, every host copy asynchronous."""
+        if self._slab_runs is None:
+            order = np.argsort(self.slab_rows.numpy(), kind="stable")
+            slab = self.slab_rows.numpy()[order]
+            breaks = np.flatnonzero(np.diff(slab) != 1) + 1
+            starts = np.concatenate([[0], breaks]).astype(np.int64)
+            counts = np.diff(np.concatenate([starts, [len(slab)]]))
+            stretches = [(int(a), int(n), int(slab[a])) for a, n in zip(starts, counts)]
+            self._slab_runs = (self.pool_rows[order].to(device), stretches)
+        return self._slab_runs
 
     def runs(self) -> list[tuple[slice, slice]]:
         """Device pools only (CPU pools use the native copy's `run_table`): (pool rows, slab rows)
@@ -110,7 +128,8 @@ class _PendingBackup:
     ticket: int
     copy: _Copy
     started: float
-    layers_done: set[int] = field(default_factory=set)
+    layers_done: set[int] = field(default_factory=set)  # layers whose copies are issued
+    events: dict[int, Any] = field(default_factory=dict)  # device pools: layer -> its copy's done event
 
 
 def _merged(copies: list[_Copy]) -> _Copy:
@@ -121,12 +140,31 @@ def _merged(copies: list[_Copy]) -> _Copy:
     return _Copy(torch.cat([c.pool_rows for c in copies]), torch.cat([c.slab_rows for c in copies]))
 
 
-def _on_stream(stream: Any) -> Any:
-    if stream is None:
-        return contextlib.nullcontext()
-    import torch
+def _layer_index(layer: Any, num_layers: int) -> int:
+    """``layer`` as an int in ``[0, num_layers)``, or an InvalidArgumentError naming it (a bool or a
+    float is no layer, even when it would compare equal to one)."""
+    if isinstance(layer, bool):
+        raise InvalidArgumentError(f"layer must be an int, got {layer!r}")
+    try:
+        index = operator.index(layer)
+    except TypeError:
+        raise InvalidArgumentError(f"layer must be an int, got {layer!r}") from None
+    if not 0 <= index < num_layers:
+        raise InvalidArgumentError(f"layer {index} is not in [0, {num_layers})")
+    return index
 
-    return torch.cuda.stream(stream)
+
+def _check_lookup(hit: Any, what: str) -> None:
+    if not isinstance(hit, Lookup):
+        raise InvalidArgumentError(f"{what} takes a Lookup from lookup(), got {hit!r}")
+
+
+def _pools_device(device_pools: Mapping[str, Sequence[Any]]) -> Any:
+    """The one device every pool is on (CUDA pools on two devices, or mixed with CPU ones, are refused)."""
+    devices = {str(p.device): p.device for layers in device_pools.values() for p in layers}
+    if len(devices) != 1:
+        raise InvalidArgumentError(f"every device pool must be on one device, got {sorted(devices)}")
+    return next(iter(devices.values()))
 
 
 def _word_dtype(row_bytes: int) -> Any:
@@ -142,9 +180,11 @@ class LoadHandle:
     """A load-back in flight: ``pages`` are the device pages it fills, ``wait(layer)`` blocks
     until this rank's owned pages of that layer are in its pool."""
 
-    def __init__(self, pages: np.ndarray, num_layers: int, timeout_s: float) -> None:
+    def __init__(self, pages: np.ndarray, num_layers: int, timeout_s: float, streams: Any = None) -> None:
         self.pages = pages
         self._ready = [threading.Event() for _ in range(num_layers)]
+        self._events: list[Any] = [None] * num_layers  # device pools: the layer's copy-done event
+        self._streams = streams
         self._timeout_s = timeout_s
         self.error: BaseException | None = None
 
@@ -153,13 +193,17 @@ class LoadHandle:
         return len(self.pages)
 
     def wait(self, layer: int) -> None:
-        if not 0 <= layer < len(self._ready):
-            raise InvalidArgumentError(f"layer {layer} is not in [0, {len(self._ready)})")
+        """CPU pools: returns once the layer's rows are in the pool. Device pools: returns once its
+        copies are issued, and the caller's current stream then waits for them (the host does not)."""
+        layer = _layer_index(layer, len(self._ready))
         if not self._ready[layer].wait(self._timeout_s):
             self.error = CollectiveTimeoutError(f"load-back of layer {layer} did not finish within "
                                                 f"{self._timeout_s:g} s")
         if self.error is not None:
             raise self.error
+        event = self._events[layer]
+        if event is not None:
+            self._streams.wait(self._streams.current(), event)
 
     def wait_all(self) -> None:
         for layer in range(len(self._ready)):
@@ -211,23 +255,31 @@ class CacheController:
             raise InvalidArgumentError("payloads must name at least one payload")
         self.payloads = dict(payloads)
         self.num_layers = self._check_pools(device_pools, device_pages)
+        self.device = _pools_device(device_pools)
+        # CUDA pools: copies on side streams of the pools' device (not the current one); CPU pools: None.
+        self._streams = _streams.stream_ops(self.device)
         # Rows move as the widest integer word that divides them: torch's index_copy_ on uint8 rows
         # runs about 6x slower than on the same bytes as int64 (measured by `cpkv bench tier`).
         self._words = {name: _word_dtype(spec.row_bytes) for name, spec in self.payloads.items()}
         self._pools = {name: [p.view(torch.uint8).view(p.shape[0], -1).view(self._words[name])
                               for p in device_pools[name]]
                        for name in self.payloads}
-        self.slab = slab if slab is not None else HostSlab.create(
-            self.payloads, num_pages=host_pages, num_layers=self.num_layers, process_group=process_group,
-            timeout_s=self.settings.collective_timeout_s)
+        # The slab and the commit/agreement collectives carry host values: over the process group when it
+        # is gloo, else over a gloo group of the same ranks (NCCL cannot set up a host slab).
+        self._host_pg = gloo_group_of(process_group, self.settings.collective_timeout_s) if self._dist else None
+        # Pinned (page-locked, registered with CUDA) only for CUDA pools, registered from their device:
+        # CPU pools on a GPU machine start no CUDA context and lock no memory.
+        self.slab = slab if slab is not None else self._create_slab(host_pages)
         if self.slab.num_pages < host_pages or self.slab.num_layers != self.num_layers:
             raise InvalidArgumentError(f"slab has {self.slab.num_pages} pages x {self.slab.num_layers} layers, "
                                        f"the cache needs {host_pages} x {self.num_layers}")
         self._slab_rows = {name: self.slab.rows(name).view(self._words[name]) for name in self.payloads}
         self._sources_cache: dict[tuple[str, int, int], Any] = {}
-        # CUDA pools (not run on a CPU-only machine): copies cross the host link, loads on a side stream.
-        self._cuda_pools = any(p.is_cuda for layers in device_pools.values() for p in layers)
-        self._load_stream = torch.cuda.Stream() if self._cuda_pools else None
+        self._cuda_pools = self._streams is not None  # the device path (streams, slice and indexed copies)
+        self._load_stream = self._streams.new_stream("load") if self._streams else None
+        self._backup_stream = self._streams.new_stream("backup") if self._streams else None
+        self._backup_tail: Any = None  # the last backup copy's event: pages it read may be reused after it
+        self._load_tail: Any = None  # the last load-back copy's event: slab rows it read may be rewritten after it
         self._backups: list[_PendingBackup] = []
         self._merged_backups: tuple[tuple[int, ...], _Copy | None] = ((), None)
         self._loads: list[LoadHandle] = []
@@ -236,13 +288,23 @@ class CacheController:
         self._copy_queue: list[tuple[LoadHandle, _Copy]] = []
         self._copy_cv = threading.Condition()
         self._closed = False
-        self._tensor_device = "cuda" if self._dist and self._dist.get_backend(process_group) == "nccl" else "cpu"
         self.forwards = 0
         self.warnings = RateLimitedLog(self.settings.warn_interval_s, log)
         self.counters = {"bytes_backed_up": 0, "bytes_loaded": 0, "collectives": 0, "agreement_checks": 0,
                          "transfers_aborted": 0}
 
     # -- setup --------------------------------------------------------------------------------
+
+    def _create_slab(self, host_pages: int) -> HostSlab:
+        def create() -> HostSlab:
+            return HostSlab.create(self.payloads, num_pages=host_pages, num_layers=self.num_layers,
+                                   process_group=self._host_pg, timeout_s=self.settings.collective_timeout_s,
+                                   pin=self.device.type == "cuda")
+
+        if self._streams is None:
+            return create()
+        with self._streams.device_guard():
+            return create()
 
     def _check_pools(self, device_pools: Mapping[str, Sequence[Any]], device_pages: int) -> int:
         rows_needed = -(-int(device_pages) // self.layout.cp_size)
@@ -273,13 +335,16 @@ class CacheController:
     def release(self, hit: Lookup) -> None:
         """Undoes :meth:`lookup`'s lock (call once the request's pages are inserted or dropped)."""
         self._check_open()
+        _check_lookup(hit, "release")
         if hit.locked:
             self.core.unlock(hit.node)
 
     def allocate(self, num_pages: int) -> np.ndarray | None:
         """Device pages for new tokens (replicated; evicts device leaves as needed), or None."""
         self._check_open()
-        return self.core.allocate(num_pages)
+        pages = self.core.allocate(num_pages)
+        self._after_backups()  # an evicted page may still be read by a backup copy in flight
+        return pages
 
     def free(self, pages: Any) -> None:
         """Gives back device pages this request holds and will not insert. A page a load-back is
@@ -299,11 +364,15 @@ class CacheController:
         """:meth:`load` for a forward's requests at once: their copies go to the worker together,
         as one copy per layer (fewer, longer copies than request by request)."""
         self._check_open()
+        if isinstance(hits, (str, bytes)) or not isinstance(hits, Sequence):
+            raise InvalidArgumentError(f"load_batch takes a sequence of Lookups, got {hits!r}")
+        for hit in hits:  # all checked before any page is taken
+            _check_lookup(hit, "load")
         handles, jobs = [], []
         for hit in hits:
             runs = self.core.plan_load(hit.node) if hit.locked and hit.host_tokens > hit.device_tokens else []
             pages = np.concatenate([r.device_pages for r in runs]) if runs else np.zeros(0, dtype=np.int64)
-            handle = LoadHandle(pages, self.num_layers, self.settings.transfer_timeout_s)
+            handle = LoadHandle(pages, self.num_layers, self.settings.transfer_timeout_s, self._streams)
             handles.append(handle)
             if runs:
                 jobs.append((handle, self._owned(pages, np.concatenate([r.host_pages for r in runs]))))
@@ -311,7 +380,11 @@ class CacheController:
                 for event in handle._ready:
                     event.set()
         if jobs:
-            self._enqueue(jobs)
+            # The load stream starts after what the caller queued so far (an earlier forward's kernels
+            # may still read the rows it overwrites) and after the backups issued so far.
+            after = [] if self._streams is None else \
+                [e for e in (self._streams.record(self._streams.current()), self._backup_tail) if e is not None]
+            self._enqueue([(handle, copy, after) for handle, copy in jobs])
         return handles
 
     def insert(self, tokens: Any, pages: Any, namespace: Any = None) -> InsertOutcome:
@@ -329,10 +402,10 @@ class CacheController:
     # -- per layer ----------------------------------------------------------------------------
 
     def backup_layer(self, layer: int) -> None:
-        """Copies ``layer`` of every pending backup's owned pages from the device pool to the slab."""
+        """Copies ``layer`` of every pending backup's owned pages from the device pool to the slab
+        (device pools: issued on the backup stream after the caller's queued work, not waited for)."""
         self._check_open()
-        if not 0 <= layer < self.num_layers:
-            raise InvalidArgumentError(f"layer {layer} is not in [0, {self.num_layers})")
+        layer = _layer_index(layer, self.num_layers)
         due = [b for b in self._backups if layer not in b.layers_done]
         if not due:
             return
@@ -341,14 +414,31 @@ class CacheController:
         tickets = tuple(b.ticket for b in due)
         if self._merged_backups[0] != tickets:
             self._merged_backups = (tickets, _merged([b.copy for b in due]))
-        self._copy_layer(layer, self._merged_backups[1], to_slab=True)
+        done = None
+        if self._streams is None:
+            self._copy_layer(layer, self._merged_backups[1], to_slab=True)
+        else:
+            ops, stream = self._streams, self._backup_stream
+            ops.wait(stream, ops.record(ops.current()))  # the layer's KV, written by the caller's queued work
+            if self._load_tail is not None:
+                ops.wait(stream, self._load_tail)  # slab rows a load-back still reads
+            with ops.on(stream):
+                self._copy_layer(layer, self._merged_backups[1], to_slab=True)
+            done = self._backup_tail = ops.record(stream)
         for backup in due:
             backup.layers_done.add(layer)
+            if done is not None:
+                backup.events[layer] = done
 
     def flush_backups(self) -> None:
-        """Copies every layer of every pending backup (an idle engine, or before shutdown)."""
+        """Copies every layer of every pending backup and waits until the bytes are in the slab (an
+        idle engine, or before shutdown), so the next :meth:`end_forward` can commit all of them."""
         for layer in range(self.num_layers):
             self.backup_layer(layer)
+        if self._streams is not None:
+            for backup in self._backups:
+                for event in backup.events.values():
+                    self._streams.synchronize(event)
 
     # -- per forward (collective) -----------------------------------------------------------------
 
@@ -357,7 +447,7 @@ class CacheController:
         commits what every rank finished, or aborts every transfer in flight on every rank when
         one rank's ran out of time. Every ``check_every`` forwards, C: the digest agreement check."""
         self._check_open()
-        unfinished = [b for b in self._backups if len(b.layers_done) < self.num_layers]
+        unfinished = [b for b in self._backups if not self._backup_finished(b)]
         # Tickets are issued in order, so the frontier is just below the oldest unfinished one.
         frontier = min(b.ticket for b in unfinished) - 1 if unfinished else self.core.issued
         now = time.monotonic()
@@ -422,6 +512,9 @@ class CacheController:
             self._copy_cv.notify_all()
         if self._copier is not None:
             self._copier.join(timeout=self.settings.transfer_timeout_s)
+        for tail in (self._backup_tail, self._load_tail):
+            if tail is not None:  # no copy may still use the slab when it is unpinned and unmapped
+                self._streams.synchronize(tail)
         self._sources_cache.clear()  # they hold views of the slab's mapping
         self._slab_rows.clear()
         self._pools.clear()
@@ -438,6 +531,21 @@ class CacheController:
     def _check_open(self) -> None:
         if self._closed:
             raise InvalidArgumentError("the cache controller is closed")
+
+    def _backup_finished(self, backup: _PendingBackup) -> bool:
+        """Every layer issued, and (device pools) every layer's copy completed: only then may it commit."""
+        if len(backup.layers_done) < self.num_layers:
+            return False
+        if backup.events:
+            if not all(self._streams.done(e) for e in backup.events.values()):
+                return False
+            backup.events.clear()
+        return True
+
+    def _after_backups(self) -> None:
+        """The caller's stream waits (on the device) for the backups issued so far."""
+        if self._backup_tail is not None:
+            self._streams.wait(self._streams.current(), self._backup_tail)
 
     def _owned(self, device_pages: Any, host_rows: Any) -> _Copy:
         import torch
@@ -462,26 +570,28 @@ class CacheController:
                 else:
                     copy_rows(pool, self._row_sources(name, layer, slab), table)
             return
+        # Device pools, on the current (side) stream: asynchronous copies between the device and the
+        # pinned slab, nothing staged through pageable memory; the caller orders them with events.
         runs = copy.runs()
         for name in self.payloads:
             pool, slab = self._pools[name][layer], self._slab_rows[name][layer]
             if runs:
                 for pool_slice, slab_slice in runs:
                     if to_slab:
-                        slab[slab_slice].copy_(pool[pool_slice])
+                        slab[slab_slice].copy_(pool[pool_slice], non_blocking=True)
                     else:
-                        pool[pool_slice].copy_(slab[slab_slice])
-            elif to_slab:  # a device pool's rows come over the host link once, gathered
-                gathered = pool.index_select(0, copy.pool_index(pool.device))
-                slab.index_copy_(0, copy.slab_rows, gathered.to(slab.device))
+                        pool[pool_slice].copy_(slab[slab_slice], non_blocking=True)
+                continue
+            order, stretches = copy.slab_runs(pool.device)
+            if to_slab:  # gathered on the device in slab order, then one host copy per stretch
+                gathered = pool.index_select(0, order)
+                for first, count, row in stretches:
+                    slab[row : row + count].copy_(gathered[first : first + count], non_blocking=True)
             else:
-                rows = slab.index_select(0, copy.slab_rows).to(pool.device, non_blocking=True)
-                pool.index_copy_(0, copy.pool_index(pool.device), rows)
-        if self._cuda_pools and not to_slab:
-            # The copier's stream: a layer is ready only once its copies have landed.
-            import torch
-
-            torch.cuda.current_stream().synchronize()
+                staged = pool.new_empty((len(order), pool.shape[1]))
+                for first, count, row in stretches:
+                    staged[first : first + count].copy_(slab[row : row + count], non_blocking=True)
+                pool.index_copy_(0, order, staged)
 
     def _row_sources(self, name: str, layer: int, rows: Any) -> Any:
         """``rows`` (a layer's pool or slab rows, fixed for this controller's life) as a native
@@ -498,8 +608,8 @@ class CacheController:
         row_bytes = sum(spec.row_bytes for spec in self.payloads.values())
         return int(copy.pool_rows.numel()) * row_bytes * self.num_layers
 
-    def _enqueue(self, jobs: list[tuple[LoadHandle, _Copy]]) -> None:
-        self._loads.extend(handle for handle, _ in jobs)
+    def _enqueue(self, jobs: list[tuple[LoadHandle, _Copy, list[Any]]]) -> None:
+        self._loads.extend(handle for handle, _, _ in jobs)
         with self._copy_cv:
             self._copy_queue.extend(jobs)
             self._copy_cv.notify()
@@ -517,14 +627,16 @@ class CacheController:
                 if self._closed:
                     return
                 jobs, self._copy_queue = self._copy_queue, []
-            handles = [handle for handle, _ in jobs]
+            handles = [handle for handle, _, _ in jobs]
             try:
-                copy = _merged([c for _, c in jobs])
-                with _on_stream(self._load_stream):
+                copy = _merged([c for _, c, _ in jobs])
+                if self._streams is None:
                     for layer in range(self.num_layers):
                         self._copy_layer(layer, copy, to_slab=False)
                         for handle in handles:
                             handle._ready[layer].set()
+                else:
+                    self._copy_loads_on_device(jobs, handles, copy)
                 self.counters["bytes_loaded"] += self._copy_bytes(copy)
             except BaseException as err:  # noqa: BLE001 -- reported to the waiters and to the next commit
                 self._load_failed = True
@@ -533,17 +645,33 @@ class CacheController:
                     for event in handle._ready:
                         event.set()
 
+    def _copy_loads_on_device(self, jobs: list[tuple[LoadHandle, _Copy, list[Any]]], handles: list[LoadHandle],
+                              copy: _Copy) -> None:
+        """The load stream waits for what each job's caller had queued, then copies layer by layer;
+        each layer's event is what ``LoadHandle.wait`` makes the caller's stream wait on."""
+        ops, stream = self._streams, self._load_stream
+        for _, _, after in jobs:
+            for event in after:
+                ops.wait(stream, event)
+        for layer in range(self.num_layers):
+            with ops.on(stream):
+                self._copy_layer(layer, copy, to_slab=False)
+            event = self._load_tail = ops.record(stream)
+            for handle in handles:
+                handle._events[layer] = event
+                handle._ready[layer].set()
+
     def _all_reduce_min(self, values: list[int], what: str) -> list[int]:
         self.counters["collectives"] += 1
         if self._dist is None:
             return values
         import torch
 
-        tensor = torch.tensor(values, dtype=torch.int64, device=self._tensor_device)
+        tensor = torch.tensor(values, dtype=torch.int64)  # host values, over the gloo group: no device sync
         timeout = as_timedelta(self.settings.collective_timeout_s)
 
         def reduce() -> None:
-            work = self._dist.all_reduce(tensor, op=self._dist.ReduceOp.MIN, group=self._pg, async_op=True)
+            work = self._dist.all_reduce(tensor, op=self._dist.ReduceOp.MIN, group=self._host_pg, async_op=True)
             work.wait(timeout)
 
         guarded(what, self.layout.rank, -1, self.settings.collective_timeout_s, reduce)
