@@ -14,6 +14,12 @@ VLLM_PY    := $(VLLM_VENV)/bin/python
 VLLM_DEPS  := $(VLLM_VENV)/.deps-installed
 VLLM_BUILT := $(VLLM_VENV)/.cpkv-built
 
+# The SGLang integration's own virtualenv (SGLang pins its own torch; about 11 GB, built once).
+SGLANG_VENV  := .venv-sglang
+SGLANG_PY    := $(SGLANG_VENV)/bin/python
+SGLANG_DEPS  := $(SGLANG_VENV)/.deps-installed
+SGLANG_BUILT := $(SGLANG_VENV)/.cpkv-built
+
 .PHONY: help
 help: ## Show this help
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | \
@@ -41,11 +47,24 @@ $(VLLM_BUILT): $(VLLM_DEPS) $(RUST_SRC)
 		maturin develop --release --quiet
 	touch $@
 
+$(SGLANG_DEPS): requirements-sglang.txt constraints-sglang.txt
+	test -x $(SGLANG_PY) || python3 -m venv $(SGLANG_VENV)
+	$(SGLANG_PY) -m pip install --quiet -r requirements-sglang.txt -c constraints-sglang.txt
+	touch $@
+
+$(SGLANG_BUILT): $(SGLANG_DEPS) $(RUST_SRC)
+	VIRTUAL_ENV=$(abspath $(SGLANG_VENV)) PATH=$(abspath $(SGLANG_VENV))/bin:$$PATH \
+		maturin develop --release --quiet
+	touch $@
+
 .PHONY: venv
 venv: $(DEPS) ## Create .venv with the Python dependencies
 
 .PHONY: venv-vllm
 venv-vllm: $(VLLM_BUILT) ## Create .venv-vllm (vllm==0.33.0) with cpkv built into it
+
+.PHONY: venv-sglang
+venv-sglang: $(SGLANG_BUILT) ## Create .venv-sglang (sglang==0.5.23) with cpkv built into it
 
 .PHONY: develop
 develop: $(BUILT) ## Build the extension (release) into .venv
@@ -55,7 +74,7 @@ run: $(BUILT) ## The main job on built-in defaults: cpkv replay
 	$(PY) -m cpkv replay
 
 .PHONY: test
-test: test-rust test-python test-wheel test-vllm ## Every test: cargo (all crates), pytest, the wheel's smoke test, the vLLM integration
+test: test-rust test-python test-wheel test-vllm test-sglang ## Every test: cargo (all crates), pytest, the wheel's smoke test, the vLLM and SGLang integrations
 
 .PHONY: test-rust
 test-rust: ## cargo tests of every crate
@@ -86,6 +105,10 @@ test-wheel: $(DEPS) ## Build the abi3 wheel, install it into a fresh virtualenv,
 test-vllm: $(VLLM_BUILT) ## The vLLM integration tests, in .venv-vllm
 	$(VLLM_PY) -m pytest -q tests_vllm
 
+.PHONY: test-sglang
+test-sglang: $(SGLANG_BUILT) ## The SGLang HiCache integration tests, in .venv-sglang
+	PATH=$(abspath $(SGLANG_VENV))/bin:$$PATH $(SGLANG_PY) -m pytest -q tests_sglang
+
 .PHONY: bench
 bench: $(BUILT) ## Every Python benchmark (cpkv against its baseline)
 	$(PY) -m cpkv bench allocator
@@ -105,4 +128,4 @@ lint: ## cargo clippy and fmt check
 
 .PHONY: clean
 clean: ## Remove build outputs and the virtualenv
-	rm -rf target $(VENV) $(VLLM_VENV)
+	rm -rf target $(VENV) $(VLLM_VENV) $(SGLANG_VENV)

@@ -1,0 +1,79 @@
+"""The backend's settings, read once from SGLang's ``--hicache-storage-backend-extra-config``.
+
+cpkv's own keys start with ``cpkv_``; every other key belongs to SGLang (``backend_name``,
+``module_path``, ``class_name``, ``interface_v1``, ...) and is left alone. A ``cpkv_`` key this
+module does not know, or a bad value, fails at construction with a typed error naming the key.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from cpkv.errors import InvalidArgumentError, UnknownPolicyError
+
+LAYOUTS = ("replicated", "striped", "sliced")
+
+KEYS = {
+    "cpkv_pages": "slab rows per node (one row holds one SGLang page of every rank that shares it), int >= 1; required",
+    "cpkv_policy": "eviction policy, one of cpkv.PrefixTree.POLICIES (default lru)",
+    "cpkv_layout": "replicated (default: every CP rank holds the same page bytes), striped (--enable-kv-cache-sharding) or sliced (each rank holds a disjoint slice of every page)",
+    "cpkv_ranks_per_node": "CP ranks per slab (default: the ranks on one machine); set it to simulate several nodes on one",
+    "cpkv_check_every": "compare the replicated index's digest across the CP ranks every N stores, int >= 1 (default 64)",
+    "cpkv_timeout_s": "seconds any rank waits for its peers in a collective, > 0 (default 30)",
+}
+
+
+@dataclass(frozen=True)
+class CpkvStorageSettings:
+    pages: int
+    policy: str = "lru"
+    layout: str = "replicated"
+    ranks_per_node: int | None = None
+    check_every: int = 64
+    timeout_s: float = 30.0
+    interface_v1: bool = False
+
+    @classmethod
+    def from_extra_config(cls, extra: Mapping[str, Any] | None) -> CpkvStorageSettings:
+        if extra is None:
+            extra = {}
+        if not isinstance(extra, Mapping):
+            raise InvalidArgumentError(f"hicache storage extra config must be a JSON object, got {extra!r}")
+        for key in extra:
+            if isinstance(key, str) and key.startswith("cpkv_") and key not in KEYS:
+                known = ", ".join(KEYS)
+                raise InvalidArgumentError(f"extra config key {key!r} is not a cpkv setting (known: {known})")
+        if "cpkv_pages" not in extra:
+            raise InvalidArgumentError("extra config key 'cpkv_pages' is required: " + KEYS["cpkv_pages"])
+        pages = _int(extra, "cpkv_pages", 1)
+        policy = extra.get("cpkv_policy", "lru")
+        from cpkv import PrefixTree
+
+        if not isinstance(policy, str) or policy not in PrefixTree.POLICIES:
+            raise UnknownPolicyError(
+                f"extra config key 'cpkv_policy': unknown eviction policy {policy!r} "
+                f"(known: {', '.join(PrefixTree.POLICIES)})")
+        layout = extra.get("cpkv_layout", "replicated")
+        if layout not in LAYOUTS:
+            raise InvalidArgumentError(f"extra config key 'cpkv_layout': {layout!r} is not one of {', '.join(LAYOUTS)}")
+        ranks_per_node = _int(extra, "cpkv_ranks_per_node", 1) if extra.get("cpkv_ranks_per_node") is not None else None
+        check_every = _int(extra, "cpkv_check_every", 1) if "cpkv_check_every" in extra else 64
+        timeout_s = extra.get("cpkv_timeout_s", 30.0)
+        if (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not math.isfinite(timeout_s)
+                or timeout_s <= 0):
+            raise InvalidArgumentError(f"extra config key 'cpkv_timeout_s' must be a finite number > 0, got {timeout_s!r}")
+        v1 = extra.get("interface_v1", 0)
+        if v1 not in (0, 1, True, False):
+            raise InvalidArgumentError(f"extra config key 'interface_v1' must be 0 or 1, got {v1!r}")
+        return cls(pages, policy, layout, ranks_per_node, check_every, float(timeout_s), bool(v1))
+
+
+def _int(extra: Mapping[str, Any], key: str, minimum: int) -> int:
+    value = extra.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InvalidArgumentError(f"extra config key {key!r} must be an int >= {minimum}, got {value!r}")
+    if value > 1 << 40:
+        raise InvalidArgumentError(f"extra config key {key!r}: {value} is out of range (at most 2^40)")
+    return value
