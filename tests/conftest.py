@@ -31,3 +31,54 @@ def default_sigint() -> None:
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def wait_for(condition, timeout_s: float, what: str, poll_s: float = 0.05):
+    """Polls ``condition()`` until it returns something truthy (returned) or ``timeout_s`` passes
+    (an AssertionError naming ``what``): tests wait on a state, never on the clock alone."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+        time.sleep(poll_s)
+
+
+def process_alive(pid: int) -> bool:
+    """Running (a zombie is dead: it only waits to be reaped, which a container's init may never do)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (children, their children, ...)."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if fields[0] not in ("Z", "X"):
+                parents.setdefault(int(fields[1]), []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def maps_shm(pid: int, prefix: str = "/dev/shm/cpkv") -> bool:
+    """Whether ``pid`` maps a file whose path starts with ``prefix`` (a rank with its segments)."""
+    try:
+        return any(prefix in line for line in Path(f"/proc/{pid}/maps").read_text().splitlines())
+    except OSError:
+        return False

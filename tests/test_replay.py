@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import default_sigint
+from conftest import default_sigint, descendants, maps_shm, process_alive, wait_for
 
 from cpkv.compose.launch import run_ranks
 from cpkv.replay import ReplayOptions
@@ -196,20 +196,84 @@ def test_empty_and_malformed_traces(tmp_path: Path) -> None:
         assert message in done.stderr
 
 
-def test_ctrl_c_stops_every_rank_and_leaves_no_shared_memory() -> None:
+def _start_replay(ranks: int, stderr) -> tuple[subprocess.Popen, list[int]]:
+    """A long ``cpkv replay`` and its rank pids, once every rank maps its shared-memory segments
+    (registration is done: the replay is running)."""
+    proc = subprocess.Popen([sys.executable, "-m", "cpkv", "replay", "--quiet", "--ranks", str(ranks),
+                             "--requests", "20000"], stdout=subprocess.DEVNULL, stderr=stderr,
+                            preexec_fn=default_sigint)
+    try:
+        found = wait_for(lambda: (proc.poll() is None or _failed_early(proc))
+                         and len(r := [d for d in descendants(proc.pid) if maps_shm(d)]) == ranks and r,
+                         180, f"{ranks} ranks mapping their segments")
+    except BaseException:
+        proc.kill()
+        proc.wait(timeout=30)
+        raise
+    return proc, sorted(found)
+
+
+def _failed_early(proc: subprocess.Popen) -> bool:
+    raise AssertionError(f"the replay ended before its ranks were up: exit {proc.returncode}")
+
+
+def test_ctrl_c_stops_every_rank_and_leaves_no_shared_memory(tmp_path: Path) -> None:
     before = _shm_names()
-    proc = subprocess.Popen([sys.executable, "-m", "cpkv", "replay", "--quiet", "--requests", "5000"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)
-    time.sleep(8)  # the ranks are up and replaying
+    err_path = tmp_path / "stderr.txt"
+    with open(err_path, "w") as err:
+        proc, ranks = _start_replay(2, err)
     proc.send_signal(signal.SIGINT)
     try:
-        _, err = proc.communicate(timeout=30)
+        proc.wait(timeout=60)
     except subprocess.TimeoutExpired:
         proc.kill()
         raise
+    err = err_path.read_text()
     assert proc.returncode == 130, err
-    assert "Traceback" not in err
-    deadline = time.monotonic() + 10
-    while _shm_names() - before and time.monotonic() < deadline:
-        time.sleep(0.2)
+    assert err.splitlines() == ["cpkv: interrupted"], err
+    wait_for(lambda: not any(process_alive(pid) for pid in ranks), 10, "the ranks to exit")
+    wait_for(lambda: _shm_names() <= before, 10, "the run's /dev/shm names to go")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_killing_the_replay_leaves_no_rank_alive_and_nothing_in_dev_shm(tmp_path: Path, sig: int) -> None:
+    before = _shm_names()
+    err_path = tmp_path / "stderr.txt"
+    with open(err_path, "w") as err:
+        proc, ranks = _start_replay(4, err)
+    proc.send_signal(sig)
+    proc.wait(timeout=30)
+    started = time.monotonic()
+    try:
+        wait_for(lambda: not any(process_alive(pid) for pid in ranks), 10, f"ranks {ranks} to exit")
+    finally:
+        for pid in ranks:  # only if the test failed: no orphan outlives it
+            if process_alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    assert time.monotonic() - started < 10
+    assert _shm_names() <= before
+    assert err_path.read_text() == ""  # quietly: no BrokenPipeError, no traceback
+
+
+def test_a_killed_rank_is_named_within_seconds(tmp_path: Path) -> None:
+    before = _shm_names()
+    err_path = tmp_path / "stderr.txt"
+    with open(err_path, "w") as err:
+        proc, ranks = _start_replay(4, err)
+    os.kill(ranks[2], signal.SIGKILL)
+    started = time.monotonic()
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    elapsed = time.monotonic() - started
+    err = err_path.read_text()
+    assert proc.returncode == 1, err
+    assert "Traceback" not in err, err
+    ours = [line for line in err.splitlines() if line.startswith("cpkv:")]
+    assert len(ours) == 1 and ours[0].startswith("cpkv: replay failed: rank 2 died: killed by SIGKILL; "), err
+    assert "did not complete within" not in ours[0], ours[0]  # the peers lost a connection, not a race
+    assert elapsed < 20, elapsed  # the collective timeout is 60 s
+    wait_for(lambda: not any(process_alive(pid) for pid in ranks), 10, "the other ranks to exit")
     assert _shm_names() <= before

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import time
 from typing import Callable, TypeVar
 
 from cpkv.errors import CollectiveTimeoutError
@@ -22,14 +23,26 @@ def guarded(what: str, rank: int, layer: int, timeout_s: float, call: Callable[[
     """Runs one collective; a timeout or a vanished peer becomes :class:`CollectiveTimeoutError`.
 
     Gloo reports a dead peer as a closed connection and a stalled one as a
-    timeout; both mean the same thing to the caller: this layer cannot finish.
+    timeout; both mean to the caller that this layer cannot finish, but the
+    message says which it was (a death is not "did not complete within 60 s").
     """
+    started = time.monotonic()
     try:
         return call()
     except CollectiveTimeoutError:
         raise
     except (RuntimeError, TimeoutError, ConnectionError) as err:
-        raise CollectiveTimeoutError(
-            f"rank {rank}: {what} of layer {layer} did not complete within {timeout_s:g} s "
-            f"(a peer died or stalled): {str(err).splitlines()[0] if str(err) else type(err).__name__}"
-        ) from err
+        elapsed = time.monotonic() - started
+        text = str(err).splitlines()[0] if str(err) else type(err).__name__
+        text = text.split(". This is typically caused by", 1)[0]  # gloo's advice, not information
+        if isinstance(err, ConnectionError) or any(mark in text for mark in _CONNECTION_LOST):
+            how = f"failed after {elapsed:.1f} s: a peer's connection closed (it died)"
+        elif elapsed < 0.9 * timeout_s:  # gloo may word a peer's death as a timeout; the clock says not
+            how = f"failed after {elapsed:.1f} s, before its {timeout_s:g} s timeout (a peer died)"
+        else:
+            how = f"did not complete within {timeout_s:g} s (a peer died or stalled)"
+        raise CollectiveTimeoutError(f"rank {rank}: {what} of layer {layer} {how}: {text}") from err
+
+
+# How gloo words a peer whose process is gone (its sockets closed by the kernel).
+_CONNECTION_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "ECONNRESET")

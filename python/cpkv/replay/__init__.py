@@ -80,11 +80,12 @@ def load_requests(args: argparse.Namespace) -> list[tuple[int, ...]]:
 
 def run_replay(options: ReplayOptions, workloads: list[list[tuple[int, ...]]]) -> list[Any]:
     """Runs the ranks; ``workloads`` has one request list for all ranks (or one per rank, for tests
-    that feed a rank a divergent stream). Returns each rank's stats (or its error text)."""
+    that feed a rank a divergent stream). Returns each rank's stats, or its error text, or for a
+    rank that died, how (``rank 2 died: killed by SIGKILL``)."""
     from cpkv.compose.launch import run_ranks
 
     return run_ranks(_entry, options.ranks, options, workloads, timeout_s=24 * 3600.0,
-                     collective_timeout_s=options.timeout_s, expect_failures=True)
+                     collective_timeout_s=options.timeout_s, expect_failures=True, deaths_as_text=True)
 
 
 def _entry(rank: int, world: int, options: ReplayOptions, workloads: list[list[tuple[int, ...]]]) -> Any:
@@ -118,7 +119,11 @@ def run(args: argparse.Namespace) -> int:
     wall = time.perf_counter() - started
     failed = [(rank, r) for rank, r in enumerate(results) if not isinstance(r, dict)]
     if failed:
-        detail = "; ".join(f"rank {rank}: {(r or 'vanished').splitlines()[0]}" for rank, r in failed)
+        # A death is the cause and goes first; the peers' errors (a lost connection) follow from it.
+        died = [r for rank, r in failed if isinstance(r, str) and r.startswith(f"rank {rank} died")]
+        others = [f"rank {rank}: {r.splitlines()[0] if r else 'stopped before reporting'}"
+                  for rank, r in failed if r not in died]
+        detail = "; ".join(died + others)
         print(f"cpkv: replay failed: {detail}", file=sys.stderr)
         return 1
     return report(options, requests, results, wall, args.json)
