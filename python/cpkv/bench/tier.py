@@ -12,18 +12,25 @@ Three measurements, all in this process (world 1, no torch.distributed), through
   copier thread, its copies), divided by the layers.
 - both against a plain ``dst.copy_(src)`` of the same bytes between the same two memories (the
   first ``--pages`` rows of the layer's device pool and of its slab region, contiguous). Every
-  copy figure is the best of ``--repeats`` rounds, after one warm-up round.
+  copy figure is the best of ``--repeats`` rounds, after one warm-up round; timed to completion
+  (device copies are asynchronous).
+- bytes: in the last round, every page that came back is compared with what was backed up (the
+  device rows are inverted in between, so a copy that did not land, or landed late, shows); a
+  difference is reported in the JSON and on stderr, and the bench exits 1, on CPU and CUDA pools.
 - decisions: a ``cpkv.workload`` trace replayed through the Rust core (``cpkv._cpkv.TierCache``:
   lookup / plan_load / allocate / insert / unlock / commit every few requests with the issued
   frontier), against the same stream through a plain device-only ``PrefixTree`` (match, lock,
   evict, insert, unlock: what an engine without a host tier writes). The device holds
-  ``--device-fraction`` of the trace's distinct pages, the host 4x that.
+  ``--device-fraction`` of the trace's distinct pages, the host 4x that. The plain tree's replay
+  is timed twice; its row's ratio is the first time over the second, the run-to-run noise to read
+  the cpkv row's ratio against.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import sys
 import time
 from typing import Any
 
@@ -105,7 +112,7 @@ def _copy_rows(args: argparse.Namespace, label: str, shapes: dict[str, tuple[tup
     requests = pages // per_request
     backup_s: list[float] = []  # per timed round, seconds per layer
     load_s: list[float] = []
-    backed_up = loaded = 0
+    backed_up = loaded = wrong_bytes = 0
     ctl = CacheController(layout=CpLayout(1, 0, page), device_pages=pages, host_pages=pages, payloads=specs,
                           device_pools=pools)
     try:
@@ -113,6 +120,7 @@ def _copy_rows(args: argparse.Namespace, label: str, shapes: dict[str, tuple[tup
             batch = [np.arange(per_request * page, dtype=np.int64) + (rep * requests + r) * 1_000_000
                      for r in range(requests)]
             pending = 0
+            written = []  # per request: the device pages its KV was written to
             for tokens in batch:  # fresh requests: their pages become pending backups
                 hit = ctl.lookup(tokens)
                 fresh = ctl.allocate(per_request)
@@ -120,6 +128,7 @@ def _copy_rows(args: argparse.Namespace, label: str, shapes: dict[str, tuple[tup
                     raise RuntimeError("bench tier: the device pool has no room for a fresh request")
                 out = ctl.insert(tokens, fresh)
                 ctl.release(hit)
+                written.append(fresh)
                 pending += sum(len(b.device_pages) for b in out.backups)
             _sync(args.device)
             started = time.perf_counter()
@@ -132,13 +141,21 @@ def _copy_rows(args: argparse.Namespace, label: str, shapes: dict[str, tuple[tup
                 backup_s.append(spent / layers)
                 backed_up += pending
             ctl.core.evict_device(pages)  # the batch stays on the host only
+            checked = rep == args.repeats
+            if checked:
+                expected = _snapshot(pools, written)
+                _invert(pools)  # what is in the pool now is wrong: only a landed load-back makes it right
+            _sync(args.device)
             # One forward's requests: their loads are issued together, then waited for.
             hits = [ctl.lookup(tokens) for tokens in batch]
             started = time.perf_counter()
             loads = ctl.load_batch(hits)
             for load in loads:
                 load.wait_all()
+            _sync(args.device)  # on CUDA, wait_all orders the caller's stream; the copies may still run
             spent = time.perf_counter() - started
+            if checked:
+                wrong_bytes += _compare(pools, [load.pages for load in loads], expected)
             got = sum(load.num_pages for load in loads)
             for tokens, hit, load in zip(batch, hits, loads):
                 ctl.insert(tokens, load.pages)
@@ -162,7 +179,45 @@ def _copy_rows(args: argparse.Namespace, label: str, shapes: dict[str, tuple[tup
         "load_s": min(load_s),
         "plain_backup_s": plain["backup"],
         "plain_load_s": plain["load"],
+        "bytes_checked": layers * pages * row_bytes,
+        "bytes_wrong": wrong_bytes,
     }
+
+
+def _snapshot(pools: dict[str, list[Any]], written: list[Any]) -> dict[str, list[Any]]:
+    """The rows of every written page, request by request in page order, per payload and layer."""
+    import numpy as np
+    import torch
+
+    pages = torch.from_numpy(np.concatenate(written).astype(np.int64))
+    return {name: [_rows(p).index_select(0, pages.to(p.device)) for p in layers] for name, layers in pools.items()}
+
+
+def _invert(pools: dict[str, list[Any]]) -> None:
+    for layers in pools.values():
+        for p in layers:
+            rows = _rows(p)
+            rows.bitwise_not_()
+
+
+def _compare(pools: dict[str, list[Any]], loaded: list[Any], expected: dict[str, list[Any]]) -> int:
+    """Bytes of the loaded pages (in request and page order) that differ from the snapshot."""
+    import numpy as np
+    import torch
+
+    pages = torch.from_numpy(np.concatenate(loaded).astype(np.int64))
+    wrong = 0
+    for name, layers in pools.items():
+        for p, want in zip(layers, expected[name]):
+            got = _rows(p).index_select(0, pages.to(p.device))
+            wrong += int((got != want).sum()) if got.shape == want.shape else want.numel()
+    return wrong
+
+
+def _rows(pool: Any) -> Any:
+    import torch
+
+    return pool.view(torch.uint8).view(pool.shape[0], -1)
 
 
 def _plain_copies(args: argparse.Namespace, pools: dict[str, list[Any]], slab_rows: dict[str, Any]) -> dict[str, float]:
@@ -309,19 +364,25 @@ def run(args: argparse.Namespace) -> int:
     host = 4 * device
     tier = _replay_tier(streams, page, device, host)
     tree = _replay_tree(streams, page, device)
+    tree["s_again"] = _replay_tree(streams, page, device)["s"]
     n = len(streams)
     table = Table(f"decisions: workload.generate({n}, seed={args.seed}), {distinct:,} distinct pages of {page} "
                   f"tokens, device {device:,} pages, host {host:,}; one Python call per decision; "
-                  "ratio = requests/s relative to the plain tree",
+                  "ratio = requests/s relative to the plain tree (its own row: its second timing against "
+                  "its first, the noise)",
                   ["implementation", "requests/s", "calls/s", "calls/request", "device-hit pages",
                    "loaded-back pages", "ratio"])
     table.add("cpkv TierCache (lookup/plan_load/allocate/insert/unlock/commit)", n / tier["s"],
               tier["calls"] / tier["s"], tier["calls"] / n, tier["hit_pages"], tier["loaded_pages"],
               tree["s"] / tier["s"])
     table.add("plain PrefixTree, device only (match/lock/evict/insert/unlock)", n / tree["s"],
-              tree["calls"] / tree["s"], tree["calls"] / n, tree["hit_pages"], 0, 1.0)
+              tree["calls"] / tree["s"], tree["calls"] / n, tree["hit_pages"], 0, tree["s"] / tree["s_again"])
     tables.append(table)
+    wrong = [c for c in copies if c["bytes_wrong"]]
     emit("bench tier", tables, args.json, pages=args.pages, node_pages=args.node_pages, layers=args.layers,
          repeats=args.repeats, requests=args.requests, seed=args.seed, page_size=page, device_pages=device,
          host_pages=host, copies=copies, tier_replay=tier, tree_replay=tree)
-    return 0
+    for c in wrong:
+        print(f"cpkv bench tier: {c['label']}, {args.device} pools: {c['bytes_wrong']:,} of {c['bytes_checked']:,} "
+              "bytes loaded back differ from what was backed up", file=sys.stderr)
+    return 1 if wrong else 0
