@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -136,15 +135,19 @@ def test_keyboard_interrupt_is_one_line_exit_130(monkeypatch, capsys):
 
 def test_sigint_exits_130_with_one_line(tmp_path):
     # The child blocks opening a FIFO nobody writes to, so the signal lands in the command's run
-    # (not in interpreter start-up, and not inside an extension call) every time.
+    # (not in interpreter start-up, and not inside an extension call) every time. The loader's
+    # open says "ready" just before it blocks: any signal after that line lands inside the command.
     fifo = tmp_path / "trace.fifo"
     os.mkfifo(fifo)
-    code = ("import sys; from cpkv.cli import main; print('ready', flush=True); "
+    code = ("import builtins, sys, cpkv.traces; from cpkv.cli import main\n"
+            "def announcing_open(*args, **kwargs):\n"
+            "    print('ready', flush=True)\n"
+            "    return builtins.open(*args, **kwargs)\n"
+            "cpkv.traces.open = announcing_open\n"
             f"sys.exit(main(['hitrate', {str(fifo)!r}]))")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO_ROOT, text=True, preexec_fn=default_sigint,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout.readline().strip() == "ready"
-    time.sleep(0.3)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, (proc.returncode, err)

@@ -111,7 +111,7 @@ def test_shm_group_byte_exact_across_real_ranks(cp):
         assert glob.glob(f"/dev/shm/cpkv-{run_id}-*") == []  # every segment unlinked
 
 
-def _failing_worker(rank: int, cp: int, victim: int, how: str) -> str:
+def _failing_worker(rank: int, cp: int, victim: int, how: str, flags: str) -> str:
     batch = uniform_batch(cp, requests=2, prefix_pages=5, current_pages=3)
     plan = ComposePlan(cp, PAGE_SIZE, batch.requests, batch.num_slots)
     group = ShmGroup(timeout_s=2)
@@ -122,7 +122,11 @@ def _failing_worker(rank: int, cp: int, victim: int, how: str) -> str:
         if rank == victim:
             if how.startswith("kill"):
                 os._exit(3)
-            time.sleep(4)  # stalls past the others' timeout (2 s)
+            # Stalls until every other rank has timed out (each leaves a flag file), however long
+            # a loaded machine takes: a fixed sleep raced the others' 2 s timeout.
+            deadline = time.monotonic() + 60
+            while len(glob.glob(os.path.join(flags, "timed-out-*"))) < cp - 1 and time.monotonic() < deadline:
+                time.sleep(0.05)
             group.abort()
             return "stalled"
         if how.endswith("allreduce"):
@@ -131,15 +135,17 @@ def _failing_worker(rank: int, cp: int, victim: int, how: str) -> str:
             group.compose(plan, "kv", current, layer=1)
         return "no error"
     except CollectiveTimeoutError as err:
+        open(os.path.join(flags, f"timed-out-{rank}"), "w").close()
         group.abort()  # error path: unlink every segment of the group
         return f"timeout: {err} | run {group.run_id}"
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("victim, how", [(2, "kill"), (0, "stall"), (1, "kill-allreduce")])
-def test_dead_or_stalled_rank_is_a_timeout_error_not_a_hang(victim, how):
+def test_dead_or_stalled_rank_is_a_timeout_error_not_a_hang(victim, how, tmp_path):
     start = time.monotonic()
-    results = run_ranks(_failing_worker, 3, victim, how, timeout_s=60, collective_timeout_s=2, expect_failures=True)
+    results = run_ranks(_failing_worker, 3, victim, how, str(tmp_path), timeout_s=60, collective_timeout_s=2,
+                        expect_failures=True)
     assert time.monotonic() - start < 60
     for rank, result in enumerate(results):
         if rank == victim:

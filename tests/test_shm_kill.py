@@ -46,13 +46,18 @@ DRIVER = textwrap.dedent(
         pools = [group.register_pool(name, batch.pool_rows, (64,), torch.uint8, batch.max_current_pages)
                  for name in ("k", "v")]
         slab = HostSlab.create({"kv": SlabSpec((16, 8), torch.float16)}, num_pages=32, num_layers=2, pin=False)
-        with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
-            json.dump({"pid": os.getpid(), "group": group.run_id, "slab": slab.run_id}, f)
         current = torch.full((plan.num_current(rank), 64), rank, dtype=torch.uint8)
+        reported = False
         while True:  # compose until stopped
             for layer in range(4):
                 for name in ("k", "v"):
                     group.compose(plan, name, current, layer=layer)
+            if not reported:  # after a first round of composes, so the test acts mid-run
+                path = os.path.join(out, f"rank{rank}.json")
+                with open(path + ".tmp", "w") as f:
+                    json.dump({"pid": os.getpid(), "group": group.run_id, "slab": slab.run_id}, f)
+                os.rename(path + ".tmp", path)  # whole or absent, never half written
+                reported = True
             time.sleep(0.01)
 
     if __name__ == "__main__":
@@ -117,7 +122,6 @@ def test_stopping_or_killing_the_whole_group_leaves_nothing_in_dev_shm(tmp_path,
                 break
             time.sleep(0.2)
         assert len(reports) == cp, f"ranks did not come up: {driver.poll()} {driver.stderr.read().decode()[-2000:]}"
-        time.sleep(0.5)  # a few composes in flight
         ranks = [json.loads(r.read_text()) for r in reports]
         run_ids = {r["group"] for r in ranks} | {r["slab"] for r in ranks}
         pids = _group_pids(pgid)
