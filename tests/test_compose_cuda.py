@@ -236,3 +236,67 @@ def _cuda_worker(rank: int, cp: int, seed: int) -> int:
 @pytest.mark.parametrize("cp", [2, 4])
 def test_cuda_ipc_group_byte_exact(cp):
     assert run_ranks(_cuda_worker, cp, 3, timeout_s=240) == [3 * 3 * len(DTYPES)] * cp
+
+
+def _transport_worker(rank: int, world: int, mode: str, seed: int) -> int:
+    """One CP group (or two of two ranks, "sub-"), ranks sharing GPU 0 over gloo ("shared") or one GPU
+    each over NCCL ("nccl"). Random bytes everywhere, stagings of megabytes, six layers issued back to
+    back into separate outputs and checked only at the end: a missing barrier or stream sync shows as
+    a slot read before its writer staged it, or after the next layer overwrote it."""
+    per_gpu = mode.endswith("nccl")
+    backend = "nccl" if per_gpu else "gloo"
+    cp = 2 if mode.startswith("sub") else world
+    torch.cuda.set_device(rank if per_gpu else 0)
+    if mode.startswith("sub"):
+        groups = [dist.new_group([0, 1], backend=backend), dist.new_group([2, 3], backend=backend)]
+        pg = groups[rank // 2]
+    else:
+        pg = dist.new_group(backend=backend) if per_gpu else None
+    me = dist.get_rank(pg)
+    device = f"cuda:{rank}" if per_gpu else "cuda"  # "cuda" without an index: the current device
+    rng = np.random.default_rng(seed + rank // cp)  # the same batches within a CP group
+    batches = [random_batch(rng, cp, max_requests=12, max_prefix_pages=24, max_current_pages=48) for _ in range(2)]
+    pool_rows = max(b.pool_rows for b in batches)
+    row_shape = (64, 256)  # 32 KB rows of bf16
+    group = CudaIpcGroup(process_group=pg, device=device, timeout_s=60)
+    if per_gpu:
+        torch.cuda.set_device(0)  # the group must not depend on the caller's current device
+    assert group.device == torch.device("cuda", rank if per_gpu else 0)
+    pool = group.register_pool("kv", pool_rows, row_shape, torch.bfloat16, max(b.max_current_pages for b in batches))
+    checks = 0
+    for index, batch in enumerate(batches):
+        plan = group.plan("kv", 16, batch.requests, batch.num_slots)
+        pools = [random_rows(torch.Generator().manual_seed(seed * 100 + index * 10 + r), pool_rows, row_shape,
+                             torch.bfloat16) for r in range(cp)]
+        pool.copy_(pools[me].to(group.device))
+        torch.cuda.synchronize(group.device)
+        group.barrier("pool fill")
+        layers = []
+        for layer in range(6):
+            gen = torch.Generator().manual_seed(seed * 1000 + index * 100 + layer)
+            current = [random_rows(gen, plan.num_current(r), row_shape, torch.bfloat16) for r in range(cp)]
+            out = torch.empty(plan.num_slots, 64 * 256 * 2, dtype=torch.uint8, device=group.device)
+            group.compose(plan, "kv", current[me].to(group.device, non_blocking=True), layer=layer, out=out)
+            layers.append((out, reference_dense(plan, pools, current)))
+        for out, want in layers:
+            assert torch.equal(out.cpu(), want.view(plan.num_slots, -1))
+            checks += 1
+        current = [random_rows(torch.Generator().manual_seed(seed + index), plan.num_current(r), row_shape,
+                               torch.bfloat16) for r in range(cp)]
+        dense = group.compose_allreduce(plan, "kv", current[me].to(group.device), layer=0)
+        assert torch.equal(as_bytes(dense).cpu(), reference_dense(plan, pools, current))
+        checks += 1
+    group.close()
+    dist.barrier()
+    return checks
+
+
+@needs_cuda
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("mode, world, gpus", [
+    ("shared", 2, 1), ("shared", 4, 1), ("sub-shared", 4, 1), ("nccl", 2, 2), ("sub-nccl", 4, 4),
+])
+def test_cuda_transports_with_random_bytes_large_stagings_and_subgroups(mode, world, gpus):
+    if torch.cuda.device_count() < gpus:
+        pytest.skip(f"needs {gpus} GPUs, this machine has {torch.cuda.device_count()}")
+    assert run_ranks(_transport_worker, world, mode, 11, timeout_s=240) == [2 * 7] * world
