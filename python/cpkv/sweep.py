@@ -60,10 +60,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def grid(distinct_blocks: int, points: int) -> list[int]:
     """``points`` integer capacities log-spaced over [0.5%, 50%] of ``distinct_blocks``, deduplicated, >= 1."""
     low, high = GRID_LOW * distinct_blocks, GRID_HIGH * distinct_blocks
-    if points == 1:
-        raw = [low]
-    else:
-        raw = [low * (high / low) ** (i / (points - 1)) for i in range(points)]
+    raw = [low] if points == 1 else [low * (high / low) ** (i / (points - 1)) for i in range(points)]
     return sorted({max(1, round(c)) for c in raw})
 
 

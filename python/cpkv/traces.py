@@ -97,7 +97,7 @@ def load_trace(path: str | Path, limit: int | None = None) -> list[TraceRequest]
     parent: dict[int, int] = {}  # block id -> the id before it (-1 at position 0)
     prev_ts = 0
     try:
-        f = open(p, "rb")
+        f = open(p, "rb")  # noqa: SIM115 -- the with below closes it
     except OSError as exc:
         raise TraceError(f"{path}: cannot read trace: {exc.strerror or exc}") from exc
     with f:
@@ -145,7 +145,7 @@ def _one_line(exc: BaseException) -> str:
     return text or type(exc).__name__
 
 
-def block_tokens(hash_ids: Sequence[int], page_tokens: int) -> np.ndarray:
+def block_tokens(hash_ids: Sequence[int] | np.ndarray, page_tokens: int) -> np.ndarray:
     """Token ids standing for a request's blocks at ``page_tokens`` tokens per block (one page each).
 
     Every token of a block's page is the block id itself: no arithmetic, so no id can wrap onto

@@ -33,7 +33,7 @@ import socket
 import threading
 import time
 import traceback
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, cast
 
 from cpkv.compose.segment import unlink_created_by
 from cpkv.compose.timeouts import as_timedelta
@@ -127,8 +127,9 @@ def run_ranks(
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
-            for reader in mp_connection.wait(list(readers), timeout=min(remaining, 1.0)):
-                rank = readers.pop(reader)  # type: ignore[call-overload]
+            for ready in mp_connection.wait(list(readers), timeout=min(remaining, 1.0)):
+                reader = cast(mp_connection.Connection, ready)  # wait() returns what it was given
+                rank = readers.pop(reader)
                 try:
                     _, ok, value = reader.recv()
                     results[rank] = (ok, value)

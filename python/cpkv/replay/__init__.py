@@ -14,7 +14,6 @@ import argparse
 import os
 import sys
 import time
-from dataclasses import replace
 from typing import Any
 
 from cpkv.replay.options import DEFAULT_PAYLOADS, ReplayOptions

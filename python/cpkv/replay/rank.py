@@ -132,7 +132,7 @@ def replay_rank(rank: int, world: int, options: ReplayOptions, requests: list[tu
             ctl.end_forward()
             ctl.check_agreement()
             progress.close()
-            stats = ctl.stats()
+            stats: dict[str, Any] = dict(ctl.stats())
         finally:
             ctl.close()
         counters["compose_barriers"] = group.stats.barriers

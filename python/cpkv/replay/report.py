@@ -50,7 +50,7 @@ def report(options: ReplayOptions, requests: list[tuple[int, ...]], results: lis
     ]
     for name, value in rows:
         table.add(name, value)
-    numbers = {name: value for name, value in rows}
+    numbers = dict(rows)
     numbers["verified_bytes"] = total_of("verified_bytes")
     numbers["composed_bytes"] = total_of("composed_bytes")
     emit("replay", [table], json_path, report=numbers, per_rank=results)
