@@ -117,6 +117,10 @@ bench: $(BUILT) ## Every Python benchmark (cpkv against its baseline)
 	$(PY) -m cpkv bench tree-memory
 	$(PY) -m cpkv bench tier
 
+.PHONY: gpu-check
+gpu-check: $(BUILT) ## On a GPU machine: every CUDA test and GPU bench, one verdict table (< 10 min; says so without a GPU)
+	$(PY) -m cpkv.gpu_check
+
 .PHONY: bench-rust
 bench-rust: ## criterion benches of every crate
 	cargo bench --workspace
