@@ -38,7 +38,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(world: int, scenario: str, timeout_s: float = 240.0, **options: Any) -> list[dict]:
+def launch(world: int, scenario: str, wall_s: float = 240.0, **options: Any) -> list[dict]:
     """Runs ``scenario`` on ``world`` ranks; returns each rank's result (None for a rank that died)."""
     ctx = mp.get_context("spawn")
     port = free_port()
@@ -47,7 +47,7 @@ def launch(world: int, scenario: str, timeout_s: float = 240.0, **options: Any) 
                  for r in range(world)]
         for p in procs:
             p.start()
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + wall_s
         for p in procs:
             p.join(max(0.0, deadline - time.monotonic()))
         hung = [r for r, p in enumerate(procs) if p.is_alive()]
@@ -63,7 +63,7 @@ def launch(world: int, scenario: str, timeout_s: float = 240.0, **options: Any) 
         if errors:
             raise AssertionError("rank failed: " + "\n".join(f"rank {r}: {e}" for r, e in errors))
         if hung:
-            raise AssertionError(f"ranks {hung} did not finish within {timeout_s:g} s")
+            raise AssertionError(f"ranks {hung} did not finish within {wall_s:g} s")
         return results
 
 
@@ -287,6 +287,7 @@ def roundtrip(r: Rank, requests: int = 8, seed: int = 1, sidecar: bool = False) 
     r.barrier()
     side = [PoolTransfer(name=PoolName.INDEXER, indices_from_pool=PoolName.KV)] if sidecar else None
     fetched = [r.prefetch(f"req{i}", tokens, side) for i, tokens in enumerate(reqs)]
+    r.backend.wait_checks(WAIT_S)
     out = {"fetched": fetched, "stats": r.backend.stats(), "distinct_pages": len(distinct),
            "pages": [len(t) // r.page_size for t in reqs], "digest": r.backend.digest(),
            "slab_bytes_in_use": r.backend.slab_bytes_in_use(), "row_bytes": r.backend.pools["kv"].row_bytes,
@@ -344,6 +345,8 @@ def pressure(r: Rank, requests: int = 40, seed: int = 2, backend: str = "cpkv", 
         idx, _ = r.write(t)
         r.wait_backup(idx)
     r.barrier()
+    if backend == "cpkv":
+        r.backend.wait_checks(WAIT_S)
     stats = r.backend.stats() if hasattr(r.backend, "stats") else {}
     out = {"fetched": fetched, "stats": stats}
     if backend == "cpkv":

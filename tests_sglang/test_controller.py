@@ -17,7 +17,8 @@ def _check_roundtrip(results: list[dict], cp: int, nodes: int = 1, sliced: bool 
             # Every page stored is found on every rank, before and after SGLang's MIN, and loaded intact.
             assert got["pre"] == n * 4 and got["post"] == n * 4 and got["loaded"] == n * 4, got
             assert got["wrong"] == 0 and got["sidecar_wrong"] == 0, got
-        assert res["stats"]["torn_reads_refused"] == 0
+        assert res["stats"]["torn_reads_refused"] == 0 and res["stats"]["broken"] is None
+        assert res["stats"]["digest_checks"] == res["stats"]["stores"] // 4 > 0
         assert res["stats"]["copy"]["kv"] == "native"
         # One copy per node: the slab holds each distinct page once, whatever the CP size.
         assert res["slab_bytes_in_use"] == first["distinct_pages"] * res["row_bytes"]

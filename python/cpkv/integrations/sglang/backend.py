@@ -32,6 +32,7 @@ import ctypes
 import datetime
 import logging
 import os
+import queue
 import threading
 import time
 from dataclasses import dataclass, field
@@ -307,6 +308,10 @@ class CpkvHiCacheStorage(HiCacheStorage):
             "torn_reads_refused": 0, "digest_checks": 0,
         }
         self.exists_log: list[int] = []  # hit pages per batch_exists (bounded; for tests and bench)
+        self._checks: queue.Queue = queue.Queue()
+        self._checker: threading.Thread | None = None
+        self._checked = threading.Condition()
+        self._checks_queued = self._checks_done = 0
         self._metrics = {"prefetch_pgs": [], "backup_pgs": [], "prefetch_bandwidth": [], "backup_bandwidth": []}
 
     # -- pools ------------------------------------------------------------------------------------
@@ -370,29 +375,60 @@ class CpkvHiCacheStorage(HiCacheStorage):
         return entries
 
     def _after_store(self) -> None:
-        every = self.settings.check_every
-        if self.topology.cp_group is not None and self.index.stores % every == 0:
-            self._digest_check()
+        """Every ``cpkv_check_every`` stores, queues this point's digest for the checker thread.
 
-    def _digest_check(self) -> None:
+        The digest is taken here, on the backup thread, right after the store (the same point of the
+        stream on every rank); the all-reduce runs on a thread of its own, so a rank's backups never
+        wait for a slower rank's, and SGLang's threads never wait for the check."""
+        every = self.settings.check_every
+        if self.topology.cp_group is None or self.index.stores % every:
+            return
+        if self._checker is None:
+            self._checker = threading.Thread(target=self._check_loop, name="cpkv-digest-check", daemon=True)
+            self._checker.start()
+        with self._checked:
+            self._checks_queued += 1
+        self._checks.put((self.index.stores, _signed63(self.index.digest())))
+
+    def _check_loop(self) -> None:
+        while True:
+            item = self._checks.get()
+            if item is None or self._broken is not None:
+                return
+            try:
+                self._digest_check(*item)
+            except CpkvError:
+                return  # kept in self._broken: every later call raises it
+            finally:
+                with self._checked:
+                    self._checks_done += 1
+                    self._checked.notify_all()
+
+    def _digest_check(self, stores: int, digest: int) -> None:
         import torch.distributed as dist
 
-        digest = _signed63(self.index.digest())
         both = torch.tensor([digest, -digest], dtype=torch.int64)
         try:
             dist.all_reduce(both, op=dist.ReduceOp.MIN, group=self.topology.cp_group)
         except (RuntimeError, TimeoutError, ConnectionError) as err:
             first = str(err).splitlines()[0] if str(err) else type(err).__name__
             raise self._fail(CollectiveTimeoutError(
-                f"cp rank {self.topology.cp_rank}: the digest check after store {self.index.stores} did not "
+                f"cp rank {self.topology.cp_rank}: the digest check after store {stores} did not "
                 f"complete within {self.settings.timeout_s:g} s (a peer died or stalled): {first}")) from err
         low, high = int(both[0]), -int(both[1])
         if low != high:
             raise self._fail(DivergenceError(
                 f"cp rank {self.topology.cp_rank}: the replicated index differs across CP ranks after store "
-                f"{self.index.stores} (digest {digest:#x}, min {low:#x}, max {high:#x})"))
+                f"{stores} (digest {digest:#x}, min {low:#x}, max {high:#x})"))
         with self._counters_lock:
             self.counters["digest_checks"] += 1
+
+    def wait_checks(self, timeout_s: float) -> None:
+        """Until every queued digest check has run or failed (tests, benchmarks); raises a failure."""
+        with self._checked:
+            self._checked.wait_for(lambda: self._checks_done >= self._checks_queued or self._broken is not None,
+                                   timeout=timeout_s)
+        self._check_usable()
 
     def _write(self, pool: _PoolSlab, entries: list, host_indices: Any) -> int:
         """Writes the pages of ``entries`` this rank owns and that are not already there; returns pages written."""
@@ -680,6 +716,9 @@ class CpkvHiCacheStorage(HiCacheStorage):
         if self._closed:
             return
         self._closed = True
+        if self._checker is not None:
+            self._checks.put(None)
+            self._checker.join(self.settings.timeout_s)
         for pool in self.pools.values():
             pool.close()
         import torch.distributed as dist

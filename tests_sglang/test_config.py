@@ -1,0 +1,42 @@
+"""Construction through SGLang's own storage factory: bad extra-config keys fail with a typed error
+naming the key; a wrong SGLang version is refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from cpkv.errors import EngineVersionError, InvalidArgumentError, UnknownPolicyError
+from cpkv.integrations.sglang._version import check_sglang_version
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
+from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
+
+BASE = {"backend_name": "cpkv", "module_path": "cpkv.integrations.sglang", "class_name": "CpkvHiCacheStorage"}
+
+
+def _config(extra: dict) -> HiCacheStorageConfig:
+    return HiCacheStorageConfig(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
+                                is_mla_model=False, enable_storage_metrics=False, is_page_first_layout=False,
+                                model_name=None, extra_config=extra)
+
+
+@pytest.mark.parametrize("extra, cls, named", [
+    ({}, InvalidArgumentError, "cpkv_pages"),
+    ({"cpkv_pages": 0}, InvalidArgumentError, "cpkv_pages"),
+    ({"cpkv_pages": True}, InvalidArgumentError, "cpkv_pages"),
+    ({"cpkv_pages": 8, "cpkv_page": 8}, InvalidArgumentError, "cpkv_page"),
+    ({"cpkv_pages": 8, "cpkv_policy": "mru"}, UnknownPolicyError, "cpkv_policy"),
+    ({"cpkv_pages": 8, "cpkv_layout": "striped2"}, InvalidArgumentError, "cpkv_layout"),
+    ({"cpkv_pages": 8, "cpkv_timeout_s": float("nan")}, InvalidArgumentError, "cpkv_timeout_s"),
+    ({"cpkv_pages": 8, "cpkv_check_every": 0}, InvalidArgumentError, "cpkv_check_every"),
+    ({"cpkv_pages": 8, "cpkv_ranks_per_node": -1}, InvalidArgumentError, "cpkv_ranks_per_node"),
+    ({"cpkv_pages": 8, "interface_v1": 2}, InvalidArgumentError, "interface_v1"),
+])
+def test_bad_extra_config_names_the_key(extra: dict, cls: type, named: str) -> None:
+    with pytest.raises(cls, match=named):
+        StorageBackendFactory.create_backend("dynamic", _config({**BASE, **extra}), None)
+
+
+def test_version_check() -> None:
+    assert check_sglang_version() == "0.5.23"
+    with pytest.raises(EngineVersionError, match="0.5.23"):
+        check_sglang_version("0.5.22")
