@@ -11,11 +11,12 @@ def test_import_cpkv_does_not_import_sglang() -> None:
     assert out.stdout.strip() == "[]"
 
 
-def test_version_check_without_sglang() -> None:
+def test_adapter_refuses_to_load_without_sglang() -> None:
+    import importlib
+
     import pytest
 
     from cpkv.errors import EngineVersionError
-    from cpkv.integrations.sglang._version import check_sglang_version
 
     with pytest.raises(EngineVersionError, match="sglang==0.5.23"):
-        check_sglang_version("0.4.0")
+        importlib.import_module("cpkv.integrations.sglang")
