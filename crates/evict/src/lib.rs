@@ -37,5 +37,5 @@ pub use shadow::PolicyMemory;
 pub use snapshot::TREE_SNAPSHOT_VERSION;
 pub use tree::{
     DeviceVictim, HostVictim, InsertResult, MatchResult, PrefixTree, DEFAULT_EVENT_LIMIT,
-    IDLE_ROOTS_KEPT,
+    IDLE_ROOTS_KEPT, MAX_PAGE_SIZE,
 };

@@ -277,7 +277,10 @@ fn decode(body: &[u8]) -> Result<Decoded, String> {
 /// ghost tree's body (which must be shadows themselves: no deeper nesting).
 pub(crate) fn decode_from(r: &mut Reader<'_>, in_shadows: bool) -> Result<Decoded, String> {
     let r = &mut *r;
-    let page_size = usize::try_from(r.u64()?).map_err(|_| "page_size out of range")?;
+    let page_size = usize::try_from(r.u64()?)
+        .ok()
+        .filter(|p| (1..=crate::MAX_PAGE_SIZE).contains(p))
+        .ok_or("page_size out of range")?;
     let policy: Policy = r.str()?.parse().map_err(|e: EvictError| e.to_string())?;
     let (clock, floor) = (r.u64()?, r.u64()?);
     let slot_count = r.len(5)?;

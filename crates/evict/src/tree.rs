@@ -115,6 +115,10 @@ pub struct PrefixTree {
     dropped_events: u64,
 }
 
+/// The largest page size a tree accepts, in tokens: the one limit the
+/// binding, the tier's config and the snapshot decoder all check.
+pub const MAX_PAGE_SIZE: usize = 1 << 20;
+
 /// Idle namespace roots kept before the longest idle one is dropped.
 pub const IDLE_ROOTS_KEPT: usize = 1024;
 /// Residency events buffered until `take_events` by default; beyond it the
@@ -140,10 +144,10 @@ impl PrefixTree {
     }
 
     pub(crate) fn without_shadows(page_size: usize, policy: Policy) -> Result<Self, EvictError> {
-        if page_size == 0 {
-            return Err(EvictError::InvalidTokens(
-                "page_size must be at least 1".into(),
-            ));
+        if page_size == 0 || page_size > MAX_PAGE_SIZE {
+            return Err(EvictError::InvalidTokens(format!(
+                "page_size must be in [1, {MAX_PAGE_SIZE}], got {page_size}"
+            )));
         }
         Ok(Self {
             page_size,
@@ -1194,7 +1198,7 @@ impl PrefixTree {
             let pages_ok = n
                 .device
                 .as_ref()
-                .map_or(true, |d| d.len() == n.tokens.len() / ps);
+                .is_none_or(|d| d.len() == n.tokens.len() / ps);
             if !shape_ok || !pages_ok {
                 return Err(format!("node in slot {slot} has a malformed shape"));
             }

@@ -439,7 +439,7 @@ impl Harness {
                     "pages of node {id} disagree"
                 );
             }
-            if best.map_or(true, |b| (key, *id) < b) {
+            if best.is_none_or(|b| (key, *id) < b) {
                 best = Some((key, *id));
             }
         }

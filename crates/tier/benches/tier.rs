@@ -160,7 +160,7 @@ fn request(cache: &mut TierCache, tokens: &[u64], r: usize, mix: &mut Mix) -> u6
         calls += 1;
         cache.unlock(hit.node).expect("locked by the lookup");
     }
-    if (r + 1) % COMMIT_EVERY == 0 {
+    if (r + 1).is_multiple_of(COMMIT_EVERY) {
         calls += 1;
         cache.commit(cache.issued()).expect("issued frontier");
         cache.take_events();

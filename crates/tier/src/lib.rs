@@ -45,7 +45,7 @@ mod segments;
 mod stats;
 
 pub use cache::TierCache;
-pub use config::TierConfig;
+pub use config::{TierConfig, MAX_CP_SIZE, MAX_PAGES};
 pub use cpkv_evict::{Namespace, NodeId, PageId, Policy};
 pub use device_pool::DevicePool;
 pub use error::{Result, TierError};

@@ -1,6 +1,6 @@
 //! The tier's decisions on small, hand-checked scenarios.
 
-use cpkv_tier::{Namespace, Policy, TierCache, TierConfig, TierError};
+use cpkv_tier::{Namespace, Policy, TierCache, TierConfig, TierError, MAX_PAGES};
 
 const NS: Namespace = Namespace::Default;
 
@@ -161,6 +161,43 @@ fn bad_configs_are_refused() {
     }
 }
 
+/// Each size has one limit, checked before anything is built, and a cache at
+/// the limits is built in O(1): the device pool stores only pages in use.
+#[test]
+fn limits_are_checked_and_a_cache_at_the_limits_costs_nothing() {
+    let config = |device_pages, host_pages, page_size| TierConfig {
+        page_size,
+        cp_size: 1,
+        device_pages,
+        host_pages,
+        policy: Policy::Lru,
+        host_free_target: 0,
+    };
+    let max_page = cpkv_evict::MAX_PAGE_SIZE;
+    let started = std::time::Instant::now();
+    let mut c = TierCache::new(config(MAX_PAGES, MAX_PAGES, max_page)).unwrap();
+    assert!(
+        started.elapsed().as_secs_f64() < 1.0,
+        "{:?}",
+        started.elapsed()
+    );
+    let pages = c.allocate(4).unwrap();
+    assert_eq!(pages, [0, 1, 2, 3]);
+    c.free(&pages[1..2]).unwrap();
+    assert_eq!(c.allocate(2).unwrap(), [1, 4], "lowest free first");
+    c.free(&[4, 3]).unwrap();
+    assert_eq!(c.device().free_pages(), MAX_PAGES - 3);
+    c.check_invariants().unwrap();
+    for (device, host, page_size) in [
+        (MAX_PAGES + 1, 8, 4),
+        (8, MAX_PAGES + 1, 4),
+        (8, 8, max_page + 1),
+    ] {
+        let err = TierCache::new(config(device, host, page_size)).unwrap_err();
+        assert!(matches!(err, TierError::Config { .. }), "{err}");
+    }
+}
+
 /// Pinned digests: a change of hash, platform or compiler that alters them is caught here (and
 /// then means every rank of a mixed deployment would disagree).
 #[test]
@@ -182,5 +219,7 @@ fn digests_are_pinned_and_cover_the_config() {
     );
 }
 
-const PINNED_FRESH: u64 = 0x8388_3323_dd7d_2458;
-const PINNED_AFTER: u64 = 0xe100_d60c_7c3a_1ca9;
+// Updated deliberately when the device pool became lazy (issue 24): its digest no longer
+// includes the terms of every free page, a constant of the capacity that cost O(capacity).
+const PINNED_FRESH: u64 = 0x02b7_fd70_4086_a9c7;
+const PINNED_AFTER: u64 = 0xaa6f_2fa9_7e51_4a0d;
