@@ -18,6 +18,7 @@ def test_the_gather_kernel_compiles_to_a_cubin(arch, monkeypatch):
     from triton.compiler import ASTSource
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, said explicitly (it warns otherwise)
     monkeypatch.setattr(gather, "_triton_kernel", None)  # the compiled (not interpreted) JIT function
     kernel = gather._kernel()
     for word, pointer in ((tl.int64, "*i64"), (tl.int32, "*i32"), (tl.int16, "*i16"), (tl.uint8, "*u8")):
