@@ -154,6 +154,11 @@ CASES += [
     # bench tier
     # The core venv has no vLLM: the one line says so (tests_vllm checks its bad arguments).
     ("bench vllm: vllm not installed here", ["bench", "vllm", "--requests", "0"], "vllm==0.33.0"),
+    # bench sglang checks its arguments first, then says that the core venv has no SGLang.
+    ("bench sglang: sglang not installed here", ["bench", "sglang"], "sglang==0.5.23"),
+    ("bench sglang: cp 1", ["bench", "sglang", "--cp", "1"], "--cp"),
+    ("bench sglang: page-kb not a power of 2", ["bench", "sglang", "--page-kb", "48"], "--page-kb"),
+    ("bench sglang: slab-fraction nan", ["bench", "sglang", "--slab-fraction", "nan"], "--slab-fraction"),
     ("bench tree-memory: ops 0", ["bench", "tree-memory", "--ops", "0"], "--ops"),
     ("bench tree-memory: live nan", ["bench", "tree-memory", "--live", "nan"], "--live"),
     ("bench tree-memory: json into a missing folder", ["bench", "tree-memory", "--ops", "1", "--json",

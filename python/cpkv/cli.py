@@ -33,6 +33,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("replay",), "cpkv.replay", "The main job: CP ranks run the two-tier cache over a trace, every byte verified"),
     (("sweep",), "cpkv.sweep", "Hit rate over a grid of capacities x policies, Belady as the ceiling: PNG + CSV"),
     (("bench", "vllm"), "cpkv.bench.vllm", "cpkv's vLLM offloading manager vs vLLM's LRU and ARC CPU managers on a trace"),
+    (("bench", "sglang"), "cpkv.bench.sglang", "cpkv's HiCache storage backend vs SGLang's file backend and per-rank host pool: bytes, MIN-cut hits, copy speed"),
 ]
 
 
