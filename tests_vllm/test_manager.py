@@ -78,11 +78,14 @@ def drive(m: CpkvOffloadingManager, seed: int, steps: int = 300) -> list[int]:
         resident = set(m.resident_keys())
         assert len(resident) <= m.host_blocks
         assert set(m.pinned_keys()) <= resident
+        for key in resident:
+            state = m.lookup(key, None)
+            assert (state is LookupResult.HIT_PENDING) == m.is_storing(key), "pending exactly while storing"
+            parent = m.parent_of(key)
+            if parent is not None:
+                assert parent in resident, "a resident chunk's prefix is resident"
         for key in stored_ok & resident:
-            chunk = m._chunks[key]
-            assert chunk.ready or chunk.failed or key in m._store_pin
-            if chunk.parent is not None:
-                assert chunk.parent in resident, "a resident chunk's prefix is resident"
+            assert m.lookup(key, None) is not LookupResult.HIT_PENDING or m.is_storing(key)
         digests.append(m.digest())
     stats = m.stats()
     assert stats["evicted"] > 20 and failed_stores > 0, f"the sequence must exercise eviction and failure: {stats}"

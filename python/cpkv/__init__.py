@@ -17,6 +17,7 @@ gather or vote is needed to agree on where KV goes. The package, by concept:
 
 from cpkv import scheduling
 from cpkv._cpkv import (
+    DEFAULT_POLICY,
     DeviceVictim,
     HostVictim,
     InsertResult,
@@ -36,6 +37,8 @@ from cpkv.errors import __all__ as _error_names
 
 __all__ = [
     "__version__",
+    # the one eviction policy every part of cpkv starts with (README: "Default policy")
+    "DEFAULT_POLICY",
     # allocator
     "PageAllocator",
     "Placement",

@@ -7,6 +7,7 @@ mod allocator;
 mod convert;
 mod copy;
 mod errors;
+mod offload;
 mod prefix_tree;
 mod shared;
 mod tier;
@@ -16,8 +17,10 @@ use pyo3::prelude::*;
 #[pymodule]
 fn _cpkv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("DEFAULT_POLICY", cpkv_evict::Policy::DEFAULT.name())?;
     allocator::register(m)?;
     copy::register(m)?;
+    offload::register(m)?;
     prefix_tree::register(m)?;
     tier::register(m)?;
     Ok(())

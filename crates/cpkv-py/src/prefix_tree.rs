@@ -207,7 +207,7 @@ pub(crate) struct PrefixTree {
 #[pymethods]
 impl PrefixTree {
     #[new]
-    #[pyo3(signature = (page_size, policy = "lru", event_limit = cpkv_evict::DEFAULT_EVENT_LIMIT))]
+    #[pyo3(signature = (page_size, policy = Policy::DEFAULT_NAME, event_limit = cpkv_evict::DEFAULT_EVENT_LIMIT))]
     fn new(page_size: &Bound<'_, PyAny>, policy: &str, event_limit: usize) -> PyResult<Self> {
         let page_size = uint(page_size, "page_size")?;
         if page_size == 0 || page_size > MAX_PAGE_SIZE {

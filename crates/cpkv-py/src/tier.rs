@@ -30,11 +30,13 @@ pub(crate) fn tier_error(err: TierError) -> PyErr {
         TierError::Tree(e) => return evict_error(e.clone()),
         TierError::Host(e) => return alloc_error(e.clone()),
         TierError::NotLocked(_) => "LockError",
+        TierError::Divergence(_) => "DivergenceError",
         TierError::Config { .. }
         | TierError::PageOutOfRange { .. }
         | TierError::PageNotHeld { .. }
         | TierError::RepeatedPage { .. }
-        | TierError::FutureTicket { .. } => "InvalidArgumentError",
+        | TierError::FutureTicket { .. }
+        | TierError::BadKey { .. } => "InvalidArgumentError",
     };
     cpkv_error(class, err.to_string())
 }
@@ -157,7 +159,7 @@ pub(crate) struct TierCache {
 #[pymethods]
 impl TierCache {
     #[new]
-    #[pyo3(signature = (*, page_size, cp_size, device_pages, host_pages, policy = "lru", host_free_target = None))]
+    #[pyo3(signature = (*, page_size, cp_size, device_pages, host_pages, policy = cpkv_evict::Policy::DEFAULT_NAME, host_free_target = None))]
     fn new(
         page_size: &Bound<'_, PyAny>,
         cp_size: &Bound<'_, PyAny>,

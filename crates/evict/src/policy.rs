@@ -116,6 +116,11 @@ impl Policy {
         Self::S3fifo,
     ];
     pub const NAMES: [&'static str; 7] = ["lru", "lfu", "fifo", "slru", "ghost", "arc", "s3fifo"];
+    /// The one policy every part of cpkv starts with (the tree, the tier
+    /// cache, `cpkv replay`, the engine backends), chosen by measurement:
+    /// see the README's "Default policy".
+    pub const DEFAULT: Policy = Policy::Lru;
+    pub const DEFAULT_NAME: &'static str = "lru";
 
     pub fn name(self) -> &'static str {
         Self::NAMES[Self::ALL.iter().position(|p| *p == self).expect("listed")]

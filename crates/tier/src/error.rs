@@ -21,6 +21,11 @@ pub enum TierError {
     NotLocked(NodeId),
     /// A commit frontier beyond the last issued backup ticket.
     FutureTicket { frontier: u64, issued: u64 },
+    /// An offload key the call cannot take (`OffloadIndex`), named in hex.
+    BadKey { key: String, reason: &'static str },
+    /// The offload index and its prefix tree disagree (an internal fault,
+    /// or a 64-bit key hash collision).
+    Divergence(String),
     /// The prefix tree refused the call.
     Tree(EvictError),
     /// The host allocator refused the call (an internal inconsistency).
@@ -47,6 +52,8 @@ impl fmt::Display for TierError {
                 f,
                 "commit frontier {frontier} is beyond the last issued backup ticket {issued}"
             ),
+            Self::BadKey { key, reason } => write!(f, "key {key} {reason}"),
+            Self::Divergence(what) => write!(f, "offload index and prefix tree disagree: {what}"),
             Self::Tree(err) => write!(f, "{err}"),
             Self::Host(err) => write!(f, "{err}"),
         }

@@ -36,6 +36,9 @@ mod config;
 mod device_pool;
 /// `TierError`, the one error type.
 mod error;
+/// `OffloadIndex`: an engine's host tier of offloaded blocks (vLLM's
+/// scheduler-side manager), one call per engine call.
+mod offload;
 /// The fixed-seed mixer behind the digest terms.
 /// Plain results: lookups, load plans, backups, commits.
 mod plan;
@@ -49,5 +52,6 @@ pub use config::{TierConfig, MAX_CP_SIZE, MAX_PAGES};
 pub use cpkv_evict::{Namespace, NodeId, PageId, Policy};
 pub use device_pool::DevicePool;
 pub use error::{Result, TierError};
+pub use offload::{KeyState, OffloadIndex, OffloadStats, StorePlan, GROUP_BYTES, MAX_OFFLOAD_ROWS};
 pub use plan::{Backup, CommitOutcome, InsertOutcome, LoadPlan, LoadRun, Lookup};
 pub use stats::TierStats;

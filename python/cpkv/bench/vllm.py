@@ -1,16 +1,20 @@
 """``cpkv bench vllm``: cpkv's vLLM offloading manager against vLLM's own CPU managers (LRU, ARC).
 
-One trace (a Mooncake JSONL file, or a seeded ``cpkv.workload`` when no ``--trace`` is given) is
-replayed through vLLM's ``OffloadingManager`` interface, identically for every manager: per request,
-a ``ReqContext`` with each block's end position; ``lookup`` of the request's blocks in order until
-the first miss (a hit never covers the whole prompt: vLLM computes at least one token);
-``prepare_load`` of the hits; ``prepare_store`` of the blocks after them (what vLLM offers once it
-has computed them); then ``complete_load``, ``complete_store`` and ``on_request_finished``. The
-trace's ``hash_ids`` are the block keys (one 512-token block = one offloaded chunk).
+Each workload (Mooncake JSONL files given with ``--trace``, and a seeded ``cpkv.workload``, the only
+one when no ``--trace`` is given) is replayed through vLLM's ``OffloadingManager`` interface,
+identically for every manager: per request, a ``ReqContext`` with each block's end position;
+``lookup`` of the request's blocks in order until the first miss (a hit never covers the whole
+prompt: vLLM computes at least one token); ``prepare_load`` of the hits; ``prepare_store`` of the
+blocks after them (what vLLM offers once it has computed them); then ``complete_load``,
+``complete_store`` and ``on_request_finished``. The trace's ``hash_ids`` are the block keys (one
+512-token block = one offloaded chunk).
 
-Reported per manager and host capacity (in blocks): the host hit rate (blocks found / full prompt
-blocks) and the time per request of its ``lookup`` calls plus its ``prepare_store``. Needs vLLM
-(``.venv-vllm``); without it the command fails with one line.
+Reported per workload, host capacity (in blocks) and manager: the host hit rate (blocks found /
+full prompt blocks) and the time per request of its ``lookup`` calls plus its ``prepare_store``
+(the least of ``--repeat`` replays, managers interleaved, so a busy machine slows them alike). The
+``floor`` row is a manager that decides nothing (every lookup a miss, every offer stored with no
+eviction): the time vLLM's interface itself costs any backend (the Python call per key, the output
+objects). Needs vLLM (``.venv-vllm``); without it the command fails with one line.
 """
 
 from __future__ import annotations
@@ -23,30 +27,75 @@ DEFAULT_FRACTIONS = (0.05, 0.15, 0.4)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--trace", metavar="PATH", help="Mooncake JSONL trace (default: a seeded cpkv.workload)")
+    parser.add_argument("--trace", metavar="PATH", action="append",
+                        help="Mooncake JSONL trace (repeatable; default: only a seeded cpkv.workload)")
+    parser.add_argument("--generated", action="store_true",
+                        help="with --trace: also replay the seeded cpkv.workload")
     parser.add_argument("--requests", type=int, default=None,
                         help="replay the first N requests (default: all of a trace, 3000 generated)")
     parser.add_argument("--capacities", metavar="N,N,N",
-                        help="host capacities in blocks (default: 5%%, 15%%, 40%% of the trace's distinct blocks)")
-    parser.add_argument("--policy", default="lru", help="cpkv's eviction policy (default %(default)s)")
-    parser.add_argument("--seed", type=int, default=0, help="workload seed without --trace (default %(default)s)")
-    parser.add_argument("--json", metavar="PATH", help="also write the table as JSON")
+                        help="host capacities in blocks (default: 5%%, 15%%, 40%% of each workload's distinct blocks)")
+    parser.add_argument("--policy", default=None, help="cpkv's eviction policy (default: cpkv.DEFAULT_POLICY)")
+    parser.add_argument("--repeat", type=int, default=3, help="replays per manager; the least time counts (default %(default)s)")
+    parser.add_argument("--seed", type=int, default=0, help="workload seed (default %(default)s)")
+    parser.add_argument("--json", metavar="PATH", help="also write the tables as JSON")
 
 
-def _requests(args: argparse.Namespace) -> tuple[str, list[Any]]:
+def _workloads(args: argparse.Namespace) -> list[tuple[str, list[Any]]]:
     from cpkv._args import positive_int
     from cpkv.traces import load_trace
 
     positive_int(args.requests, "--requests")
-    if args.trace:
-        return args.trace, load_trace(args.trace, limit=args.requests)
-    from cpkv.workload import generate
+    out = [(path, load_trace(path, limit=args.requests)) for path in (args.trace or [])]
+    if not args.trace or args.generated:
+        from cpkv.workload import generate
 
-    return f"cpkv.workload(seed={args.seed})", generate(args.requests or 3000, args.seed)
+        out.append((f"cpkv.workload(seed={args.seed})", generate(args.requests or 3000, args.seed)))
+    return out
 
 
-def replay(manager: Any, requests: list[Any]) -> tuple[float, float, int]:
-    """(host hit rate, seconds per request of lookups + prepare_store, evicted blocks)."""
+class FloorManager:
+    """Decides nothing: answers the lookups another manager answered (``found[i]`` hits for request
+    i, then a miss), stores every offer in rows 0.. and evicts nothing. Its time is what vLLM's
+    interface costs any backend on that call sequence (a Python call per key, the output objects)."""
+
+    def __init__(self, found: list[int]) -> None:
+        from vllm.v1.kv_offload.base import LookupResult, PrepareStoreOutput, RequestOffloadingContext
+        from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
+
+        self._hit, self._miss = LookupResult.HIT, LookupResult.MISS
+        self._out, self._spec, self._ctx = PrepareStoreOutput, CPULoadStoreSpec, RequestOffloadingContext
+        self._found = iter(found)
+        self._left = 0
+
+    def on_new_request(self, ctx: Any) -> Any:
+        self._left = next(self._found)
+        return self._ctx()
+
+    def lookup(self, key: bytes, ctx: Any) -> Any:
+        self._left -= 1
+        return self._hit if self._left >= 0 else self._miss
+
+    def prepare_load(self, keys: Any, ctx: Any) -> Any:
+        return self._spec(list(range(len(keys))))
+
+    def prepare_store(self, keys: Any, ctx: Any) -> Any:
+        keys = list(keys)
+        return self._out(keys_to_store=keys, store_spec=self._spec(list(range(len(keys)))), evicted_keys=[])
+
+    def complete_load(self, keys: Any, ctx: Any) -> None:
+        pass
+
+    def complete_store(self, keys: Any, ctx: Any, success: bool = True) -> None:
+        pass
+
+    def on_request_finished(self, ctx: Any) -> None:
+        pass
+
+
+def replay(manager: Any, requests: list[Any], found_out: list[int] | None = None) -> tuple[float, float, int]:
+    """(host hit rate, seconds per request of lookups + prepare_store, evicted blocks); each
+    replayed request's hit count is appended to ``found_out`` when given."""
     from vllm.v1.kv_offload.base import LookupResult, ReqContext, make_offload_key
 
     from cpkv.traces import BLOCK_TOKENS
@@ -84,48 +133,75 @@ def replay(manager: Any, requests: list[Any]) -> tuple[float, float, int]:
         manager.on_request_finished(ctx)
         hits += found
         blocks += full
+        if found_out is not None:
+            found_out.append(found)
     return hits / max(blocks, 1), timed / max(len(requests), 1), evicted
 
 
 def run(args: argparse.Namespace) -> int:
-    from cpkv._args import output_file, positive_ints
+    from cpkv._args import output_file, positive_int, positive_ints
     from cpkv.errors import UnknownPolicyError
     from cpkv.integrations.vllm._version import check_vllm_version
 
     output_file(args.json, "--json")
+    positive_int(args.repeat, "--repeat")
     version = check_vllm_version()  # before anything else: one line when vLLM is missing
-    from cpkv import PrefixTree
+    from cpkv import DEFAULT_POLICY, PrefixTree
 
-    if args.policy not in PrefixTree.POLICIES:
-        raise UnknownPolicyError(f"--policy: unknown eviction policy {args.policy!r} "
+    policy = DEFAULT_POLICY if args.policy is None else args.policy
+    if policy not in PrefixTree.POLICIES:
+        raise UnknownPolicyError(f"--policy: unknown eviction policy {policy!r} "
                                  f"(known: {', '.join(PrefixTree.POLICIES)})")
     capacities = positive_ints(args.capacities, "--capacities") if args.capacities else None
-    source, requests = _requests(args)
+    workloads = _workloads(args)
     from cpkv._report import Table, emit
     from cpkv.integrations.vllm import CpkvOffloadingManager
     from cpkv.traces import BLOCK_TOKENS
     from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
 
-    distinct = len({h for r in requests for h in r.hash_ids[: r.input_length // BLOCK_TOKENS]})
-    if capacities is None:
-        capacities = [max(1, round(distinct * f)) for f in DEFAULT_FRACTIONS]
+    cpkv_name = f"cpkv ({policy})"
     managers = [
-        (f"cpkv ({args.policy})", lambda cap: CpkvOffloadingManager(cap, args.policy, tokens_per_chunk=(BLOCK_TOKENS,))),
+        (cpkv_name, lambda cap: CpkvOffloadingManager(cap, policy, tokens_per_chunk=(BLOCK_TOKENS,))),
         ("vLLM CPU (lru)", lambda cap: CPUOffloadingManager(num_chunks=cap, cache_policy="lru")),
         ("vLLM CPU (arc)", lambda cap: CPUOffloadingManager(num_chunks=cap, cache_policy="arc")),
     ]
-    table = Table(
-        f"vLLM offloading managers on {source}: {len(requests):,} requests, {distinct:,} distinct blocks",
-        ["host blocks", "manager", "host hit rate", "us per lookup+prepare_store", "evicted blocks", "time vs cpkv"],
+    tables = []
+    summary = Table(
+        f"cpkv ({policy}) against the better of vLLM's managers at each point",
+        ["workload", "host blocks", "cpkv hit rate", "best vLLM hit rate", "hit rate - best vLLM",
+         "cpkv us/request", "fastest vLLM us/request", "time / fastest vLLM", "floor us/request"],
     )
-    for capacity in capacities:
-        results = []
-        for name, make in managers:
-            rate, seconds, evicted = replay(make(capacity), requests)
-            results.append((name, rate, seconds, evicted))
-        base = results[0][2]
-        for name, rate, seconds, evicted in results:
-            table.add(capacity, name, rate, seconds * 1e6, evicted, seconds / base if base else float("nan"))
-    emit("bench vllm", [table], args.json, trace=source, vllm=version, requests=len(requests),
-         distinct_blocks=distinct, capacities=capacities, policy=args.policy)
+    meta = []
+    for source, requests in workloads:
+        distinct = len({h for r in requests for h in r.hash_ids[: r.input_length // BLOCK_TOKENS]})
+        caps = capacities or [max(1, round(distinct * f)) for f in DEFAULT_FRACTIONS]
+        meta.append({"workload": source, "requests": len(requests), "distinct_blocks": distinct, "capacities": caps})
+        table = Table(
+            f"vLLM offloading managers on {source}: {len(requests):,} requests, {distinct:,} distinct blocks",
+            ["host blocks", "manager", "host hit rate", "us per lookup+prepare_store", "evicted blocks",
+             "time vs cpkv"],
+        )
+        for capacity in caps:
+            best: dict[str, tuple[float, float, int]] = {}
+            for _ in range(args.repeat):
+                found: list[int] = []
+                runs = [*managers, ("floor", lambda cap: FloorManager(found))]
+                for name, make in runs:  # interleaved: a busy machine slows every manager alike
+                    rate, seconds, evicted = replay(make(capacity), requests, found if name == cpkv_name else None)
+                    if name not in best or seconds < best[name][1]:
+                        best[name] = (rate, seconds, evicted)
+            base = best[cpkv_name][1]
+            for name in [*(n for n, _ in managers), "floor"]:
+                rate, seconds, evicted = best[name]
+                table.add(capacity, name, rate if name != "floor" else float("nan"), seconds * 1e6, evicted,
+                          seconds / base if base else float("nan"))
+            vllm = [best["vLLM CPU (lru)"], best["vLLM CPU (arc)"]]
+            top_rate = max(v[0] for v in vllm)
+            fastest = min(v[1] for v in vllm)
+            summary.add(source.rsplit("/", 1)[-1], capacity, best[cpkv_name][0], top_rate,
+                        best[cpkv_name][0] - top_rate, base * 1e6, fastest * 1e6,
+                        base / fastest if fastest else float("nan"), best["floor"][1] * 1e6)
+        tables.append(table)
+    tables.append(summary)
+    emit("bench vllm", tables, args.json, vllm=version, policy=policy, repeat=args.repeat, workloads=meta)
     return 0

@@ -1,0 +1,421 @@
+//! Python wrapper of `cpkv_tier::OffloadIndex`: one call per engine call.
+//!
+//! Keys stay the engine's `bytes` objects: they are read in place, keys to
+//! store come back as the very objects offered (indexes into the call), and
+//! only evicted keys are built anew. A request's key positions are read from
+//! the engine's own dict, in Rust. `lookup` returns one of three objects
+//! given at construction (the engine's enum members), so the adapter can
+//! expose it as its own method with no Python frame in between.
+
+use cpkv_evict::Policy;
+use cpkv_tier::{KeyState, OffloadIndex as Core, MAX_OFFLOAD_ROWS};
+use numpy::PyArray1;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
+
+use crate::convert::{invalid, uint};
+use crate::errors::{cpkv_error, evict_error};
+use crate::shared::Shared;
+use crate::tier::tier_error;
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<OffloadIndex>()?;
+    Ok(())
+}
+
+/// The most keys one call takes (checked before anything is read).
+const MAX_KEYS_PER_CALL: usize = 1 << 24;
+
+#[pyclass(frozen, module = "cpkv._cpkv")]
+pub(crate) struct OffloadIndex {
+    core: Shared<Core>,
+    /// What `lookup` returns for a miss, a readable key, a pending store.
+    results: [Py<PyAny>; 3],
+}
+
+/// The `bytes` keys of a call, in order.
+fn key_objects<'py>(keys: &Bound<'py, PyAny>) -> PyResult<Vec<Bound<'py, PyBytes>>> {
+    let convert = |i: usize, item: Bound<'py, PyAny>| -> PyResult<Bound<'py, PyBytes>> {
+        match item.cast_into::<PyBytes>() {
+            Ok(b) => Ok(b),
+            Err(e) => Err(invalid(format!(
+                "keys[{i}] must be bytes, got {}",
+                e.into_inner().get_type().name()?
+            ))),
+        }
+    };
+    if let Ok(list) = keys.cast::<PyList>() {
+        if list.len() > MAX_KEYS_PER_CALL {
+            return Err(invalid(format!(
+                "keys: {} is more than {MAX_KEYS_PER_CALL} keys",
+                list.len()
+            )));
+        }
+        return list
+            .iter()
+            .enumerate()
+            .map(|(i, k)| convert(i, k))
+            .collect();
+    }
+    if let Ok(tuple) = keys.cast::<PyTuple>() {
+        if tuple.len() > MAX_KEYS_PER_CALL {
+            return Err(invalid(format!(
+                "keys: {} is more than {MAX_KEYS_PER_CALL} keys",
+                tuple.len()
+            )));
+        }
+        return tuple
+            .iter()
+            .enumerate()
+            .map(|(i, k)| convert(i, k))
+            .collect();
+    }
+    if keys.is_instance_of::<PyBytes>() || keys.is_instance_of::<pyo3::types::PyString>() {
+        return Err(invalid(format!(
+            "keys must be a collection of bytes keys, got {}",
+            keys.get_type().name()?
+        )));
+    }
+    let mut out = Vec::new();
+    for (i, item) in keys
+        .try_iter()
+        .map_err(|_| {
+            invalid(format!(
+                "keys must be a collection of bytes keys, got {}",
+                keys.get_type()
+                    .name()
+                    .map(|n| n.to_string())
+                    .unwrap_or_default()
+            ))
+        })?
+        .enumerate()
+    {
+        if i >= MAX_KEYS_PER_CALL {
+            return Err(invalid(format!("keys: more than {MAX_KEYS_PER_CALL} keys")));
+        }
+        out.push(convert(i, item?)?);
+    }
+    Ok(out)
+}
+
+fn slices<'a>(keys: &'a [Bound<'_, PyBytes>]) -> Vec<&'a [u8]> {
+    keys.iter().map(|k| k.as_bytes()).collect()
+}
+
+/// Each key's end position from the request's `{key: end}` dict (`None`: no
+/// positions known).
+fn positions(
+    keys: &[Bound<'_, PyBytes>],
+    dict: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Vec<Option<u64>>> {
+    let Some(dict) = dict.filter(|d| !d.is_none()) else {
+        return Ok(vec![None; keys.len()]);
+    };
+    let dict = dict.cast::<PyDict>().map_err(|_| {
+        invalid(format!(
+            "positions must be a dict of key -> end token, got {}",
+            dict.get_type()
+                .name()
+                .map(|n| n.to_string())
+                .unwrap_or_default()
+        ))
+    })?;
+    keys.iter()
+        .map(|k| match dict.get_item(k)? {
+            None => Ok(None),
+            Some(v) => {
+                let end = uint(&v, "position").map_err(|_| {
+                    invalid(format!(
+                        "positions[{}] must be an int >= 0, got {v}",
+                        hex(k.as_bytes())
+                    ))
+                })?;
+                Ok(Some(end))
+            }
+        })
+        .collect()
+}
+
+fn hex(key: &[u8]) -> String {
+    key.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn request_id(request: &Bound<'_, PyAny>) -> PyResult<String> {
+    request.extract::<String>().map_err(|_| {
+        invalid(format!(
+            "request must be a str, got {}",
+            request
+                .get_type()
+                .name()
+                .map(|n| n.to_string())
+                .unwrap_or_default()
+        ))
+    })
+}
+
+fn bytes_list<'py>(py: Python<'py>, keys: &[Box<[u8]>]) -> PyResult<Bound<'py, PyList>> {
+    PyList::new(py, keys.iter().map(|k| PyBytes::new(py, k)))
+}
+
+fn rows_array(py: Python<'_>, rows: Vec<u32>) -> Bound<'_, PyArray1<i32>> {
+    // Rows are below MAX_OFFLOAD_ROWS < 2**31.
+    PyArray1::from_vec(py, rows.into_iter().map(|r| r as i32).collect())
+}
+
+fn single_key<'a>(key: &'a Bound<'_, PyAny>) -> PyResult<&'a [u8]> {
+    match key.cast::<PyBytes>() {
+        Ok(b) => Ok(b.as_bytes()),
+        Err(_) => Err(invalid(format!(
+            "key must be bytes, got {}",
+            key.get_type().name()?
+        ))),
+    }
+}
+
+#[pymethods]
+impl OffloadIndex {
+    #[new]
+    #[pyo3(signature = (capacity, policy, tokens_per_chunk, results))]
+    fn new(
+        capacity: &Bound<'_, PyAny>,
+        policy: &str,
+        tokens_per_chunk: &Bound<'_, PyAny>,
+        results: (Py<PyAny>, Py<PyAny>, Py<PyAny>),
+    ) -> PyResult<Self> {
+        let capacity = uint(capacity, "capacity")?;
+        if capacity == 0 || capacity > MAX_OFFLOAD_ROWS {
+            return Err(invalid(format!(
+                "capacity must be in [1, {MAX_OFFLOAD_ROWS}], got {capacity}"
+            )));
+        }
+        let policy: Policy = policy.parse().map_err(evict_error)?;
+        let tokens = crate::convert::int_vector(tokens_per_chunk, "tokens_per_chunk")?;
+        if tokens.len() > 1 << 16 {
+            return Err(invalid(format!(
+                "tokens_per_chunk: {} groups is more than 65536",
+                tokens.len()
+            )));
+        }
+        let core = Core::new(capacity, policy, tokens).map_err(tier_error)?;
+        Ok(Self {
+            core: Shared::new(core),
+            results: [results.0, results.1, results.2],
+        })
+    }
+
+    /// `results[0]` (miss), `[1]` (readable) or `[2]` (store in flight).
+    #[pyo3(signature = (key, req_context = None))]
+    fn lookup(
+        &self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+        req_context: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        let _ = req_context;
+        let key = single_key(key)?;
+        let state = self.core.with(py, |c| c.lookup(key));
+        let i = match state {
+            KeyState::Miss => 0,
+            KeyState::Ready => 1,
+            KeyState::Pending => 2,
+        };
+        Ok(self.results[i].clone_ref(py))
+    }
+
+    /// Pins the (readable) keys until `complete_load`; their rows (int32).
+    #[pyo3(signature = (keys, request, positions = None))]
+    fn prepare_load<'py>(
+        &self,
+        py: Python<'py>,
+        keys: &Bound<'py, PyAny>,
+        request: &Bound<'py, PyAny>,
+        positions: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyArray1<i32>>> {
+        let objects = key_objects(keys)?;
+        let request = request_id(request)?;
+        let ends = self::positions(&objects, positions)?;
+        let keys = slices(&objects);
+        let rows = self
+            .core
+            .with(py, |c| c.prepare_load(&request, &keys, &ends))
+            .map_err(tier_error)?;
+        Ok(rows_array(py, rows))
+    }
+
+    fn complete_load(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        request: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let objects = key_objects(keys)?;
+        let request = request_id(request)?;
+        let keys = slices(&objects);
+        self.core.with(py, |c| c.complete_load(&request, &keys));
+        Ok(())
+    }
+
+    #[pyo3(signature = (keys, request, positions = None))]
+    fn touch(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        request: &Bound<'_, PyAny>,
+        positions: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let objects = key_objects(keys)?;
+        let request = request_id(request)?;
+        let ends = self::positions(&objects, positions)?;
+        let keys = slices(&objects);
+        self.core
+            .with(py, |c| c.touch(&request, &keys, &ends))
+            .map_err(tier_error)
+    }
+
+    /// `None` when nothing can be placed, else `(keys to store (the offered
+    /// objects), their rows (int32), evicted keys)`.
+    #[pyo3(signature = (keys, request, positions = None))]
+    fn prepare_store<'py>(
+        &self,
+        py: Python<'py>,
+        keys: &Bound<'py, PyAny>,
+        request: &Bound<'py, PyAny>,
+        positions: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Option<Bound<'py, PyTuple>>> {
+        let objects = key_objects(keys)?;
+        let request = request_id(request)?;
+        let ends = self::positions(&objects, positions)?;
+        let keys = slices(&objects);
+        let plan = self
+            .core
+            .with(py, |c| c.prepare_store(&request, &keys, &ends))
+            .map_err(tier_error)?;
+        let Some(plan) = plan else { return Ok(None) };
+        let store = PyList::new(py, plan.store.iter().map(|&i| &objects[i]))?;
+        let evicted = bytes_list(py, &plan.evicted)?;
+        let rows = rows_array(py, plan.rows);
+        Ok(Some(PyTuple::new(
+            py,
+            [store.into_any(), rows.into_any(), evicted.into_any()],
+        )?))
+    }
+
+    /// Completes stores; with `report`, returns the keys that became
+    /// readable (the offered objects), else None.
+    #[pyo3(signature = (keys, success = true, report = false))]
+    fn complete_store<'py>(
+        &self,
+        py: Python<'py>,
+        keys: &Bound<'py, PyAny>,
+        success: bool,
+        report: bool,
+    ) -> PyResult<Option<Bound<'py, PyList>>> {
+        let objects = key_objects(keys)?;
+        let keys = slices(&objects);
+        let stored = self.core.with(py, |c| c.complete_store(&keys, success));
+        if !report {
+            return Ok(None);
+        }
+        Ok(Some(PyList::new(py, stored.iter().map(|&i| &objects[i]))?))
+    }
+
+    fn request_finished(&self, py: Python<'_>, request: &Bound<'_, PyAny>) -> PyResult<()> {
+        let request = request_id(request)?;
+        self.core.with(py, |c| c.request_finished(&request));
+        Ok(())
+    }
+
+    /// Evicts at least `num` unpinned keys (fewer when fewer are unpinned).
+    fn evict<'py>(&self, py: Python<'py>, num: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyList>> {
+        let num = uint(num, "num")?;
+        let keys = self
+            .core
+            .detached(py, |c| c.evict(num))
+            .map_err(tier_error)?;
+        bytes_list(py, &keys)
+    }
+
+    fn reset(&self, py: Python<'_>) -> PyResult<()> {
+        self.core.with(py, |c| c.reset()).map_err(tier_error)
+    }
+
+    fn digest(&self, py: Python<'_>) -> u64 {
+        self.core.with(py, |c| c.digest())
+    }
+
+    fn resident_keys<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let keys = self.core.detached(py, |c| c.resident_keys());
+        bytes_list(py, &keys)
+    }
+
+    fn pinned_keys<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let keys = self.core.detached(py, |c| c.pinned_keys());
+        bytes_list(py, &keys)
+    }
+
+    /// The key's slab row; KeyError when it is not on the host.
+    fn row_of(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<u32> {
+        let k = single_key(key)?;
+        self.core.with(py, |c| c.row_of(k)).ok_or_else(|| {
+            cpkv_error(
+                "UnknownKeyError",
+                format!("key {} is not on the host", hex(k)),
+            )
+        })
+    }
+
+    /// The key before it on its path, when on the host (else None).
+    fn parent_of<'py>(
+        &self,
+        py: Python<'py>,
+        key: &Bound<'py, PyAny>,
+    ) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        let k = single_key(key)?;
+        Ok(self
+            .core
+            .with(py, |c| c.parent_of(k))
+            .map(|p| PyBytes::new(py, &p)))
+    }
+
+    fn is_storing(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let k = single_key(key)?;
+        Ok(self.core.with(py, |c| c.is_storing(k)))
+    }
+
+    #[getter]
+    fn num_pins(&self, py: Python<'_>) -> usize {
+        self.core.with(py, |c| c.num_pins())
+    }
+
+    #[getter]
+    fn capacity(&self, py: Python<'_>) -> u64 {
+        self.core.with(py, |c| c.capacity())
+    }
+
+    #[getter]
+    fn policy(&self, py: Python<'_>) -> &'static str {
+        self.core.with(py, |c| c.policy().name())
+    }
+
+    fn __len__(&self, py: Python<'_>) -> usize {
+        self.core.with(py, |c| c.len())
+    }
+
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.core.with(py, |c| c.stats());
+        let d = PyDict::new(py);
+        d.set_item("capacity", s.capacity)?;
+        d.set_item("resident", s.resident)?;
+        d.set_item("ready", s.ready)?;
+        d.set_item("pinned", s.pins)?;
+        d.set_item("evicted", s.evicted)?;
+        Ok(d)
+    }
+
+    /// Audit; a `DivergenceError` names the first disagreement.
+    fn check(&self, py: Python<'_>) -> PyResult<()> {
+        self.core
+            .detached(py, |c| c.check())
+            .map_err(|e| cpkv_error("DivergenceError", e))
+    }
+}

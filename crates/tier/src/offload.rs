@@ -1,0 +1,843 @@
+//! `OffloadIndex`: an engine's host tier of offloaded blocks, one call per
+//! engine call (vLLM's scheduler-side `OffloadingManager`).
+//!
+//! Keys are the engine's opaque bytes; the last four name the block's group
+//! (big-endian, vLLM's `OffloadKey` layout), and each group is a namespace of
+//! the prefix tree. A block's path in the tree is the chain of blocks before
+//! it in the request that stored it (the engine's hashes are chained, so the
+//! chain is the block's identity); a block whose parent is not on the host
+//! when it is stored starts a path under its namespace root, which is still
+//! exact. The tree evicts leaves in the policy's order, so a block never
+//! leaves before the blocks that continue it: what stays is a usable prefix.
+//!
+//! Pins are tree locks: a store pins its blocks until each completes, a load
+//! pins what it reads until `complete_load`, and `prepare_store` pins the
+//! resident blocks it was offered (and the parents of the new ones) while it
+//! evicts. A failed store leaves its blocks unreadable and unpinned; the next
+//! offer rewrites them in their own rows.
+//!
+//! Every decision is a function of the calls alone (the key map is only
+//! looked up, never iterated in a decision), so two indexes fed the same
+//! calls report the same `digest`.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+use cpkv_evict::{Namespace, NodeId, Policy, PrefixTree};
+use cpkv_hash::{hash_words, Hasher64};
+
+use crate::error::{Result, TierError};
+
+/// The most rows an index holds (row numbers fit a u32, as the engine's
+/// int32 block ids need).
+pub const MAX_OFFLOAD_ROWS: u64 = (1 << 31) - 1;
+/// Bytes a key needs at least: the four that name its group.
+pub const GROUP_BYTES: usize = 4;
+
+const TOKEN_TAG: u64 = 0x6f66_6c64_746f_6b6e; // "ofldtokn"
+const CHUNK_TAG: u64 = 0x6f66_6c64_6368_6e6b; // "ofldchnk"
+const DIGEST_TAG: u64 = 0x6f66_6c64_6467_7374; // "oflddgst"
+const NO_SLOT: u32 = u32::MAX;
+
+/// What `lookup` says of a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyState {
+    /// Not on the host, or its store failed.
+    Miss,
+    /// Written and readable.
+    Ready,
+    /// Its store is in flight.
+    Pending,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Pending,
+    Ready,
+    Failed,
+}
+
+impl State {
+    fn code(self) -> u64 {
+        match self {
+            Self::Pending => 1,
+            Self::Ready => 2,
+            Self::Failed => 3,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Chunk {
+    key: Box<[u8]>,
+    token: u64,
+    group: u32,
+    parent: u32, // slot of the chunk before it on its path, or NO_SLOT
+    row: u32,
+    serial: u64, // unique per chunk ever made: a request's record of it outlives nothing
+    state: State,
+    store_pin: Option<u64>,
+    mark: u64, // lock walks: covered in the walk with this epoch
+}
+
+/// Tree locks held for one transfer.
+#[derive(Debug)]
+struct Pin {
+    nodes: Vec<NodeId>,
+    /// A store: its chunks still in flight (released at zero). A load: 0.
+    waiting: usize,
+    /// A load: the chunks it reads.
+    reads: Vec<u32>,
+}
+
+/// Where a new chunk's parent is: earlier in the same call, or resident.
+#[derive(Debug, Clone, Copy)]
+enum Parent {
+    None,
+    InCall(usize),
+    Slot(u32),
+}
+
+/// What `prepare_store` decided.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct StorePlan {
+    /// Indexes into the offered keys, in offer order: the chunks to write.
+    pub store: Vec<usize>,
+    /// Their rows, in the same order.
+    pub rows: Vec<u32>,
+    /// Keys evicted to make room, in eviction order.
+    pub evicted: Vec<Box<[u8]>>,
+}
+
+/// Counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OffloadStats {
+    pub capacity: u64,
+    pub resident: u64,
+    pub ready: u64,
+    pub pins: u64,
+    pub evicted: u64,
+}
+
+#[derive(Debug)]
+pub struct OffloadIndex {
+    capacity: u32,
+    policy: Policy,
+    tokens_per_chunk: Vec<u64>,
+    tree: PrefixTree,
+    slots: Vec<Option<Chunk>>,
+    free_slots: Vec<u32>,
+    by_key: HashMap<Box<[u8]>, u32>,
+    by_row: Vec<u32>,
+    free_rows: Vec<u32>,
+    used_rows: u32,
+    pins: BTreeMap<u64, Pin>,
+    next_pin: u64,
+    /// (request, its chunks sorted) -> load pins, oldest first: an engine
+    /// completes a load with the same keys.
+    loads: HashMap<(Box<str>, Vec<u32>), VecDeque<u64>>,
+    /// Per live request: (group, end position) -> (slot, serial) of the
+    /// chunks it loaded, touched or stored, so a later store finds parents.
+    requests: HashMap<Box<str>, HashMap<(u32, u64), (u32, u64)>>,
+    next_serial: u64,
+    epoch: u64,
+    evicted: u64,
+    chunk_digest: u64,
+}
+
+fn group_of(key: &[u8]) -> u32 {
+    let tail: [u8; GROUP_BYTES] = key[key.len() - GROUP_BYTES..]
+        .try_into()
+        .unwrap_or_default();
+    u32::from_be_bytes(tail)
+}
+
+fn token_of(key: &[u8]) -> u64 {
+    Hasher64::new(TOKEN_TAG).bytes(key).finish()
+}
+
+fn hex(key: &[u8]) -> String {
+    key.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn chunk_term(c: &Chunk) -> u64 {
+    hash_words(
+        CHUNK_TAG,
+        &[
+            c.token,
+            u64::from(c.group),
+            u64::from(c.row),
+            c.state.code(),
+        ],
+    )
+}
+
+impl OffloadIndex {
+    pub fn new(capacity: u64, policy: Policy, tokens_per_chunk: Vec<u64>) -> Result<Self> {
+        if capacity == 0 || capacity > MAX_OFFLOAD_ROWS {
+            return Err(TierError::Config {
+                field: "capacity",
+                reason: format!("must be in [1, {MAX_OFFLOAD_ROWS}], got {capacity}"),
+            });
+        }
+        if let Some(&t) = tokens_per_chunk.iter().find(|&&t| t == 0) {
+            return Err(TierError::Config {
+                field: "tokens_per_chunk",
+                reason: format!("every entry must be >= 1, got {t}"),
+            });
+        }
+        let mut tree = PrefixTree::new(1, policy)?;
+        tree.set_event_limit(0); // no one reads the tree's residency events here
+        Ok(Self {
+            capacity: capacity as u32,
+            policy,
+            tokens_per_chunk,
+            tree,
+            slots: Vec::new(),
+            free_slots: Vec::new(),
+            by_key: HashMap::new(),
+            by_row: Vec::new(),
+            free_rows: Vec::new(),
+            used_rows: 0,
+            pins: BTreeMap::new(),
+            next_pin: 0,
+            loads: HashMap::new(),
+            requests: HashMap::new(),
+            next_serial: 0,
+            epoch: 0,
+            evicted: 0,
+            chunk_digest: 0,
+        })
+    }
+
+    pub fn capacity(&self) -> u64 {
+        u64::from(self.capacity)
+    }
+    pub fn policy(&self) -> Policy {
+        self.policy
+    }
+    pub fn len(&self) -> usize {
+        self.by_key.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.by_key.is_empty()
+    }
+    pub fn free_rows(&self) -> u64 {
+        u64::from(self.capacity - self.used_rows)
+    }
+    pub fn num_pins(&self) -> usize {
+        self.pins.len()
+    }
+
+    fn chunk(&self, slot: u32) -> &Chunk {
+        self.slots[slot as usize].as_ref().expect("live slot")
+    }
+    fn chunk_mut(&mut self, slot: u32) -> &mut Chunk {
+        self.slots[slot as usize].as_mut().expect("live slot")
+    }
+
+    /// Every key must be long enough to name its group; checked before a
+    /// call changes anything.
+    pub fn check_keys(keys: &[&[u8]]) -> Result<()> {
+        match keys.iter().find(|k| k.len() < GROUP_BYTES) {
+            Some(k) => Err(TierError::BadKey {
+                key: hex(k),
+                reason: "is shorter than the 4 bytes that name its group",
+            }),
+            None => Ok(()),
+        }
+    }
+
+    fn check_call(keys: &[&[u8]], positions: &[Option<u64>]) -> Result<()> {
+        if positions.len() != keys.len() {
+            return Err(TierError::BadKey {
+                key: format!("{} keys with {} positions", keys.len(), positions.len()),
+                reason: "need one position (or none) per key",
+            });
+        }
+        Self::check_keys(keys)
+    }
+
+    // ---- the engine's calls ---------------------------------------------
+
+    pub fn lookup(&self, key: &[u8]) -> KeyState {
+        match self.by_key.get(key) {
+            None => KeyState::Miss,
+            Some(&slot) => match self.chunk(slot).state {
+                State::Ready => KeyState::Ready,
+                State::Pending => KeyState::Pending,
+                State::Failed => KeyState::Miss,
+            },
+        }
+    }
+
+    /// Pins `keys` (all readable) until `complete_load(request, keys)`;
+    /// returns their rows. `positions[i]` is key i's end token in the
+    /// request, when the engine knows it.
+    pub fn prepare_load(
+        &mut self,
+        request: &str,
+        keys: &[&[u8]],
+        positions: &[Option<u64>],
+    ) -> Result<Vec<u32>> {
+        Self::check_call(keys, positions)?;
+        let mut slots = Vec::with_capacity(keys.len());
+        for key in keys {
+            match self.by_key.get(*key) {
+                Some(&s) if self.chunk(s).state == State::Ready => slots.push(s),
+                _ => {
+                    return Err(TierError::BadKey {
+                        key: hex(key),
+                        reason: "is not readable on the host",
+                    })
+                }
+            }
+        }
+        let rows = slots.iter().map(|&s| self.chunk(s).row).collect();
+        if slots.is_empty() {
+            return Ok(rows);
+        }
+        let nodes = self.lock(&slots)?;
+        let mut job = slots.clone();
+        job.sort_unstable();
+        job.dedup();
+        let pin = self.new_pin(nodes, 0, job.clone());
+        self.loads
+            .entry((request.into(), job))
+            .or_default()
+            .push_back(pin);
+        self.remember(request, &slots, positions);
+        Ok(rows)
+    }
+
+    /// Releases the oldest load of exactly these keys by `request`; a load
+    /// from before `reset` is ignored.
+    pub fn complete_load(&mut self, request: &str, keys: &[&[u8]]) {
+        let mut job = Vec::with_capacity(keys.len());
+        for key in keys {
+            match self.by_key.get(*key) {
+                Some(&s) => job.push(s),
+                None => return,
+            }
+        }
+        job.sort_unstable();
+        job.dedup();
+        let id = (Box::<str>::from(request), job);
+        let Some(queue) = self.loads.get_mut(&id) else {
+            return;
+        };
+        let pin = queue.pop_front();
+        if queue.is_empty() {
+            self.loads.remove(&id);
+        }
+        if let Some(pin) = pin {
+            self.release(pin);
+        }
+    }
+
+    /// Stamps an access on the resident keys' paths.
+    pub fn touch(
+        &mut self,
+        request: &str,
+        keys: &[&[u8]],
+        positions: &[Option<u64>],
+    ) -> Result<()> {
+        Self::check_call(keys, positions)?;
+        let slots: Vec<u32> = keys
+            .iter()
+            .filter_map(|k| self.by_key.get(*k).copied())
+            .collect();
+        let nodes = self.lock(&slots)?;
+        for node in nodes {
+            self.tree.unlock(node)?;
+        }
+        let resident: Vec<(u32, Option<u64>)> = keys
+            .iter()
+            .zip(positions)
+            .filter_map(|(k, p)| self.by_key.get(*k).map(|&s| (s, *p)))
+            .collect();
+        let (s, p): (Vec<u32>, Vec<Option<u64>>) = resident.into_iter().unzip();
+        self.remember(request, &s, &p);
+        Ok(())
+    }
+
+    /// Places the offered keys that are not on the host (evicting in policy
+    /// order to make room) and rewrites failed ones; `None` when nothing can
+    /// be placed. Resident offered keys, and the parents of new ones, stay.
+    pub fn prepare_store(
+        &mut self,
+        request: &str,
+        keys: &[&[u8]],
+        positions: &[Option<u64>],
+    ) -> Result<Option<StorePlan>> {
+        Self::check_call(keys, positions)?;
+        // The first occurrence of each key, in offer order.
+        let mut seen: HashMap<&[u8], ()> = HashMap::with_capacity(keys.len());
+        let unique: Vec<usize> = (0..keys.len())
+            .filter(|&i| seen.insert(keys[i], ()).is_none())
+            .collect();
+        let mut in_call: HashMap<(u32, u64), usize> = HashMap::new();
+        let mut parents = vec![Parent::None; keys.len()];
+        let chain = self.requests.get(request);
+        for &i in &unique {
+            let Some(end) = positions[i] else { continue };
+            let group = group_of(keys[i]);
+            if let Some(&step) = self.tokens_per_chunk.get(group as usize) {
+                if let Some(start) = end.checked_sub(step) {
+                    parents[i] = match in_call.get(&(group, start)) {
+                        Some(&j) => Parent::InCall(j),
+                        None => match chain.and_then(|c| c.get(&(group, start))) {
+                            Some(&(slot, serial)) if self.serial_at(slot) == Some(serial) => {
+                                Parent::Slot(slot)
+                            }
+                            _ => Parent::None,
+                        },
+                    };
+                }
+            }
+            in_call.insert((group, end), i);
+        }
+        let resident: Vec<u32> = unique
+            .iter()
+            .filter_map(|&i| self.by_key.get(keys[i]).copied())
+            .collect();
+        let mut guarded: Vec<u32> = Vec::new();
+        for &i in &unique {
+            if self.by_key.contains_key(keys[i]) {
+                continue;
+            }
+            let parent = match parents[i] {
+                Parent::Slot(s) => Some(s),
+                Parent::InCall(j) => self.by_key.get(keys[j]).copied(),
+                Parent::None => None,
+            };
+            guarded.extend(parent);
+        }
+        guarded.extend(resident.iter().copied());
+        let guard = self.lock(&guarded)?;
+
+        let rewrite: Vec<u32> = resident
+            .iter()
+            .copied()
+            .filter(|&s| {
+                let c = self.chunk(s);
+                c.state == State::Failed && c.store_pin.is_none()
+            })
+            .collect();
+        let mut new: Vec<usize> = unique
+            .iter()
+            .copied()
+            .filter(|&i| !self.by_key.contains_key(keys[i]))
+            .collect();
+        let evicted = self.make_room(new.len())?;
+        let fits = new.len().min(self.free_rows() as usize);
+        if !new.is_empty() && fits == 0 && rewrite.is_empty() {
+            for node in guard {
+                self.tree.unlock(node)?;
+            }
+            return Ok(None);
+        }
+        new.truncate(fits);
+        let placed = self.place(keys, &new, &parents);
+        for node in guard {
+            self.tree.unlock(node)?;
+        }
+        placed?;
+        for &s in &rewrite {
+            self.set_state(s, State::Pending);
+        }
+        if !rewrite.is_empty() {
+            let nodes = self.lock(&rewrite)?;
+            let pin = self.new_pin(nodes, rewrite.len(), Vec::new());
+            for &s in &rewrite {
+                self.chunk_mut(s).store_pin = Some(pin);
+            }
+        }
+        let mut plan = StorePlan {
+            evicted,
+            ..StorePlan::default()
+        };
+        let mut take = vec![false; keys.len()];
+        for &i in &new {
+            take[i] = true;
+        }
+        self.epoch += 1;
+        let epoch = self.epoch;
+        for &s in &rewrite {
+            self.chunk_mut(s).mark = epoch;
+        }
+        let mut stored_slots = Vec::new();
+        for &i in &unique {
+            let Some(&slot) = self.by_key.get(keys[i]) else {
+                continue;
+            };
+            let c = self.chunk(slot);
+            if take[i] || c.mark == epoch {
+                plan.store.push(i);
+                plan.rows.push(c.row);
+                stored_slots.push((slot, positions[i]));
+            }
+        }
+        let (s, p): (Vec<u32>, Vec<Option<u64>>) = stored_slots.into_iter().unzip();
+        self.remember(request, &s, &p);
+        Ok(Some(plan))
+    }
+
+    /// Marks stored keys readable (or, on failure, unreadable until a later
+    /// offer rewrites them); keys not in flight are ignored.
+    /// Returns the indexes of the keys that became readable.
+    pub fn complete_store(&mut self, keys: &[&[u8]], success: bool) -> Vec<usize> {
+        let mut stored = Vec::new();
+        for (i, key) in keys.iter().enumerate() {
+            let Some(&slot) = self.by_key.get(*key) else {
+                continue;
+            };
+            let Some(pin) = self.chunk_mut(slot).store_pin.take() else {
+                continue;
+            };
+            self.set_state(slot, if success { State::Ready } else { State::Failed });
+            if success {
+                stored.push(i);
+            }
+            let done = match self.pins.get_mut(&pin) {
+                Some(p) => {
+                    p.waiting -= 1;
+                    p.waiting == 0
+                }
+                None => false,
+            };
+            if done {
+                self.release(pin);
+            }
+        }
+        stored
+    }
+
+    pub fn request_finished(&mut self, request: &str) {
+        self.requests.remove(request);
+    }
+
+    /// Evicts at least `num` unpinned chunks in policy order (fewer when
+    /// fewer are unpinned); returns their keys in eviction order.
+    pub fn evict(&mut self, num: u64) -> Result<Vec<Box<[u8]>>> {
+        let target = self
+            .free_rows()
+            .saturating_add(num)
+            .min(u64::from(self.capacity) * 2);
+        self.make_room(target as usize)
+    }
+
+    /// Drops everything; completions of earlier transfers are then ignored.
+    pub fn reset(&mut self) -> Result<()> {
+        *self = Self::new(
+            self.capacity(),
+            self.policy,
+            std::mem::take(&mut self.tokens_per_chunk),
+        )?;
+        Ok(())
+    }
+
+    // ---- views ----------------------------------------------------------
+
+    /// One digest of the tree, the chunks and their rows.
+    pub fn digest(&self) -> u64 {
+        hash_words(
+            DIGEST_TAG,
+            &[
+                self.tree.digest(),
+                self.chunk_digest,
+                self.tree.clock(),
+                u64::from(self.used_rows),
+            ],
+        )
+    }
+
+    /// Resident keys in the order they were placed.
+    pub fn resident_keys(&self) -> Vec<Box<[u8]>> {
+        let mut live: Vec<&Chunk> = self.slots.iter().flatten().collect();
+        live.sort_unstable_by_key(|c| c.serial);
+        live.into_iter().map(|c| c.key.clone()).collect()
+    }
+
+    /// Keys an in-flight store or load pins, sorted.
+    pub fn pinned_keys(&self) -> Vec<Box<[u8]>> {
+        let mut keys: Vec<Box<[u8]>> = self
+            .slots
+            .iter()
+            .flatten()
+            .filter(|c| c.store_pin.is_some())
+            .map(|c| c.key.clone())
+            .collect();
+        for pin in self.pins.values() {
+            keys.extend(pin.reads.iter().map(|&s| self.chunk(s).key.clone()));
+        }
+        keys.sort_unstable();
+        keys.dedup();
+        keys
+    }
+
+    pub fn row_of(&self, key: &[u8]) -> Option<u32> {
+        self.by_key.get(key).map(|&s| self.chunk(s).row)
+    }
+
+    /// The key before `key` on its path, when it is on the host.
+    pub fn parent_of(&self, key: &[u8]) -> Option<Box<[u8]>> {
+        let &slot = self.by_key.get(key)?;
+        let parent = self.chunk(slot).parent;
+        (parent != NO_SLOT).then(|| self.chunk(parent).key.clone())
+    }
+
+    /// Whether `key`'s store is in flight.
+    pub fn is_storing(&self, key: &[u8]) -> bool {
+        self.by_key
+            .get(key)
+            .is_some_and(|&s| self.chunk(s).store_pin.is_some())
+    }
+
+    pub fn stats(&self) -> OffloadStats {
+        OffloadStats {
+            capacity: self.capacity(),
+            resident: self.len() as u64,
+            ready: self
+                .slots
+                .iter()
+                .flatten()
+                .filter(|c| c.state == State::Ready)
+                .count() as u64,
+            pins: self.pins.len() as u64,
+            evicted: self.evicted,
+        }
+    }
+
+    /// Audit: the tree's invariants, and that tree, rows and keys agree.
+    pub fn check(&self) -> std::result::Result<(), String> {
+        self.tree.check_invariants()?;
+        let live = self.slots.iter().flatten().count();
+        if self.tree.device_pages() != live
+            || self.by_key.len() != live
+            || self.used_rows as usize != live
+        {
+            return Err(format!(
+                "{live} chunks, {} tree pages, {} keys, {} rows used",
+                self.tree.device_pages(),
+                self.by_key.len(),
+                self.used_rows
+            ));
+        }
+        for (slot, c) in self.slots.iter().enumerate() {
+            let Some(c) = c else { continue };
+            if self.by_row[c.row as usize] != slot as u32
+                || self.by_key.get(&c.key) != Some(&(slot as u32))
+            {
+                return Err(format!(
+                    "chunk {} is not where its row and key say",
+                    hex(&c.key)
+                ));
+            }
+            if c.parent != NO_SLOT && self.slots[c.parent as usize].is_none() {
+                return Err(format!("chunk {}'s parent left first", hex(&c.key)));
+            }
+        }
+        Ok(())
+    }
+
+    // ---- inside ---------------------------------------------------------
+
+    fn serial_at(&self, slot: u32) -> Option<u64> {
+        self.slots.get(slot as usize)?.as_ref().map(|c| c.serial)
+    }
+
+    fn remember(&mut self, request: &str, slots: &[u32], positions: &[Option<u64>]) {
+        let mut entries = slots
+            .iter()
+            .zip(positions)
+            .filter_map(|(&s, p)| p.map(|end| (s, end)))
+            .peekable();
+        if entries.peek().is_none() {
+            return;
+        }
+        let records: Vec<((u32, u64), (u32, u64))> = entries
+            .map(|(s, end)| {
+                let c = self.chunk(s);
+                ((c.group, end), (s, c.serial))
+            })
+            .collect();
+        let chain = match self.requests.get_mut(request) {
+            Some(c) => c,
+            None => self.requests.entry(request.into()).or_default(),
+        };
+        chain.extend(records);
+    }
+
+    fn set_state(&mut self, slot: u32, state: State) {
+        let before = chunk_term(self.chunk(slot));
+        self.chunk_mut(slot).state = state;
+        let after = chunk_term(self.chunk(slot));
+        self.chunk_digest = self.chunk_digest.wrapping_sub(before).wrapping_add(after);
+    }
+
+    fn new_pin(&mut self, nodes: Vec<NodeId>, waiting: usize, reads: Vec<u32>) -> u64 {
+        self.next_pin += 1;
+        self.pins.insert(
+            self.next_pin,
+            Pin {
+                nodes,
+                waiting,
+                reads,
+            },
+        );
+        self.next_pin
+    }
+
+    fn release(&mut self, pin: u64) {
+        if let Some(p) = self.pins.remove(&pin) {
+            for node in p.nodes {
+                // A node this index locked is still in the tree: locks keep it.
+                let _ = self.tree.unlock(node);
+            }
+        }
+    }
+
+    /// Tree tokens from the namespace root down to `slot`.
+    fn path(&self, slot: u32) -> (Vec<u64>, Vec<u64>) {
+        let (mut tokens, mut rows) = (Vec::new(), Vec::new());
+        let mut at = slot;
+        while at != NO_SLOT {
+            let c = self.chunk(at);
+            tokens.push(c.token);
+            rows.push(u64::from(c.row));
+            at = c.parent;
+        }
+        tokens.reverse();
+        rows.reverse();
+        (tokens, rows)
+    }
+
+    /// Stamps an access on every path through `slots` and locks it; returns
+    /// the locked nodes. Deepest first, so one lock covers a run of chunks.
+    fn lock(&mut self, slots: &[u32]) -> Result<Vec<NodeId>> {
+        self.epoch += 1;
+        let epoch = self.epoch;
+        let mut nodes = Vec::new();
+        for &slot in slots.iter().rev() {
+            if self.chunk(slot).mark == epoch {
+                continue;
+            }
+            let (tokens, _) = self.path(slot);
+            let namespace = Namespace::Id(u64::from(self.chunk(slot).group));
+            let found = self.tree.match_prefix(&tokens, &namespace);
+            if found.length != tokens.len() {
+                for node in nodes {
+                    let _ = self.tree.unlock(node);
+                }
+                return Err(TierError::Divergence(format!(
+                    "key {} matched {} of {} chunks in the prefix tree",
+                    hex(&self.chunk(slot).key),
+                    found.length,
+                    tokens.len()
+                )));
+            }
+            self.tree.lock(found.node)?;
+            nodes.push(found.node);
+            let mut at = slot;
+            while at != NO_SLOT && self.chunk(at).mark != epoch {
+                self.chunk_mut(at).mark = epoch;
+                at = self.chunk(at).parent;
+            }
+        }
+        Ok(nodes)
+    }
+
+    /// Evicts in policy order until `needed` rows are free or nothing else
+    /// can go.
+    fn make_room(&mut self, needed: usize) -> Result<Vec<Box<[u8]>>> {
+        let free = self.free_rows() as usize;
+        if needed <= free {
+            return Ok(Vec::new());
+        }
+        let mut evicted = Vec::new();
+        for victim in self.tree.evict(needed - free) {
+            for row in victim.pages {
+                let slot = std::mem::replace(&mut self.by_row[row as usize], NO_SLOT);
+                let chunk = self.slots[slot as usize]
+                    .take()
+                    .expect("a victim's row holds a chunk");
+                self.chunk_digest = self.chunk_digest.wrapping_sub(chunk_term(&chunk));
+                self.by_key.remove(&chunk.key);
+                self.free_slots.push(slot);
+                self.free_rows.push(row as u32);
+                self.used_rows -= 1;
+                evicted.push(chunk.key);
+            }
+        }
+        self.evicted += evicted.len() as u64;
+        Ok(evicted)
+    }
+
+    /// Rows for the `new` keys, inserted into the tree and pinned until
+    /// their stores complete. One insert per run of chunks that continue
+    /// each other.
+    fn place(&mut self, keys: &[&[u8]], new: &[usize], parents: &[Parent]) -> Result<()> {
+        let mut runs: Vec<Vec<u32>> = Vec::new();
+        for &i in new {
+            let parent = match parents[i] {
+                Parent::Slot(s) => s,
+                Parent::InCall(j) => self.by_key.get(keys[j]).copied().unwrap_or(NO_SLOT),
+                Parent::None => NO_SLOT,
+            };
+            let row = self.free_rows.pop().unwrap_or_else(|| {
+                self.by_row.push(NO_SLOT);
+                (self.by_row.len() - 1) as u32
+            });
+            self.used_rows += 1;
+            let chunk = Chunk {
+                key: keys[i].into(),
+                token: token_of(keys[i]),
+                group: group_of(keys[i]),
+                parent,
+                row,
+                serial: self.next_serial,
+                state: State::Pending,
+                store_pin: None,
+                mark: 0,
+            };
+            self.next_serial += 1;
+            self.chunk_digest = self.chunk_digest.wrapping_add(chunk_term(&chunk));
+            let slot = match self.free_slots.pop() {
+                Some(s) => {
+                    self.slots[s as usize] = Some(chunk);
+                    s
+                }
+                None => {
+                    self.slots.push(Some(chunk));
+                    (self.slots.len() - 1) as u32
+                }
+            };
+            self.by_key.insert(keys[i].into(), slot);
+            self.by_row[row as usize] = slot;
+            match runs.last_mut() {
+                Some(run) if run.last() == Some(&parent) => run.push(slot),
+                _ => runs.push(vec![slot]),
+            }
+        }
+        for run in runs {
+            let last = *run.last().expect("runs are not empty");
+            let (tokens, rows) = self.path(last);
+            let namespace = Namespace::Id(u64::from(self.chunk(last).group));
+            let result = self.tree.insert(&tokens, &rows, &namespace)?;
+            if result.cached != tokens.len() - run.len() {
+                return Err(TierError::Divergence(format!(
+                    "prefix tree already held {} of {} chunks, expected {} (a 64-bit key hash collided?)",
+                    result.cached,
+                    tokens.len(),
+                    tokens.len() - run.len()
+                )));
+            }
+            self.tree.lock(result.node)?;
+            let pin = self.new_pin(vec![result.node], run.len(), Vec::new());
+            for slot in run {
+                self.chunk_mut(slot).store_pin = Some(pin);
+            }
+        }
+        Ok(())
+    }
+}
