@@ -17,6 +17,9 @@ gather or vote is needed to agree on where KV goes. The package, by concept:
 
 from cpkv import scheduling
 from cpkv._cpkv import (
+    MAX_CP_SIZE,
+    MAX_PAGE_SIZE,
+    MAX_PAGES,
     DeviceVictim,
     HostVictim,
     InsertResult,
@@ -36,6 +39,10 @@ from cpkv.errors import __all__ as _error_names
 
 __all__ = [
     "__version__",
+    # size limits, one number each, shared by the cores, the binding and the engine configs
+    "MAX_PAGES",
+    "MAX_PAGE_SIZE",
+    "MAX_CP_SIZE",
     # allocator
     "PageAllocator",
     "Placement",

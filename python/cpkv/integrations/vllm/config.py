@@ -2,7 +2,8 @@
 
 Keys (every other key belongs to vLLM and is left alone):
 
-- ``cpkv_host_blocks`` (required): host capacity in offloaded blocks (vLLM chunks), an int >= 1;
+- ``cpkv_host_blocks`` (required): host capacity in offloaded blocks (vLLM chunks), an int in
+  ``[1, cpkv.MAX_PAGES]`` (the host allocator's one limit);
 - ``cpkv_policy``: the prefix tree's eviction policy, one of ``PrefixTree.POLICIES`` (default lru);
 - ``cpkv_slab``: ``"shared"`` (default) puts the host copy in a :class:`~cpkv.tier.HostSlab`
   (huge pages or /dev/shm, mappable by every worker process of the node); ``"private"`` in this
@@ -18,13 +19,15 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from cpkv._cpkv import MAX_PAGES
 from cpkv.errors import InvalidArgumentError, UnknownPolicyError
 
 HOST_BLOCKS_KEY = "cpkv_host_blocks"
 POLICY_KEY = "cpkv_policy"
 SLAB_KEY = "cpkv_slab"
 SLAB_KINDS = ("shared", "private")
-MAX_HOST_BLOCKS = 1 << 40
+# One host block is one page of the host allocator, so its limit is the allocator's.
+MAX_HOST_BLOCKS = MAX_PAGES
 
 
 @dataclass(frozen=True)
