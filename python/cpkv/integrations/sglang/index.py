@@ -36,7 +36,13 @@ POOL = "rows"
 
 
 def key_token(key: str) -> int:
-    """The tree token of a page hash: 64 bits of a hash of its UTF-8 bytes, the same everywhere."""
+    """The tree token of a page hash, the same everywhere: SGLang's keys are SHA-256 hex digests, so
+    their first 64 bits are already uniform; any other key is hashed to 64 bits."""
+    if len(key) == 64:
+        try:
+            return int(key[:16], 16)
+        except ValueError:
+            pass
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
 
 
@@ -44,6 +50,7 @@ class Entry(NamedTuple):
     row: int  # slab row
     handle: int  # allocator key, never reused: the row's stamp once written
     parent: str | None  # the key before it on its tree path
+    token: int  # key_token(key), kept so paths are not hashed again
 
 
 class ReplicatedIndex:
@@ -112,7 +119,7 @@ class ReplicatedIndex:
         at: str | None = key
         while at is not None:
             entry = self._entries[at]
-            tokens.append(key_token(at))
+            tokens.append(entry.token)
             rows.append(entry.row)
             at = entry.parent
         tokens.reverse()
@@ -161,7 +168,7 @@ class ReplicatedIndex:
             parent = previous.get(key)
             if parent is not None and parent not in self._entries:
                 parent = None
-            self._entries[key] = Entry(row, handle, parent)
+            self._entries[key] = Entry(row, handle, parent, key_token(key))
             self._row_key[row] = key
         # One insert per run of keys that continue each other.
         runs: list[list[str]] = []
