@@ -90,7 +90,7 @@ WHEEL_VENV := target/wheel-venv
 .PHONY: test-wheel
 test-wheel: $(DEPS) ## Build the abi3 wheel, install it into a fresh virtualenv, run its smoke test
 	rm -rf $(WHEEL_DIR) $(WHEEL_VENV)
-	maturin build --release --quiet -o $(WHEEL_DIR)
+	$(VENV)/bin/maturin build --release --quiet -o $(WHEEL_DIR)
 	@ls -l $(WHEEL_DIR)/*.whl
 	$$($(PY) -c 'import sys; print(sys._base_executable)') -m venv $(WHEEL_VENV)
 	@# torch and numpy from the dev venv's site-packages through a .pth (no multi-GB install);

@@ -70,7 +70,7 @@ def drive(m: CpkvOffloadingManager, seed: int, steps: int = 300) -> list[int]:
             if out is not None:
                 assert not set(out.evicted_keys) & pinned_before, "a pinned chunk was evicted"
                 assert set(out.keys_to_store) <= set(keys[hits:])
-                assert len(set(m.row_of(k) for k in out.keys_to_store)) == len(out.keys_to_store)
+                assert len({m.row_of(k) for k in out.keys_to_store}) == len(out.keys_to_store)
                 if out.keys_to_store:
                     inflight.append(("store", ctx, list(out.keys_to_store)))
             m.on_request_finished(ctx)
@@ -179,6 +179,18 @@ def test_version_check_names_both_versions() -> None:
 def test_config_rejects_bad_values(extra, error) -> None:
     with pytest.raises(error):
         CpkvOffloadConfig.from_extra_config(extra)
+
+
+def test_host_blocks_share_the_allocators_one_limit() -> None:
+    import cpkv
+
+    top = CpkvOffloadConfig.from_extra_config({"cpkv_host_blocks": cpkv.MAX_PAGES})
+    assert top.host_blocks == cpkv.MAX_PAGES
+    cpkv.PageAllocator({"kv": top.host_blocks})  # what the manager builds from it: accepted, lazily
+    for beyond in (cpkv.MAX_PAGES + 1, 1 << 33):
+        with pytest.raises(InvalidArgumentError, match="cpkv_host_blocks") as caught:
+            CpkvOffloadConfig.from_extra_config({"cpkv_host_blocks": beyond})
+        assert str(cpkv.MAX_PAGES) in str(caught.value)
 
 
 def test_config_accepts_good_values() -> None:

@@ -18,6 +18,9 @@ gather or vote is needed to agree on where KV goes. The package, by concept:
 from cpkv import scheduling
 from cpkv._cpkv import (
     DEFAULT_POLICY,
+    MAX_CP_SIZE,
+    MAX_PAGE_SIZE,
+    MAX_PAGES,
     DeviceVictim,
     HostVictim,
     InsertResult,
@@ -39,6 +42,10 @@ __all__ = [
     "__version__",
     # the one eviction policy every part of cpkv starts with (README: "Default policy")
     "DEFAULT_POLICY",
+    # size limits, one number each, shared by the cores, the binding and the engine configs
+    "MAX_PAGES",
+    "MAX_PAGE_SIZE",
+    "MAX_CP_SIZE",
     # allocator
     "PageAllocator",
     "Placement",

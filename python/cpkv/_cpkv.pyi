@@ -1,12 +1,24 @@
-"""Type stubs for the Rust extension ``cpkv._cpkv``."""
+"""Type stubs for the Rust extension ``cpkv._cpkv``.
 
-from typing import Iterable, Literal, Mapping, Sequence, final
+One argument rule for every call: an int (id, key, count, size) is an ``int``, a numpy integer or
+any object with ``__index__``, in ``[0, 2**64)``; a sequence of ints is a 1-D numpy integer array
+or an ordered iterable of such ints, read by iteration (``__len__`` is never trusted). Bools,
+floats, str, bytes, mappings and sets are refused with ``ArgumentTypeError`` (also ``TypeError``),
+values out of range with ``InvalidArgumentError`` (also ``ValueError``); a refused call changes
+nothing. Every class is safe to share between threads (one lock, never waited on while holding
+the GIL); a bug inside cpkv raises ``InternalError`` and leaves that object refusing every call.
+"""
+
+from typing import Iterable, Literal, Mapping, Sequence, SupportsIndex, final
 
 import numpy as np
 import numpy.typing as npt
 
 __all__ = [
     "__version__",
+    "MAX_PAGES",
+    "MAX_PAGE_SIZE",
+    "MAX_CP_SIZE",
     "PageAllocator",
     "Placement",
     "PlacementBatch",
@@ -28,6 +40,12 @@ __all__ = [
 ]
 
 __version__: str
+MAX_PAGES: int
+"""The most pages a tier may have (device or host), and the most a ``PageAllocator`` pool holds."""
+MAX_PAGE_SIZE: int
+"""The largest page size, in tokens."""
+MAX_CP_SIZE: int
+"""The most CP ranks one ``TierCache`` may be shared by."""
 
 # ---- Shared host (L2) page allocator (crates/allocator) ----------------------
 
@@ -132,7 +150,7 @@ class PageAllocator:
 
 # ---- Replicated prefix tree and eviction (crates/evict) ----------------------
 
-_IntVector = npt.ArrayLike  # a 1-D sequence of non-negative ints (list, tuple or numpy integer array)
+_IntVector = Iterable[SupportsIndex] | npt.NDArray[np.integer]  # never str, bytes, a mapping or a set
 _Namespace = int | str | None
 
 @final
@@ -197,7 +215,7 @@ class PrefixTree:
     """Replicated page-granular prefix tree; every call is one event of the logical clock."""
 
     POLICIES: tuple[str, ...]
-    def __new__(cls, page_size: int, policy: str = "lru", event_limit: int = ...) -> PrefixTree: ...
+    def __new__(cls, page_size: int, policy: str = "lru", event_limit: int | None = None) -> PrefixTree: ...
     def match(self, tokens: _IntVector, namespace: _Namespace = None) -> MatchResult: ...
     def insert(self, tokens: _IntVector, pages: _IntVector, namespace: _Namespace = None) -> InsertResult: ...
     def lock(self, node: int) -> None: ...
@@ -210,7 +228,7 @@ class PrefixTree:
     def canonical_digest(self) -> bytes: ...
     def snapshot(self) -> bytes: ...
     @staticmethod
-    def restore(data: bytes | bytearray, event_limit: int = ...) -> PrefixTree: ...
+    def restore(data: bytes | bytearray, event_limit: int | None = None) -> PrefixTree: ...
     def take_events(self) -> list[TreeEvent]: ...
     def check_invariants(self) -> None: ...
     def eviction_order(self) -> list[int]: ...
@@ -301,7 +319,10 @@ class InsertOutcome:
 
 @final
 class TierCache:
-    """The two-tier cache's decisions (pure, replicated): tree + host allocator + device pool, one digest."""
+    """The two-tier cache's decisions (pure, replicated): tree + host allocator + device pool, one digest.
+
+    Thread safe. Sizes are checked against ``MAX_PAGES``, ``MAX_PAGE_SIZE`` and ``MAX_CP_SIZE``
+    before anything is built; the device pool stores only the pages in use."""
 
     def __new__(
         cls,
@@ -372,6 +393,7 @@ def streaming_threshold() -> int:
     """Bytes (3/4 of the last-level cache) from which ``copy_rows`` uses streaming stores."""
 
 def row_runs(
-    dst_rows: npt.NDArray[np.int64], src_rows: npt.NDArray[np.int64], source: int = 0
+    dst_rows: npt.NDArray[np.int64], src_rows: npt.NDArray[np.int64], source: int | None = None
 ) -> npt.NDArray[np.int64]:
-    """The run table moving ``src_rows[i]`` to ``dst_rows[i]``, constant-step stretches merged."""
+    """The run table moving ``src_rows[i]`` to ``dst_rows[i]`` of source ``source`` (None: 0),
+    constant-step stretches merged."""

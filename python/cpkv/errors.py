@@ -1,9 +1,10 @@
 """The cpkv exception hierarchy.
 
 Every error cpkv raises is a :class:`CpkvError`. Lookup failures are also
-``KeyError`` and bad arguments also ``ValueError``, so callers can catch
-either the cpkv class or the builtin they already expect. The Rust extension
-raises these very classes (``crates/cpkv-py/src/errors.rs``).
+``KeyError``, bad arguments also ``ValueError`` (and, when the type is wrong,
+``TypeError`` too), so callers can catch either the cpkv class or the builtin
+they already expect. The Rust extension raises these very classes, looked up
+by name in one place (``crates/cpkv-py/src/errors.rs``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ __all__ = [
     "UnknownNodeError",
     "CpkvValueError",
     "InvalidArgumentError",
+    "ArgumentTypeError",
     "UnknownPayloadError",
     "NotCommittedError",
     "SnapshotError",
@@ -29,6 +31,7 @@ __all__ = [
     "FallbackError",
     "GroupBrokenError",
     "EngineVersionError",
+    "InternalError",
 ]
 
 
@@ -62,6 +65,11 @@ class CpkvValueError(CpkvError, ValueError):
 
 class InvalidArgumentError(CpkvValueError):
     """A count, position or shape out of range."""
+
+
+class ArgumentTypeError(InvalidArgumentError, TypeError):
+    """An argument of the wrong type: a float, bool, str, bytes, mapping or set where an int or an
+    ordered sequence of ints belongs, or ``None`` where a value is required."""
 
 
 class UnknownPayloadError(CpkvValueError):
@@ -117,3 +125,9 @@ class GroupBrokenError(CpkvError, RuntimeError):
 
 class EngineVersionError(CpkvError, ImportError):
     """A serving engine that is missing, or not the exact version an integration was built for."""
+
+
+class InternalError(CpkvError, RuntimeError):
+    """A bug inside cpkv (a Rust panic). The object it happened in may be half-changed, so it
+    refuses every further call with this error; build a new one (from a peer's snapshot where
+    there is one)."""

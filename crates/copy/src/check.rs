@@ -131,7 +131,7 @@ pub(crate) fn rows_of(
     bytes: usize,
     row_bytes: usize,
 ) -> Result<usize, CopyError> {
-    if row_bytes == 0 || bytes % row_bytes != 0 {
+    if row_bytes == 0 || !bytes.is_multiple_of(row_bytes) {
         return Err(CopyError::RowBytes {
             what: what(),
             bytes,

@@ -1,21 +1,22 @@
 //! Python wrapper of `cpkv_allocator::PageAllocator`.
 //!
-//! One `Mutex` guards the core allocator, so the object is safe to share
-//! between Python threads. Arguments are converted (and rejected with a cpkv
-//! error naming the value) before the lock is taken, and Python objects are
-//! built after it is released, so no Python code ever runs under the lock.
+//! Safe to share between Python threads by the binding's one rule (`shared`):
+//! arguments are converted by the one conversion rule (`convert`) before the
+//! lock is taken, and Python objects are built after it is released, so no
+//! Python code ever runs under the lock.
 //! `reserve_batch` is the lean batched form: key and page arrays in, one
 //! `PlacementBatch` out, which builds a `Placement` only when one is asked for.
 
-use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::sync::Arc;
 
 use cpkv_allocator::{PageAllocator, PayloadId, PayloadSet, Payloads, Placement};
-use numpy::{PyArray1, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
+use numpy::PyArray1;
 use pyo3::prelude::*;
-use pyo3::types::{PyByteArray, PyBytes, PyDict, PyList, PyString, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
-use crate::convert::{invalid, strict_u64};
+use crate::convert::{describe, int_vector, invalid, snapshot_bytes, uint, wrong_type};
 use crate::errors::{alloc_error, cpkv_error};
+use crate::shared::{unshared, Shared};
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyPageAllocator>()?;
@@ -24,98 +25,26 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     Ok(())
 }
 
-fn repr(value: &Bound<'_, PyAny>) -> String {
-    value
-        .repr()
-        .map(|r| r.to_string())
-        .unwrap_or_else(|_| "<unprintable>".into())
-}
-
-/// An object key: any Python int in `[0, 2**64)`.
+/// An object key: an int in `[0, 2**64)` by the binding's rule.
 fn key_arg(key: &Bound<'_, PyAny>) -> PyResult<u64> {
-    strict_u64(key).map_err(|_| invalid(format!("key {} must be an int in [0, 2**64)", repr(key))))
+    uint(key, "key")
 }
 
 /// A page count for `key`: an int of at least 1.
 fn pages_arg(key: u64, num_pages: &Bound<'_, PyAny>) -> PyResult<u64> {
-    match strict_u64(num_pages) {
-        Ok(n) if n >= 1 => Ok(n),
-        _ => Err(invalid(format!(
-            "key {key}: num_pages must be an int of at least 1, got {}",
-            repr(num_pages)
+    match uint(num_pages, "num_pages")? {
+        0 => Err(invalid(format!(
+            "key {key}: num_pages must be an int of at least 1, got 0"
         ))),
+        n => Ok(n),
     }
-}
-
-/// A 1-D numpy integer array or an iterable of ints, each in `[0, 2**64)`;
-/// `what` names the argument in errors. numpy `uint64`/`int64` arrays are
-/// read in place, without a Python object per element.
-fn u64_vector(values: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u64>> {
-    if let Ok(array) = values.cast::<PyArray1<u64>>() {
-        // A contiguous array is copied out in one go, without taking a
-        // borrow (numpy's borrow tracking costs more than the copy).
-        return Ok(array
-            .to_vec()
-            .unwrap_or_else(|_| array.readonly().as_array().to_vec()));
-    }
-    if let Ok(array) = values.cast::<PyArray1<i64>>() {
-        let signed = array
-            .to_vec()
-            .unwrap_or_else(|_| array.readonly().as_array().to_vec());
-        return signed
-            .into_iter()
-            .enumerate()
-            .map(|(i, v)| {
-                u64::try_from(v)
-                    .map_err(|_| invalid(format!("{what}[{i}] = {v} must be an int in [0, 2**64)")))
-            })
-            .collect();
-    }
-    if let Ok(array) = values.cast::<PyUntypedArray>() {
-        let kind = array.dtype().kind();
-        if array.ndim() != 1 || !matches!(kind, b'i' | b'u') {
-            return Err(invalid(format!(
-                "{what} must be a 1-D integer array, got {} dimension(s) of dtype {}",
-                array.ndim(),
-                array.dtype().str()?
-            )));
-        }
-        let wide =
-            values.call_method1("astype", (if kind == b'u' { "uint64" } else { "int64" },))?;
-        return u64_vector(&wide, what);
-    }
-    if values.is_instance_of::<PyString>() {
-        return Err(invalid(format!(
-            "{what} must be ints, got the str {}",
-            repr(values)
-        )));
-    }
-    values
-        .try_iter()
-        .map_err(|_| {
-            invalid(format!(
-                "{what} must be an iterable of ints, got {}",
-                repr(values)
-            ))
-        })?
-        .enumerate()
-        .map(|(i, item)| {
-            let item = item?;
-            strict_u64(&item).map_err(|_| {
-                invalid(format!(
-                    "{what}[{i}] = {} must be an int in [0, 2**64)",
-                    repr(&item)
-                ))
-            })
-        })
-        .collect()
 }
 
 fn payload_name(name: &Bound<'_, PyAny>) -> PyResult<String> {
     name.extract::<String>().map_err(|_| {
         cpkv_error(
             "UnknownPayloadError",
-            format!("payload names are str, got {}", repr(name)),
+            format!("payload names are str, got {}", describe(name)),
         )
     })
 }
@@ -175,17 +104,17 @@ fn payload_set(
         return names_in_place(payloads, interned, tuple.iter());
     }
     if names.is_instance_of::<PyString>() {
-        return Err(invalid(format!(
-            "payloads must be a list of payload names, got the str {}",
-            repr(names)
+        return Err(wrong_type(format!(
+            "payloads must be a list of payload names, got {}",
+            describe(names)
         )));
     }
     let list: Vec<String> = names
         .try_iter()
         .map_err(|_| {
-            invalid(format!(
+            wrong_type(format!(
                 "payloads must be a list of payload names, got {}",
-                repr(names)
+                describe(names)
             ))
         })?
         .map(|item| payload_name(&item?))
@@ -295,7 +224,7 @@ impl PyPlacement {
 /// Deterministic first-fit page allocator over one pool per payload.
 #[pyclass(name = "PageAllocator", module = "cpkv._cpkv", frozen)]
 pub(crate) struct PyPageAllocator {
-    inner: Mutex<PageAllocator>,
+    inner: Shared<PageAllocator>,
     /// Immutable after construction; read without the lock.
     payloads: Arc<Payloads>,
     /// The payload names as interned Python strings, by id.
@@ -311,39 +240,15 @@ impl PyPageAllocator {
             .map(|name| PyString::intern(py, name).unbind())
             .collect();
         PyPageAllocator {
-            inner: Mutex::new(alloc),
+            inner: Shared::new(alloc),
             payloads,
             interned,
-        }
-    }
-
-    /// The core, for a caller holding the GIL: taken at once when free;
-    /// otherwise waited for with the GIL released (another thread may be in a
-    /// long call without it), so no thread ever waits here holding the GIL.
-    fn lock(&self) -> MutexGuard<'_, PageAllocator> {
-        loop {
-            match self.inner.try_lock() {
-                Ok(guard) => return guard,
-                // Core calls validate before mutating and never panic on bad
-                // input, so a poisoned lock means a bug; surfacing it beats hiding it.
-                Err(TryLockError::Poisoned(_)) => panic!("allocator lock poisoned by a panic"),
-                Err(TryLockError::WouldBlock) => Python::attach(|py| {
-                    py.detach(|| drop(self.locked_without_gil()));
-                }),
-            }
         }
     }
 
     /// The payloads `names` selects (`None`: all), literal names by identity.
     fn payload_set(&self, names: Option<&Bound<'_, PyAny>>) -> PyResult<PayloadSet> {
         payload_set(&self.payloads, &self.interned, names)
-    }
-
-    /// The core, for a caller that released the GIL.
-    fn locked_without_gil(&self) -> MutexGuard<'_, PageAllocator> {
-        self.inner
-            .lock()
-            .expect("allocator lock poisoned by a panic")
     }
 
     fn placement_of(&self, key: u64, placement: Placement) -> PyPlacement {
@@ -360,28 +265,23 @@ impl PyPageAllocator {
     /// `PageAllocator({"kv": 65536, "index": 65536})`: payload name ->
     /// capacity in pages, in the mapping's order.
     #[new]
-    fn new(pools: &Bound<'_, PyAny>) -> PyResult<Self> {
+    fn new(py: Python<'_>, pools: &Bound<'_, PyAny>) -> PyResult<Self> {
         let items = pools.call_method0("items").map_err(|_| {
-            invalid(format!(
+            wrong_type(format!(
                 "pools must be a mapping of payload name -> capacity, got {}",
-                repr(pools)
+                describe(pools)
             ))
         })?;
         let mut parsed = Vec::new();
         for item in items.try_iter()? {
             let (name, capacity): (Bound<'_, PyAny>, Bound<'_, PyAny>) = item?.extract()?;
             let name = payload_name(&name)?;
-            let capacity = strict_u64(&capacity).map_err(|_| {
-                invalid(format!(
-                    "payload {name:?}: capacity must be an int in 1..={}, got {}",
-                    cpkv_allocator::MAX_CAPACITY,
-                    repr(&capacity)
-                ))
-            })?;
+            // Checked against MAX_CAPACITY, the one limit, by the core.
+            let capacity = uint(&capacity, &format!("payload {name:?}: capacity"))?;
             parsed.push((name, capacity));
         }
-        PageAllocator::new(&parsed)
-            .map(|alloc| Self::wrap(pools.py(), alloc))
+        unshared(py, || PageAllocator::new(&parsed))?
+            .map(|alloc| Self::wrap(py, alloc))
             .map_err(alloc_error)
     }
 
@@ -390,6 +290,7 @@ impl PyPageAllocator {
     #[pyo3(signature = (key, num_pages, payloads = None))]
     fn reserve(
         &self,
+        py: Python<'_>,
         key: &Bound<'_, PyAny>,
         num_pages: &Bound<'_, PyAny>,
         payloads: Option<&Bound<'_, PyAny>>,
@@ -398,10 +299,9 @@ impl PyPageAllocator {
         let num_pages = pages_arg(key, num_pages)?;
         let set = self.payload_set(payloads)?;
         let placed = self
-            .lock()
-            .reserve(key, num_pages, set)
-            .map_err(alloc_error)?
-            .cloned();
+            .inner
+            .with(py, |a| a.reserve(key, num_pages, set).map(|p| p.cloned()))?
+            .map_err(alloc_error)?;
         Ok(placed.map(|p| self.placement_of(key, p)))
     }
 
@@ -411,22 +311,31 @@ impl PyPageAllocator {
     #[pyo3(signature = (requests, payloads = None))]
     fn reserve_many(
         &self,
+        py: Python<'_>,
         requests: &Bound<'_, PyAny>,
         payloads: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Vec<Option<PyPlacement>>> {
-        let mut parsed = Vec::new();
-        for item in requests.try_iter().map_err(|_| {
-            invalid(format!(
-                "requests must be an iterable of (key, num_pages), got {}",
-                repr(requests)
+        let refuse = || {
+            wrong_type(format!(
+                "requests must be a list or tuple of (key, num_pages) pairs, got {}",
+                describe(requests)
             ))
-        })? {
-            let item = item?;
+        };
+        // Ordered containers only: the order decides the placements.
+        let items: Vec<Bound<'_, PyAny>> = if let Ok(list) = requests.cast::<PyList>() {
+            list.iter().collect()
+        } else if let Ok(tuple) = requests.cast::<PyTuple>() {
+            tuple.iter().collect()
+        } else {
+            return Err(refuse());
+        };
+        let mut parsed = Vec::with_capacity(items.len());
+        for (i, item) in items.iter().enumerate() {
             let (key, num_pages): (Bound<'_, PyAny>, Bound<'_, PyAny>) =
                 item.extract().map_err(|_| {
-                    invalid(format!(
-                        "request {} must be a (key, num_pages) pair",
-                        repr(&item)
+                    wrong_type(format!(
+                        "requests[{i}] must be a (key, num_pages) pair, got {}",
+                        describe(item)
                     ))
                 })?;
             let key = key_arg(&key)?;
@@ -434,8 +343,8 @@ impl PyPageAllocator {
         }
         let set = self.payload_set(payloads)?;
         let placements = self
-            .lock()
-            .reserve_many(&parsed, set)
+            .inner
+            .with(py, |a| a.reserve_many(&parsed, set))?
             .map_err(alloc_error)?;
         Ok(parsed
             .iter()
@@ -456,8 +365,8 @@ impl PyPageAllocator {
         num_pages: &Bound<'_, PyAny>,
         payloads: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyPlacementBatch> {
-        let keys = u64_vector(keys, "keys")?;
-        let pages = u64_vector(num_pages, "num_pages")?;
+        let keys = int_vector(keys, "keys")?;
+        let pages = int_vector(num_pages, "num_pages")?;
         if keys.len() != pages.len() {
             return Err(invalid(format!(
                 "keys and num_pages differ in length: {} and {}",
@@ -473,15 +382,17 @@ impl PyPageAllocator {
         }
         let requests: Vec<(u64, u64)> = keys.iter().copied().zip(pages).collect();
         let set = self.payload_set(payloads)?;
-        let mut placements = Vec::with_capacity(requests.len());
         // A batch can be long: it runs without the GIL.
-        py.detach(|| {
-            self.locked_without_gil()
-                .reserve_each(&requests, set, |_, placement| {
+        let placements = self
+            .inner
+            .detached(py, |a| {
+                let mut placements = Vec::with_capacity(requests.len());
+                a.reserve_each(&requests, set, |_, placement| {
                     placements.push(placement.cloned())
                 })
-        })
-        .map_err(alloc_error)?;
+                .map(|()| placements)
+            })?
+            .map_err(alloc_error)?;
         Ok(PyPlacementBatch {
             keys,
             placements,
@@ -503,67 +414,79 @@ impl PyPageAllocator {
     }
 
     /// Frees every page of `key`, coalescing with free neighbours.
-    fn release(&self, key: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn release(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<()> {
         let key = key_arg(key)?;
-        self.lock().release(key).map_err(alloc_error)
+        self.inner
+            .with(py, |a| a.release(key))?
+            .map_err(alloc_error)
     }
 
     /// Releases every key; a batch with an unknown or repeated key releases nothing.
-    /// `keys`: an iterable of ints or a 1-D numpy integer array.
+    /// `keys`: a sequence of ints or a 1-D numpy integer array.
     fn release_many(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<()> {
-        let keys = u64_vector(keys, "keys")?;
-        py.detach(|| self.locked_without_gil().release_many(&keys))
+        let keys = int_vector(keys, "keys")?;
+        self.inner
+            .detached(py, |a| a.release_many(&keys))?
             .map_err(alloc_error)
     }
 
     /// Marks `key` committed; idempotent.
-    fn mark_committed(&self, key: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn mark_committed(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<()> {
         let key = key_arg(key)?;
-        self.lock().mark_committed(key).map_err(alloc_error)
+        self.inner
+            .with(py, |a| a.mark_committed(key))?
+            .map_err(alloc_error)
     }
 
     /// Splits committed `key` at position `at` into `left_key` `[0, at)` and
     /// `right_key` `[at, num_pages)` over the same pages; both stay committed.
     fn split(
         &self,
+        py: Python<'_>,
         key: &Bound<'_, PyAny>,
         at: &Bound<'_, PyAny>,
         left_key: &Bound<'_, PyAny>,
         right_key: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
         let key = key_arg(key)?;
-        let at = strict_u64(at).map_err(|_| {
-            invalid(format!(
-                "key {key}: split position {} must be an int with 0 < at < num_pages",
-                repr(at)
-            ))
-        })?;
-        let (left, right) = (key_arg(left_key)?, key_arg(right_key)?);
-        self.lock().split(key, at, left, right).map_err(alloc_error)
+        let at = uint(at, &format!("key {key}: split position"))?;
+        let (left, right) = (uint(left_key, "left_key")?, uint(right_key, "right_key")?);
+        self.inner
+            .with(py, |a| a.split(key, at, left, right))?
+            .map_err(alloc_error)
     }
 
-    fn placement(&self, key: &Bound<'_, PyAny>) -> PyResult<PyPlacement> {
+    fn placement(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<PyPlacement> {
         let key = key_arg(key)?;
-        let placement = self.lock().placement(key).map_err(alloc_error)?.clone();
+        let placement = self
+            .inner
+            .with(py, |a| a.placement(key).cloned())?
+            .map_err(alloc_error)?;
         Ok(self.placement_of(key, placement))
     }
 
-    fn is_committed(&self, key: &Bound<'_, PyAny>) -> PyResult<bool> {
+    fn is_committed(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<bool> {
         let key = key_arg(key)?;
-        self.lock().is_committed(key).map_err(alloc_error)
+        self.inner
+            .with(py, |a| a.is_committed(key))?
+            .map_err(alloc_error)
     }
 
-    fn __contains__(&self, key: &Bound<'_, PyAny>) -> bool {
-        strict_u64(key).is_ok_and(|k| self.lock().contains(k))
+    /// Membership never raises for a key of another type: it is not in.
+    fn __contains__(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<bool> {
+        match uint(key, "key") {
+            Ok(k) => self.inner.with(py, |a| a.contains(k)),
+            Err(_) => Ok(false),
+        }
     }
 
-    fn __len__(&self) -> usize {
-        self.lock().len()
+    fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
+        self.inner.with(py, |a| a.len())
     }
 
     /// Live keys, ascending.
-    fn keys(&self) -> Vec<u64> {
-        self.lock().keys()
+    fn keys(&self, py: Python<'_>) -> PyResult<Vec<u64>> {
+        self.inner.with(py, |a| a.keys())
     }
 
     /// Payload names in construction order.
@@ -576,27 +499,31 @@ impl PyPageAllocator {
         Ok(self.payloads.capacity(payload_id(&self.payloads, payload)?))
     }
 
-    fn free_pages(&self, payload: &Bound<'_, PyAny>) -> PyResult<u64> {
+    fn free_pages(&self, py: Python<'_>, payload: &Bound<'_, PyAny>) -> PyResult<u64> {
         let id = payload_id(&self.payloads, payload)?;
-        Ok(self.lock().free_pages(id))
+        self.inner.with(py, |a| a.free_pages(id))
     }
 
-    fn largest_free_extent(&self, payload: &Bound<'_, PyAny>) -> PyResult<u64> {
+    fn largest_free_extent(&self, py: Python<'_>, payload: &Bound<'_, PyAny>) -> PyResult<u64> {
         let id = payload_id(&self.payloads, payload)?;
-        Ok(self.lock().largest_free_extent(id))
+        self.inner.with(py, |a| a.largest_free_extent(id))
     }
 
     /// Free extents `[(start, length), ...]` in address order.
-    fn free_extents(&self, payload: &Bound<'_, PyAny>) -> PyResult<Vec<(u64, u64)>> {
+    fn free_extents(
+        &self,
+        py: Python<'_>,
+        payload: &Bound<'_, PyAny>,
+    ) -> PyResult<Vec<(u64, u64)>> {
         let id = payload_id(&self.payloads, payload)?;
-        let extents = self.lock().free_extents(id);
+        let extents = self.inner.detached(py, |a| a.free_extents(id))?;
         Ok(extents.into_iter().map(|e| (e.start, e.len)).collect())
     }
 
     /// Counters (reserves, misses, releases, splits, commits), live objects,
     /// and per payload: capacity, used, free, free_extents, largest_free_extent.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let stats = self.lock().stats();
+        let stats = self.inner.with(py, |a| a.stats())?;
         let out = PyDict::new(py);
         let c = stats.counters;
         for (name, value) in [
@@ -624,40 +551,28 @@ impl PyPageAllocator {
     }
 
     /// Order-independent 64-bit digest of the whole state; O(1) to read.
-    fn digest(&self) -> u64 {
-        self.lock().digest()
+    fn digest(&self, py: Python<'_>) -> PyResult<u64> {
+        self.inner.with(py, |a| a.digest())
     }
 
     /// SHA-256 (32 bytes) of the canonical serialisation of the state.
-    fn canonical_digest<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
-        let digest = py.detach(|| self.locked_without_gil().canonical_digest());
-        PyBytes::new(py, &digest)
+    fn canonical_digest<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        let digest = self.inner.detached(py, |a| a.canonical_digest())?;
+        Ok(PyBytes::new(py, &digest))
     }
 
     /// Versioned binary snapshot of the state and counters.
-    fn snapshot<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
-        let data = py.detach(|| self.locked_without_gil().snapshot());
-        PyBytes::new(py, &data)
+    fn snapshot<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        let data = self.inner.detached(py, |a| a.snapshot())?;
+        Ok(PyBytes::new(py, &data))
     }
 
     /// Rebuilds an allocator from `snapshot()` bytes; bad bytes raise
     /// `SnapshotError`.
     #[staticmethod]
     fn restore(py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<Self> {
-        let bytes: Vec<u8> = if let Ok(b) = data.cast::<PyBytes>() {
-            b.as_bytes().to_vec()
-        } else if data.is_instance_of::<PyByteArray>() {
-            data.extract()?
-        } else {
-            return Err(cpkv_error(
-                "SnapshotError",
-                format!(
-                    "snapshot data must be bytes, got {}",
-                    data.get_type().name()?
-                ),
-            ));
-        };
-        py.detach(|| PageAllocator::restore(&bytes))
+        let bytes = snapshot_bytes(data)?;
+        unshared(py, || PageAllocator::restore(&bytes))?
             .map(|alloc| Self::wrap(py, alloc))
             .map_err(alloc_error)
     }
@@ -665,11 +580,19 @@ impl PyPageAllocator {
     /// Recomputes every invariant and the digest from scratch (an audit;
     /// O(state)); raises `CpkvError` naming what is wrong.
     fn verify(&self, py: Python<'_>) -> PyResult<()> {
-        py.detach(|| self.locked_without_gil().verify())
+        self.inner
+            .detached(py, |a| a.verify())?
             .map_err(|e| cpkv_error("CpkvError", e))
     }
 
-    fn __repr__(&self) -> String {
+    /// Raises `InternalError` the way a bug inside the core would (a panic),
+    /// so tests can check the poison rule; the allocator is unusable afterwards.
+    fn _panic_for_tests(&self, py: Python<'_>) -> PyResult<()> {
+        self.inner
+            .with(py, |_| panic!("cpkv: panic requested by a test"))
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
         let pools: Vec<String> = (0..self.payloads.len())
             .map(|id| {
                 format!(
@@ -679,11 +602,11 @@ impl PyPageAllocator {
                 )
             })
             .collect();
-        format!(
-            "PageAllocator({{{}}}, objects={})",
-            pools.join(", "),
-            self.lock().len()
-        )
+        let objects = self.inner.with(py, |a| a.len())?;
+        Ok(format!(
+            "PageAllocator({{{}}}, objects={objects})",
+            pools.join(", ")
+        ))
     }
 }
 

@@ -1,39 +1,204 @@
-//! Python arguments into exact Rust values, and page lists back into numpy.
+//! The one argument-conversion rule of the binding, used by every class, so
+//! the same kind of argument is accepted or refused the same way wherever
+//! it is passed:
 //!
-//! Shared by every wrapper, so the same kind of argument is refused the same
-//! way (an `InvalidArgumentError` naming it) whichever class it is passed to.
+//! - an integer (id, key, count, size) is a Python `int`, a numpy integer
+//!   scalar or any object with `__index__`, in `[0, 2**64)`; never a bool
+//!   (numpy's included), a float, a str or bytes;
+//! - a sequence of integers (tokens, pages, keys) is a 1-D numpy integer
+//!   array or an ordered iterable of such integers (list, tuple, range, ...);
+//!   never a str, bytes, bytearray, memoryview, mapping or set. Its length is
+//!   what iteration yields: `__len__` is never trusted to size a buffer.
+//!
+//! A value of the wrong type is an `ArgumentTypeError` (also `TypeError`),
+//! one of the right type out of range an `InvalidArgumentError` (also
+//! `ValueError`); both name the value, and both are raised before the core
+//! is touched, so a refused call changes nothing.
 
-use cpkv_evict::Namespace;
+use cpkv_evict::{Namespace, Policy};
 use numpy::{
-    PyArray1, PyArrayDescrMethods, PyReadonlyArray1, PyUntypedArray, PyUntypedArrayMethods,
+    PyArray1, PyArrayDescrMethods, PyArrayMethods, PyReadonlyArray1, PyUntypedArray,
+    PyUntypedArrayMethods,
 };
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyInt, PyString};
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBool, PyByteArray, PyBytes, PyInt, PyList, PyString, PyTuple};
 
 use crate::errors::cpkv_error;
-use pyo3::types::{PyByteArray, PyBytes};
 
+/// An argument of the right type whose value cannot be accepted.
 pub(crate) fn invalid(message: String) -> PyErr {
     cpkv_error("InvalidArgumentError", message)
 }
 
-/// A 1-D sequence of integers in [0, 2**64): a numpy integer array (read
-/// in place when it is already int64/uint64) or a list/tuple of ints (numpy
-/// integer scalars included); floats, bools, nesting and negatives are refused.
+/// An argument of the wrong type.
+pub(crate) fn wrong_type(message: String) -> PyErr {
+    cpkv_error("ArgumentTypeError", message)
+}
+
+/// A short description of a value for an error message: its repr (cut to a
+/// line) and type; a long container is described by its type and length.
+pub(crate) fn describe(obj: &Bound<'_, PyAny>) -> String {
+    let type_name = obj
+        .get_type()
+        .name()
+        .map_or_else(|_| "?".to_owned(), |n| n.to_string());
+    let sized = obj.is_instance_of::<PyString>()
+        || obj.is_instance_of::<PyBytes>()
+        || obj.is_instance_of::<PyByteArray>()
+        || obj.is_instance_of::<PyList>()
+        || obj.is_instance_of::<PyTuple>();
+    if sized {
+        if let Ok(n) = obj.len() {
+            if n > 16 {
+                return format!("a {type_name} of length {n}");
+            }
+        }
+    }
+    let mut text = obj
+        .repr()
+        .map_or_else(|_| format!("<unprintable {type_name}>"), |r| r.to_string());
+    if text.chars().count() > 80 {
+        text = text.chars().take(77).collect::<String>() + "...";
+    }
+    format!("{text} ({type_name})")
+}
+
+/// An int in [0, 2**64) by the rule above; `what` names it in errors.
+pub(crate) fn uint(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
+    uint_named(obj, &|| what.to_owned())
+}
+
+/// `uint` with the argument's name built only when there is an error to name it in.
+fn uint_named(obj: &Bound<'_, PyAny>, name: &dyn Fn() -> String) -> PyResult<u64> {
+    // The hot path: an exact int in range (bools are a subclass, not exact).
+    if obj.is_exact_instance_of::<PyInt>() {
+        if let Some(value) = exact_int_u64(obj) {
+            return Ok(value);
+        }
+    }
+    let refuse = || {
+        wrong_type(format!(
+            "{} must be an int in [0, 2**64), got {}",
+            name(),
+            describe(obj)
+        ))
+    };
+    let type_name = obj.get_type().name()?;
+    // numpy's bool scalar is `bool_` (numpy 1) or `bool` (numpy 2).
+    if obj.is_instance_of::<PyBool>() || type_name == "bool_" || type_name == "bool" {
+        return Err(refuse());
+    }
+    let index = if obj.is_instance_of::<PyInt>() {
+        obj.clone()
+    } else if obj.hasattr(pyo3::intern!(obj.py(), "__index__"))? {
+        match obj.call_method0(pyo3::intern!(obj.py(), "__index__")) {
+            Ok(index) if index.is_instance_of::<PyInt>() => index,
+            _ => return Err(refuse()),
+        }
+    } else {
+        return Err(refuse());
+    };
+    match index.extract::<i128>().map(u64::try_from) {
+        Ok(Ok(value)) => Ok(value),
+        // Negative, or beyond i128: the value is named as it was given.
+        _ => Err(invalid(format!(
+            "{} = {} is out of range [0, 2**64)",
+            name(),
+            describe(obj)
+        ))),
+    }
+}
+
+/// An exact `int` in [0, 2**64), read with one C call; `None` (no error
+/// left set) otherwise. Where C's `unsigned long` has 64 bits it is read with
+/// `PyLong_AsUnsignedLong`, which walks the digits in place; `extract::<u64>`
+/// goes through `PyLong_AsUnsignedLongLong`, whose multi-digit path builds a
+/// byte array (keys are usually hashes, so multi-digit).
+#[allow(unsafe_code)]
+fn exact_int_u64(obj: &Bound<'_, PyAny>) -> Option<u64> {
+    if size_of::<std::os::raw::c_ulong>() != 8 {
+        return obj.extract::<u64>().ok();
+    }
+    // SAFETY: `obj` is a live exact int (checked by the caller) and we hold
+    // the GIL (the `Bound` proves it); the call only reads the object.
+    let value = unsafe { pyo3::ffi::PyLong_AsUnsignedLong(obj.as_ptr()) };
+    if value == std::os::raw::c_ulong::MAX && PyErr::take(obj.py()).is_some() {
+        return None;
+    }
+    // `c_ulong` is `u64` here, `u32` on Windows: the conversion is the identity only here.
+    #[allow(clippy::useless_conversion)]
+    Some(u64::from(value))
+}
+
+/// `uint` as a count in memory (`usize`); a count beyond the address space
+/// asks for everything there is.
+pub(crate) fn count(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<usize> {
+    Ok(usize::try_from(uint(obj, what)?).unwrap_or(usize::MAX))
+}
+
+/// Types that iterate but are not ordered sequences of ints: text and bytes
+/// (which iterate as characters or byte values), mappings and sets.
+fn unordered_types(py: Python<'_>) -> PyResult<&Bound<'_, PyTuple>> {
+    static TYPES: PyOnceLock<Py<PyTuple>> = PyOnceLock::new();
+    TYPES
+        .get_or_try_init(py, || {
+            let abc = py.import("collections.abc")?;
+            let builtins = py.import("builtins")?;
+            let names = [
+                builtins.getattr("str")?,
+                builtins.getattr("bytes")?,
+                builtins.getattr("bytearray")?,
+                builtins.getattr("memoryview")?,
+                abc.getattr("Mapping")?,
+                abc.getattr("Set")?,
+            ];
+            Ok::<_, PyErr>(PyTuple::new(py, names)?.unbind())
+        })
+        .map(|t| t.bind(py))
+}
+
+/// A sequence of ints in [0, 2**64) by the rule above; `what` names it.
 pub(crate) fn int_vector(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u64>> {
+    let element = |i: usize, item: &Bound<'_, PyAny>| uint_named(item, &|| format!("{what}[{i}]"));
+    // Lists and tuples report their true length: read in place.
+    if let Ok(list) = obj.cast::<PyList>() {
+        let mut values = Vec::with_capacity(list.len());
+        for (i, item) in list.iter().enumerate() {
+            values.push(element(i, &item)?);
+        }
+        return Ok(values);
+    }
+    if let Ok(tuple) = obj.cast::<PyTuple>() {
+        return tuple
+            .iter()
+            .enumerate()
+            .map(|(i, item)| element(i, &item))
+            .collect();
+    }
     if let Ok(array) = obj.cast::<PyUntypedArray>() {
-        return int_array(obj, array, what);
+        if array.dtype().kind() != b'O' {
+            return int_array(obj, array, what);
+        }
     }
-    if obj.is_instance_of::<PyString>() || !(obj.hasattr("__len__")? && obj.hasattr("__iter__")?) {
-        let type_name = obj.get_type().name()?;
-        return Err(invalid(format!(
-            "{what} must be a 1-D integer sequence, got {type_name}"
-        )));
+    let py = obj.py();
+    let refuse = || {
+        wrong_type(format!(
+            "{what} must be a 1-D integer array or an ordered sequence of ints, got {}",
+            describe(obj)
+        ))
+    };
+    if obj.is_instance(unordered_types(py)?.as_any())? {
+        return Err(refuse());
     }
-    let mut values = Vec::with_capacity(obj.len()?);
-    for (i, item) in obj.try_iter()?.enumerate() {
-        // The element's name is formatted only for an error message.
-        values.push(uint_named(&item?, &|| format!("{what}[{i}]"))?);
+    let Ok(items) = obj.try_iter() else {
+        return Err(refuse());
+    };
+    // Grown as items arrive: no size hint (which may come from a lying
+    // `__len__`) reserves anything.
+    let mut values = Vec::new();
+    for (i, item) in items.enumerate() {
+        values.push(element(i, &item?)?);
     }
     Ok(values)
 }
@@ -49,114 +214,94 @@ fn int_array(
             array.ndim()
         )));
     }
+    // int64/uint64 arrays are copied out in one go (a contiguous one without
+    // taking a borrow, whose tracking costs more than the copy); narrower
+    // ones are widened first.
     match array.dtype().kind() {
         b'u' => {
-            let a: PyReadonlyArray1<'_, u64> = match obj.extract() {
-                Ok(a) => a,
-                Err(_) => obj.call_method1("astype", ("uint64",))?.extract()?,
-            };
+            if let Ok(a) = obj.cast::<PyArray1<u64>>() {
+                return Ok(a
+                    .to_vec()
+                    .unwrap_or_else(|_| a.readonly().as_array().to_vec()));
+            }
+            let wide = obj.call_method1("astype", ("uint64",))?;
+            let a: PyReadonlyArray1<'_, u64> = wide.extract()?;
             Ok(a.as_array().to_vec())
         }
         b'i' => {
-            let a: PyReadonlyArray1<'_, i64> = match obj.extract() {
-                Ok(a) => a,
-                Err(_) => obj.call_method1("astype", ("int64",))?.extract()?,
+            let signed = if let Ok(a) = obj.cast::<PyArray1<i64>>() {
+                a.to_vec()
+                    .unwrap_or_else(|_| a.readonly().as_array().to_vec())
+            } else {
+                let wide = obj.call_method1("astype", ("int64",))?;
+                let a: PyReadonlyArray1<'_, i64> = wide.extract()?;
+                a.as_array().to_vec()
             };
-            a.as_array()
-                .iter()
+            signed
+                .into_iter()
                 .enumerate()
-                .map(|(i, &v)| {
-                    u64::try_from(v)
-                        .map_err(|_| invalid(format!("{what}[{i}] = {v} is out of range")))
+                .map(|(i, v)| {
+                    u64::try_from(v).map_err(|_| {
+                        invalid(format!("{what}[{i}] = {v} is out of range [0, 2**64)"))
+                    })
                 })
                 .collect()
         }
         _ => {
             let dtype = array.dtype().str()?.to_string();
-            Err(invalid(format!(
-                "{what} must be integers, got dtype {dtype}"
+            Err(wrong_type(format!(
+                "{what} must be integers, got an array of dtype {dtype}"
             )))
         }
     }
 }
 
-/// An int in [0, 2**64): a Python int or a numpy integer scalar (anything
-/// with `__index__`), never a bool (numpy's included) or a float.
-pub(crate) fn uint(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
-    uint_named(obj, &|| what.to_owned())
-}
-
-/// `uint` with the argument's name built only when there is an error to name it in.
-fn uint_named(obj: &Bound<'_, PyAny>, name: &dyn Fn() -> String) -> PyResult<u64> {
-    // The hot path: an exact int in range (bools are a subclass, not exact).
-    if obj.is_exact_instance_of::<PyInt>() {
-        if let Some(value) = exact_int_u64(obj) {
-            return Ok(value);
-        }
-    }
-    let what = name();
-    let type_name = obj.get_type().name()?;
-    let is_bool = obj.is_instance_of::<PyBool>() || type_name == "bool_" || type_name == "bool";
-    let int_like = obj.is_instance_of::<PyInt>() || obj.hasattr("__index__")?;
-    if is_bool || !int_like {
-        return Err(invalid(format!("{what} must be an int, got {type_name}")));
-    }
-    let value: i128 = match obj.extract() {
-        Ok(v) => v,
-        // Beyond i128 (or an `__index__` that fails): name the value.
-        Err(err)
-            if err.is_instance_of::<pyo3::exceptions::PyOverflowError>(obj.py())
-                || err.is_instance_of::<pyo3::exceptions::PyTypeError>(obj.py()) =>
-        {
-            return Err(invalid(format!(
-                "{what} = {obj} is out of range [0, 2**64)"
-            )));
-        }
-        Err(err) => return Err(err),
-    };
-    u64::try_from(value)
-        .map_err(|_| invalid(format!("{what} = {value} is out of range [0, 2**64)")))
-}
-
-/// An exact `int` in [0, 2**64), read with one C call; `None` (no error
-/// left set) otherwise. Where C's `unsigned long` has 64 bits it is read with
-/// `PyLong_AsUnsignedLong`, which walks the digits in place; `extract::<u64>`
-/// goes through `PyLong_AsUnsignedLongLong`, whose multi-digit path builds a
-/// byte array (keys are usually hashes, so multi-digit).
-fn exact_int_u64(obj: &Bound<'_, PyAny>) -> Option<u64> {
-    if std::mem::size_of::<std::os::raw::c_ulong>() != 8 {
-        return obj.extract::<u64>().ok();
-    }
-    // SAFETY: `obj` is a live exact int and we hold the GIL (the `Bound`).
-    let value = unsafe { pyo3::ffi::PyLong_AsUnsignedLong(obj.as_ptr()) };
-    if value == std::os::raw::c_ulong::MAX && PyErr::take(obj.py()).is_some() {
-        return None;
-    }
-    // `c_ulong` is `u64` here, `u32` on Windows: the conversion is the identity only here.
-    #[allow(clippy::useless_conversion)]
-    Some(u64::from(value))
-}
-
-/// `uint`'s rule as a yes/no, for callers with their own message.
-pub(crate) fn strict_u64(obj: &Bound<'_, PyAny>) -> Result<u64, ()> {
-    uint(obj, "").map_err(|_| ())
-}
-
+/// A namespace: `None` (the default one), a str, or an int by the rule above.
 pub(crate) fn namespace(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Namespace> {
     let Some(obj) = obj.filter(|o| !o.is_none()) else {
         return Ok(Namespace::Default);
     };
-    if obj.is_instance_of::<PyString>() {
-        return Ok(Namespace::Name(obj.extract()?));
+    if let Ok(name) = obj.cast::<PyString>() {
+        return Ok(Namespace::Name(name.to_str()?.to_owned()));
     }
-    if obj.is_instance_of::<PyInt>() && !obj.is_instance_of::<PyBool>() {
-        if let Ok(id) = obj.extract::<u64>() {
-            return Ok(Namespace::Id(id));
+    match uint(obj, "namespace") {
+        Ok(id) => Ok(Namespace::Id(id)),
+        Err(err) if err.is_instance_of::<pyo3::exceptions::PyTypeError>(obj.py()) => {
+            Err(wrong_type(format!(
+                "namespace must be None, a str or an int in [0, 2**64), got {}",
+                describe(obj)
+            )))
         }
+        Err(err) => Err(err),
     }
-    Err(invalid(format!(
-        "namespace must be None, a str or a non-negative int, got {obj}"
-    )))
+}
+
+/// An eviction policy by name: a str naming one of `Policy::NAMES`.
+pub(crate) fn policy(obj: &Bound<'_, PyAny>) -> PyResult<Policy> {
+    match obj.cast::<PyString>() {
+        Ok(name) => name.to_str()?.parse().map_err(crate::errors::evict_error),
+        Err(_) => Err(wrong_type(format!(
+            "policy must be a str, one of {}, got {}",
+            Policy::NAMES.join(", "),
+            describe(obj)
+        ))),
+    }
+}
+
+/// A `policy` argument, extracted by `policy` (so `None` or a number is an
+/// `ArgumentTypeError`, an unknown name an `UnknownPolicyError`).
+pub(crate) struct PolicyArg(pub(crate) Policy);
+
+impl PolicyArg {
+    pub(crate) const DEFAULT: Self = Self(Policy::DEFAULT);
+}
+
+impl<'a, 'py> FromPyObject<'a, 'py> for PolicyArg {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        policy(&obj).map(Self)
+    }
 }
 
 /// Snapshot bytes (`bytes` or `bytearray`); anything else is a
@@ -165,15 +310,12 @@ pub(crate) fn snapshot_bytes(data: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
     if let Ok(b) = data.cast::<PyBytes>() {
         return Ok(b.as_bytes().to_vec());
     }
-    if data.is_instance_of::<PyByteArray>() {
-        return data.extract();
+    if let Ok(b) = data.cast::<PyByteArray>() {
+        return Ok(b.to_vec());
     }
     Err(cpkv_error(
         "SnapshotError",
-        format!(
-            "snapshot data must be bytes, got {}",
-            data.get_type().name()?
-        ),
+        format!("snapshot data must be bytes, got {}", describe(data)),
     ))
 }
 

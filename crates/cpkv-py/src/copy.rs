@@ -10,11 +10,6 @@
 //! pools and stagings, a tier layer's pool) so the hot call checks only the
 //! destination and the runs.
 
-// Raw buffer addresses become slices here, and only here: each one was
-// checked above to be a live, contiguous, CPU allocation of that many bytes,
-// kept alive by a reference held for the whole call.
-#![allow(unsafe_code)]
-
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -27,8 +22,9 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyString, PyTuple};
 
-use crate::convert::invalid;
+use crate::convert::{invalid, uint};
 use crate::errors::cpkv_error;
+use crate::shared::unshared;
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyRowSources>()?;
@@ -151,6 +147,7 @@ fn split_shape(
 
 /// A numpy array or a CPU torch tensor as rows (`shape[0]` rows of
 /// `prod(shape[1:]) * itemsize` bytes).
+#[allow(unsafe_code)] // reads a live ndarray's header (data pointer, flags)
 fn rows_of(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Rows> {
     let py = obj.py();
     // `is_instance_of` first: a failed `cast` builds an error object, which
@@ -318,6 +315,7 @@ impl PyRowSources {
 }
 
 /// An int64 `[R, 6]` run table as runs; negative entries refused.
+#[allow(unsafe_code)] // views a checked C-contiguous int64 array as a slice
 fn runs_arg(runs: &Bound<'_, PyAny>) -> PyResult<Vec<Run>> {
     let Ok(array) = runs.cast::<PyUntypedArray>() else {
         return Err(refused(format!(
@@ -390,6 +388,10 @@ fn runs_arg(runs: &Bound<'_, PyAny>) -> PyResult<Vec<Run>> {
 /// from 3/4 of the last-level cache up, ordinary below), `"cached"` or
 /// `"streaming"`. Raises `CopyTableError` (nothing written) on any bad
 /// buffer or run, `InvalidArgumentError` on another `stores`.
+// Raw buffer addresses become slices here, and only here: each one was
+// checked to be a live, contiguous, CPU allocation of that many bytes, kept
+// alive by a reference held for the whole call.
+#[allow(unsafe_code)]
 #[pyfunction]
 #[pyo3(signature = (out, sources, runs, stores = None))]
 fn copy_rows(
@@ -437,7 +439,7 @@ fn copy_rows(
     }
     let sources: Vec<(usize, usize)> = table.rows.iter().map(|r| (r.address, r.bytes)).collect();
     let (dst_address, dst_bytes) = (dst.address, dst.bytes);
-    py.detach(move || {
+    unshared(py, move || {
         // SAFETY: every range is a live allocation of that many bytes (checked
         // above, kept alive by `out`, `sources` and `table`, which outlive this
         // call); `out` overlaps no source, so the one mutable slice aliases
@@ -456,7 +458,7 @@ fn copy_rows(
             unsafe { std::slice::from_raw_parts_mut(dst_address as *mut u8, dst_bytes) }
         };
         checked.copy(dst, &views)
-    })
+    })?
     .map_err(|e| refused(e.to_string()))
 }
 
@@ -490,13 +492,14 @@ fn streaming_threshold() -> usize {
 /// int64 `[R, 6]`, each constant-step stretch one run. Both int64 arrays of
 /// one length, entries >= 0.
 #[pyfunction]
-#[pyo3(signature = (dst_rows, src_rows, source = 0))]
+#[pyo3(signature = (dst_rows, src_rows, source = None))]
 fn row_runs<'py>(
     py: Python<'py>,
     dst_rows: &Bound<'py, PyAny>,
     src_rows: &Bound<'py, PyAny>,
-    source: u64,
+    source: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyArray2<i64>>> {
+    let source = source.map_or(Ok(0), |s| uint(s, "source"))?;
     let read = |obj: &Bound<'py, PyAny>, what: &str| -> PyResult<Vec<u64>> {
         let Ok(array) = obj.cast::<PyArray1<i64>>() else {
             return Err(refused(format!("{what} must be a 1-D int64 numpy array")));

@@ -7,15 +7,14 @@
 //! given at construction (the engine's enum members), so the adapter can
 //! expose it as its own method with no Python frame in between.
 
-use cpkv_evict::Policy;
 use cpkv_tier::{KeyState, OffloadIndex as Core, MAX_OFFLOAD_ROWS};
 use numpy::PyArray1;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 
-use crate::convert::{invalid, uint};
-use crate::errors::{cpkv_error, evict_error};
-use crate::shared::Shared;
+use crate::convert::{count, describe, int_vector, invalid, uint, wrong_type, PolicyArg};
+use crate::errors::cpkv_error;
+use crate::shared::{unshared, Shared};
 use crate::tier::tier_error;
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -25,6 +24,8 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 
 /// The most keys one call takes (checked before anything is read).
 const MAX_KEYS_PER_CALL: usize = 1 << 24;
+/// The most KV cache groups an index is built for.
+const MAX_GROUPS: usize = 1 << 16;
 
 #[pyclass(frozen, module = "cpkv._cpkv")]
 pub(crate) struct OffloadIndex {
@@ -38,9 +39,9 @@ fn key_objects<'py>(keys: &Bound<'py, PyAny>) -> PyResult<Vec<Bound<'py, PyBytes
     let convert = |i: usize, item: Bound<'py, PyAny>| -> PyResult<Bound<'py, PyBytes>> {
         match item.cast_into::<PyBytes>() {
             Ok(b) => Ok(b),
-            Err(e) => Err(invalid(format!(
+            Err(e) => Err(wrong_type(format!(
                 "keys[{i}] must be bytes, got {}",
-                e.into_inner().get_type().name()?
+                describe(&e.into_inner())
             ))),
         }
     };
@@ -71,9 +72,9 @@ fn key_objects<'py>(keys: &Bound<'py, PyAny>) -> PyResult<Vec<Bound<'py, PyBytes
             .collect();
     }
     if keys.is_instance_of::<PyBytes>() || keys.is_instance_of::<pyo3::types::PyString>() {
-        return Err(invalid(format!(
+        return Err(wrong_type(format!(
             "keys must be a collection of bytes keys, got {}",
-            keys.get_type().name()?
+            describe(keys)
         )));
     }
     let mut out = Vec::new();
@@ -177,8 +178,9 @@ impl OffloadIndex {
     #[new]
     #[pyo3(signature = (capacity, policy, tokens_per_chunk, results))]
     fn new(
+        py: Python<'_>,
         capacity: &Bound<'_, PyAny>,
-        policy: &str,
+        policy: PolicyArg,
         tokens_per_chunk: &Bound<'_, PyAny>,
         results: (Py<PyAny>, Py<PyAny>, Py<PyAny>),
     ) -> PyResult<Self> {
@@ -188,15 +190,14 @@ impl OffloadIndex {
                 "capacity must be in [1, {MAX_OFFLOAD_ROWS}], got {capacity}"
             )));
         }
-        let policy: Policy = policy.parse().map_err(evict_error)?;
-        let tokens = crate::convert::int_vector(tokens_per_chunk, "tokens_per_chunk")?;
-        if tokens.len() > 1 << 16 {
+        let tokens = int_vector(tokens_per_chunk, "tokens_per_chunk")?;
+        if tokens.len() > MAX_GROUPS {
             return Err(invalid(format!(
-                "tokens_per_chunk: {} groups is more than 65536",
+                "tokens_per_chunk: {} groups is more than {MAX_GROUPS}",
                 tokens.len()
             )));
         }
-        let core = Core::new(capacity, policy, tokens).map_err(tier_error)?;
+        let core = unshared(py, || Core::new(capacity, policy.0, tokens))?.map_err(tier_error)?;
         Ok(Self {
             core: Shared::new(core),
             results: [results.0, results.1, results.2],
@@ -213,7 +214,7 @@ impl OffloadIndex {
     ) -> PyResult<Py<PyAny>> {
         let _ = req_context;
         let key = single_key(key)?;
-        let state = self.core.with(py, |c| c.lookup(key));
+        let state = self.core.with(py, |c| c.lookup(key))?;
         let i = match state {
             KeyState::Miss => 0,
             KeyState::Ready => 1,
@@ -237,7 +238,7 @@ impl OffloadIndex {
         let keys = slices(&objects);
         let rows = self
             .core
-            .with(py, |c| c.prepare_load(&request, &keys, &ends))
+            .with(py, |c| c.prepare_load(&request, &keys, &ends))?
             .map_err(tier_error)?;
         Ok(rows_array(py, rows))
     }
@@ -251,8 +252,7 @@ impl OffloadIndex {
         let objects = key_objects(keys)?;
         let request = request_id(request)?;
         let keys = slices(&objects);
-        self.core.with(py, |c| c.complete_load(&request, &keys));
-        Ok(())
+        self.core.with(py, |c| c.complete_load(&request, &keys))
     }
 
     #[pyo3(signature = (keys, request, positions = None))]
@@ -268,7 +268,7 @@ impl OffloadIndex {
         let ends = self::positions(&objects, positions)?;
         let keys = slices(&objects);
         self.core
-            .with(py, |c| c.touch(&request, &keys, &ends))
+            .with(py, |c| c.touch(&request, &keys, &ends))?
             .map_err(tier_error)
     }
 
@@ -288,7 +288,7 @@ impl OffloadIndex {
         let keys = slices(&objects);
         let plan = self
             .core
-            .with(py, |c| c.prepare_store(&request, &keys, &ends))
+            .with(py, |c| c.prepare_store(&request, &keys, &ends))?
             .map_err(tier_error)?;
         let Some(plan) = plan else { return Ok(None) };
         let store = PyList::new(py, plan.store.iter().map(|&i| &objects[i]))?;
@@ -312,7 +312,7 @@ impl OffloadIndex {
     ) -> PyResult<Option<Bound<'py, PyList>>> {
         let objects = key_objects(keys)?;
         let keys = slices(&objects);
-        let stored = self.core.with(py, |c| c.complete_store(&keys, success));
+        let stored = self.core.with(py, |c| c.complete_store(&keys, success))?;
         if !report {
             return Ok(None);
         }
@@ -321,42 +321,41 @@ impl OffloadIndex {
 
     fn request_finished(&self, py: Python<'_>, request: &Bound<'_, PyAny>) -> PyResult<()> {
         let request = request_id(request)?;
-        self.core.with(py, |c| c.request_finished(&request));
-        Ok(())
+        self.core.with(py, |c| c.request_finished(&request))
     }
 
     /// Evicts at least `num` unpinned keys (fewer when fewer are unpinned).
     fn evict<'py>(&self, py: Python<'py>, num: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyList>> {
-        let num = uint(num, "num")?;
+        let num = count(num, "num")? as u64;
         let keys = self
             .core
-            .detached(py, |c| c.evict(num))
+            .detached(py, |c| c.evict(num))?
             .map_err(tier_error)?;
         bytes_list(py, &keys)
     }
 
     fn reset(&self, py: Python<'_>) -> PyResult<()> {
-        self.core.with(py, |c| c.reset()).map_err(tier_error)
+        self.core.with(py, |c| c.reset())?.map_err(tier_error)
     }
 
-    fn digest(&self, py: Python<'_>) -> u64 {
+    fn digest(&self, py: Python<'_>) -> PyResult<u64> {
         self.core.with(py, |c| c.digest())
     }
 
     fn resident_keys<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let keys = self.core.detached(py, |c| c.resident_keys());
+        let keys = self.core.detached(py, |c| c.resident_keys())?;
         bytes_list(py, &keys)
     }
 
     fn pinned_keys<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let keys = self.core.detached(py, |c| c.pinned_keys());
+        let keys = self.core.detached(py, |c| c.pinned_keys())?;
         bytes_list(py, &keys)
     }
 
     /// The key's slab row; KeyError when it is not on the host.
     fn row_of(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<u32> {
         let k = single_key(key)?;
-        self.core.with(py, |c| c.row_of(k)).ok_or_else(|| {
+        self.core.with(py, |c| c.row_of(k))?.ok_or_else(|| {
             cpkv_error(
                 "UnknownKeyError",
                 format!("key {} is not on the host", hex(k)),
@@ -373,36 +372,36 @@ impl OffloadIndex {
         let k = single_key(key)?;
         Ok(self
             .core
-            .with(py, |c| c.parent_of(k))
+            .with(py, |c| c.parent_of(k))?
             .map(|p| PyBytes::new(py, &p)))
     }
 
     fn is_storing(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<bool> {
         let k = single_key(key)?;
-        Ok(self.core.with(py, |c| c.is_storing(k)))
+        self.core.with(py, |c| c.is_storing(k))
     }
 
     #[getter]
-    fn num_pins(&self, py: Python<'_>) -> usize {
+    fn num_pins(&self, py: Python<'_>) -> PyResult<usize> {
         self.core.with(py, |c| c.num_pins())
     }
 
     #[getter]
-    fn capacity(&self, py: Python<'_>) -> u64 {
+    fn capacity(&self, py: Python<'_>) -> PyResult<u64> {
         self.core.with(py, |c| c.capacity())
     }
 
     #[getter]
-    fn policy(&self, py: Python<'_>) -> &'static str {
+    fn policy(&self, py: Python<'_>) -> PyResult<&'static str> {
         self.core.with(py, |c| c.policy().name())
     }
 
-    fn __len__(&self, py: Python<'_>) -> usize {
+    fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
         self.core.with(py, |c| c.len())
     }
 
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let s = self.core.with(py, |c| c.stats());
+        let s = self.core.with(py, |c| c.stats())?;
         let d = PyDict::new(py);
         d.set_item("capacity", s.capacity)?;
         d.set_item("resident", s.resident)?;
@@ -415,7 +414,7 @@ impl OffloadIndex {
     /// Audit; a `DivergenceError` names the first disagreement.
     fn check(&self, py: Python<'_>) -> PyResult<()> {
         self.core
-            .detached(py, |c| c.check())
+            .detached(py, |c| c.check())?
             .map_err(|e| cpkv_error("DivergenceError", e))
     }
 }

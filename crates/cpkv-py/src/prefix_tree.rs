@@ -9,9 +9,11 @@ use numpy::PyArray1;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyTuple};
 
-use crate::convert::{int_vector, invalid, namespace, pages_array, snapshot_bytes, uint};
+use crate::convert::{
+    count, int_vector, invalid, namespace, pages_array, snapshot_bytes, uint, PolicyArg,
+};
 use crate::errors::{cpkv_error, evict_error};
-use crate::shared::Shared;
+use crate::shared::{unshared, Shared};
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PrefixTree>()?;
@@ -21,15 +23,6 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<HostVictim>()?;
     m.add_class::<TreeEvent>()?;
     Ok(())
-}
-
-/// The largest page size a tree accepts, in tokens.
-pub(crate) const MAX_PAGE_SIZE: u64 = 1 << 20;
-
-fn count(value: &Bound<'_, PyAny>, what: &str) -> PyResult<usize> {
-    let value = uint(value, what)?;
-    // A count beyond the address space asks for everything there is.
-    Ok(usize::try_from(value).unwrap_or(usize::MAX))
 }
 
 /// A node id: any int in [0, 2**64) (one that names no node is the core's
@@ -207,16 +200,18 @@ pub(crate) struct PrefixTree {
 #[pymethods]
 impl PrefixTree {
     #[new]
-    #[pyo3(signature = (page_size, policy = Policy::DEFAULT_NAME, event_limit = cpkv_evict::DEFAULT_EVENT_LIMIT))]
-    fn new(page_size: &Bound<'_, PyAny>, policy: &str, event_limit: usize) -> PyResult<Self> {
-        let page_size = uint(page_size, "page_size")?;
-        if page_size == 0 || page_size > MAX_PAGE_SIZE {
-            return Err(invalid(format!(
-                "page_size must be in [1, {MAX_PAGE_SIZE}], got {page_size}"
-            )));
-        }
-        let policy: Policy = policy.parse().map_err(evict_error)?;
-        let mut core = Core::new(page_size as usize, policy).map_err(evict_error)?;
+    #[pyo3(signature = (page_size, policy = PolicyArg::DEFAULT, event_limit = None),
+        text_signature = "(page_size, policy='ghost', event_limit=None)")]
+    fn new(
+        py: Python<'_>,
+        page_size: &Bound<'_, PyAny>,
+        policy: PolicyArg,
+        event_limit: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        // The core checks it against `MAX_PAGE_SIZE`, the one limit.
+        let page_size = count(page_size, "page_size")?;
+        let event_limit = event_limit_arg(event_limit)?;
+        let mut core = unshared(py, || Core::new(page_size, policy.0))?.map_err(evict_error)?;
         core.set_event_limit(event_limit);
         Ok(Self {
             core: Shared::new(core),
@@ -238,7 +233,9 @@ impl PrefixTree {
     ) -> PyResult<MatchResult> {
         let tokens = int_vector(tokens, "tokens")?;
         let namespace = self::namespace(namespace)?;
-        let m = self.core.with(py, |t| t.match_prefix(&tokens, &namespace));
+        let m = self
+            .core
+            .with(py, |t| t.match_prefix(&tokens, &namespace))?;
         Ok(MatchResult {
             length: m.length,
             device_pages: pages_array(py, &m.device_pages),
@@ -262,7 +259,7 @@ impl PrefixTree {
         let namespace = self::namespace(namespace)?;
         let r = self
             .core
-            .with(py, |t| t.insert(&tokens, &pages, &namespace))
+            .with(py, |t| t.insert(&tokens, &pages, &namespace))?
             .map_err(evict_error)?;
         Ok(InsertResult {
             node: r.node.0,
@@ -272,12 +269,12 @@ impl PrefixTree {
 
     fn lock(&self, py: Python<'_>, node: &Bound<'_, PyAny>) -> PyResult<()> {
         let node = node_id(node)?;
-        self.core.with(py, |t| t.lock(node)).map_err(evict_error)
+        self.core.with(py, |t| t.lock(node))?.map_err(evict_error)
     }
 
     fn unlock(&self, py: Python<'_>, node: &Bound<'_, PyAny>) -> PyResult<()> {
         let node = node_id(node)?;
-        self.core.with(py, |t| t.unlock(node)).map_err(evict_error)
+        self.core.with(py, |t| t.unlock(node))?.map_err(evict_error)
     }
 
     /// Frees at least `num_pages` device pages (fewer if not enough are
@@ -286,7 +283,7 @@ impl PrefixTree {
         let num_pages = count(num_pages, "num_pages")?;
         Ok(self
             .core
-            .detached(py, |t| t.evict(num_pages))
+            .detached(py, |t| t.evict(num_pages))?
             .into_iter()
             .map(|v| DeviceVictim {
                 node: v.node.0,
@@ -304,7 +301,7 @@ impl PrefixTree {
         let num_pages = count(num_pages, "num_pages")?;
         Ok(self
             .core
-            .detached(py, |t| t.evict_host(num_pages))
+            .detached(py, |t| t.evict_host(num_pages))?
             .into_iter()
             .map(|v| HostVictim {
                 node: v.node.0,
@@ -324,7 +321,7 @@ impl PrefixTree {
     ) -> PyResult<()> {
         let (node, key) = (node_id(node)?, uint(object_key, "object_key")?);
         self.core
-            .with(py, |t| t.set_host(node, key))
+            .with(py, |t| t.set_host(node, key))?
             .map_err(evict_error)
     }
 
@@ -339,35 +336,40 @@ impl PrefixTree {
         let pages = int_vector(pages, "pages")?;
         check_page_ids(&pages)?;
         self.core
-            .with(py, |t| t.attach_device(node, &pages))
+            .with(py, |t| t.attach_device(node, &pages))?
             .map_err(evict_error)
     }
 
     /// Order-independent digest of the replicated state (an unsigned 64-bit int).
-    fn digest(&self, py: Python<'_>) -> u64 {
+    fn digest(&self, py: Python<'_>) -> PyResult<u64> {
         self.core.with(py, |t| t.digest())
     }
 
     /// SHA-256 (32 bytes) of the canonical encoding of the replicated state:
     /// equal exactly when two trees will make the same decisions.
-    fn canonical_digest<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
-        let digest = self.core.detached(py, |t| t.canonical_digest());
-        PyBytes::new(py, &digest)
+    fn canonical_digest<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        let digest = self.core.detached(py, |t| t.canonical_digest())?;
+        Ok(PyBytes::new(py, &digest))
     }
 
     /// The replicated state as versioned, checksummed bytes (events excluded).
-    fn snapshot<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
-        let data = self.core.detached(py, |t| t.snapshot());
-        PyBytes::new(py, &data)
+    fn snapshot<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        let data = self.core.detached(py, |t| t.snapshot())?;
+        Ok(PyBytes::new(py, &data))
     }
 
     /// Rebuilds a tree from `snapshot()` bytes (a rank rejoining from a
     /// peer's state); bad bytes raise `SnapshotError`.
     #[staticmethod]
-    #[pyo3(signature = (data, event_limit = cpkv_evict::DEFAULT_EVENT_LIMIT))]
-    fn restore(py: Python<'_>, data: &Bound<'_, PyAny>, event_limit: usize) -> PyResult<Self> {
+    #[pyo3(signature = (data, event_limit = None))]
+    fn restore(
+        py: Python<'_>,
+        data: &Bound<'_, PyAny>,
+        event_limit: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let event_limit = event_limit_arg(event_limit)?;
         let bytes = snapshot_bytes(data)?;
-        let mut core = py.detach(|| Core::restore(&bytes)).map_err(evict_error)?;
+        let mut core = unshared(py, || Core::restore(&bytes))?.map_err(evict_error)?;
         core.set_event_limit(event_limit);
         Ok(Self {
             core: Shared::new(core),
@@ -376,24 +378,32 @@ impl PrefixTree {
 
     /// Drains the residency events (at most `event_limit`; older ones were
     /// dropped and counted in `dropped_events`).
-    fn take_events(&self, py: Python<'_>) -> Vec<TreeEvent> {
-        self.core
-            .with(py, |t| t.take_events())
+    fn take_events(&self, py: Python<'_>) -> PyResult<Vec<TreeEvent>> {
+        Ok(self
+            .core
+            .with(py, |t| t.take_events())?
             .into_iter()
             .map(|e| TreeEvent::new(py, e))
-            .collect()
+            .collect())
     }
 
     /// Raises AssertionError if an invariant or the incremental index/digest
     /// is wrong. O(n): for tests.
     fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
         self.core
-            .detached(py, |t| t.check_invariants())
+            .detached(py, |t| t.check_invariants())?
             .map_err(pyo3::exceptions::PyAssertionError::new_err)
     }
 
+    /// Raises `InternalError` the way a bug inside the core would (a panic),
+    /// so tests can check the poison rule; the tree is unusable afterwards.
+    fn _panic_for_tests(&self, py: Python<'_>) -> PyResult<()> {
+        self.core
+            .with(py, |_| panic!("cpkv: panic requested by a test"))
+    }
+
     /// Device-evictable node ids in eviction order (O(n): for tests and tools).
-    fn eviction_order(&self, py: Python<'_>) -> Vec<u64> {
+    fn eviction_order(&self, py: Python<'_>) -> PyResult<Vec<u64>> {
         self.core.detached(py, |t| {
             t.eviction_order(cpkv_evict::Tier::Device)
                 .into_iter()
@@ -402,62 +412,62 @@ impl PrefixTree {
         })
     }
 
-    fn __len__(&self, py: Python<'_>) -> usize {
+    fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
         self.core.with(py, |t| t.len())
     }
 
     #[getter]
-    fn page_size(&self, py: Python<'_>) -> usize {
+    fn page_size(&self, py: Python<'_>) -> PyResult<usize> {
         self.core.with(py, |t| t.page_size())
     }
     #[getter]
-    fn policy(&self, py: Python<'_>) -> &'static str {
+    fn policy(&self, py: Python<'_>) -> PyResult<&'static str> {
         self.core.with(py, |t| t.policy().name())
     }
     #[getter]
-    fn clock(&self, py: Python<'_>) -> u64 {
+    fn clock(&self, py: Python<'_>) -> PyResult<u64> {
         self.core.with(py, |t| t.clock())
     }
     #[getter]
-    fn device_pages(&self, py: Python<'_>) -> usize {
+    fn device_pages(&self, py: Python<'_>) -> PyResult<usize> {
         self.core.with(py, |t| t.device_pages())
     }
     #[getter]
-    fn host_pages(&self, py: Python<'_>) -> usize {
+    fn host_pages(&self, py: Python<'_>) -> PyResult<usize> {
         self.core.with(py, |t| t.host_pages())
     }
     #[getter]
-    fn evictable_device(&self, py: Python<'_>) -> usize {
+    fn evictable_device(&self, py: Python<'_>) -> PyResult<usize> {
         self.core
             .with(py, |t| t.evictable(cpkv_evict::Tier::Device))
     }
     #[getter]
-    fn evictable_host(&self, py: Python<'_>) -> usize {
+    fn evictable_host(&self, py: Python<'_>) -> PyResult<usize> {
         self.core.with(py, |t| t.evictable(cpkv_evict::Tier::Host))
     }
     /// Node slots ever used: the tree's node storage follows this high-water
     /// mark of live nodes, not the number of nodes ever created.
     #[getter]
-    fn node_slots(&self, py: Python<'_>) -> usize {
+    fn node_slots(&self, py: Python<'_>) -> PyResult<usize> {
         self.core.with(py, |t| t.node_slots())
     }
     #[getter]
-    fn namespaces(&self, py: Python<'_>) -> usize {
+    fn namespaces(&self, py: Python<'_>) -> PyResult<usize> {
         self.core.with(py, |t| t.namespaces())
     }
     #[getter]
-    fn event_limit(&self, py: Python<'_>) -> usize {
+    fn event_limit(&self, py: Python<'_>) -> PyResult<usize> {
         self.core.with(py, |t| t.event_limit())
     }
     #[getter]
-    fn dropped_events(&self, py: Python<'_>) -> u64 {
+    fn dropped_events(&self, py: Python<'_>) -> PyResult<u64> {
         self.core.with(py, |t| t.dropped_events())
     }
     /// What the policy keeps beyond the live nodes: remembered pages of
     /// dropped content (ghost history, ghost lists) and, for `ghost`, the
     /// nodes and pages of its shadow trees.
     fn policy_memory<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let m = self.core.with(py, |t| t.policy_memory());
+        let m = self.core.with(py, |t| t.policy_memory())?;
         let out = PyDict::new(py);
         out.set_item("remembered_pages", m.remembered_pages)?;
         out.set_item("shadow_nodes", m.shadow_nodes)?;
@@ -468,11 +478,11 @@ impl PrefixTree {
     /// For `ghost`, the ranking it follows now (`priority`, `recency`,
     /// `segmented`, `arc` or `s3fifo`); `None` for the other policies.
     #[getter]
-    fn following(&self, py: Python<'_>) -> Option<&'static str> {
+    fn following(&self, py: Python<'_>) -> PyResult<Option<&'static str>> {
         self.core.with(py, |t| t.following())
     }
 
-    fn __repr__(&self, py: Python<'_>) -> String {
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
         self.core.with(py, |t| {
             format!(
                 "PrefixTree(page_size={}, policy={:?}, nodes={}, device_pages={}, host_pages={}, clock={})",
@@ -484,6 +494,14 @@ impl PrefixTree {
                 t.clock()
             )
         })
+    }
+}
+
+/// `event_limit`: an int by the binding's rule; `None` for the default.
+fn event_limit_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<usize> {
+    match obj.filter(|o| !o.is_none()) {
+        Some(obj) => count(obj, "event_limit"),
+        None => Ok(cpkv_evict::DEFAULT_EVENT_LIMIT),
     }
 }
 

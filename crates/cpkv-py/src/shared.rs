@@ -1,37 +1,100 @@
-//! One core object shared by Python threads.
+//! The one concurrency rule of every binding class: one core object shared
+//! by Python threads behind one lock, never waited on while holding the GIL,
+//! and one poison rule.
 //!
-//! Each wrapper keeps its core behind a `Mutex`. A call takes the lock while
-//! holding the GIL only when the lock is free; when another thread holds it
-//! (that thread may be running a long call without the GIL), the caller
-//! releases the GIL before it waits, so no thread ever waits on a cpkv lock
-//! while holding the GIL and every Python thread keeps running. Calls that can
-//! run long (many victims, batches, snapshots) run without the GIL throughout.
+//! A call takes the lock while holding the GIL only when the lock is free;
+//! when another thread holds it (that thread may be in a long call without
+//! the GIL), the caller releases the GIL before it waits, so every Python
+//! thread keeps running. Calls that can run long (many victims, batches,
+//! snapshots) run without the GIL throughout. Python objects are built by
+//! the caller after the lock is released, so no Python code runs under it.
+//!
+//! Poison rule: a core call that panics is a bug in cpkv. The panic does not
+//! cross into Python as `PanicException`: the call raises `InternalError`,
+//! and because the core may have been left half-changed (its digest no
+//! longer trustworthy), the object refuses every later call with
+//! `InternalError` too. Rebuild it (from a peer's snapshot where there is one).
 
-use std::sync::{Mutex, MutexGuard, PoisonError, TryLockError};
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::{Mutex, MutexGuard, TryLockError};
 
 use pyo3::prelude::*;
 
+use crate::errors::cpkv_error;
+
 pub(crate) struct Shared<T>(Mutex<T>);
+
+fn poisoned() -> PyErr {
+    cpkv_error(
+        "InternalError",
+        "this object is unusable: an earlier call failed inside cpkv (a bug) and may have \
+         left it half-changed; build a new one"
+            .into(),
+    )
+}
+
+/// `after` says what the panic left behind.
+fn panicked(payload: &(dyn std::any::Any + Send), after: &str) -> PyErr {
+    let what = payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic".into());
+    cpkv_error(
+        "InternalError",
+        format!("a call failed inside cpkv (a bug): {what}; {after}"),
+    )
+}
+
+/// Runs `f`, work on no shared core (building one from arguments or bytes,
+/// a row copy), without the GIL, turning a panic into `InternalError` as the
+/// poison rule does.
+pub(crate) fn unshared<R: Send>(py: Python<'_>, f: impl FnOnce() -> R + Send) -> PyResult<R> {
+    py.detach(|| panic::catch_unwind(AssertUnwindSafe(f)))
+        .map_err(|payload| panicked(payload.as_ref(), "no shared object was touched"))
+}
 
 impl<T: Send> Shared<T> {
     pub(crate) fn new(value: T) -> Self {
         Self(Mutex::new(value))
     }
 
-    /// The lock, waited for without the GIL. A panic cannot poison it in
-    /// practice (core calls validate and do not panic); if one did, the state
-    /// it left is still the best there is, and the digest will tell.
-    fn lock(&self) -> MutexGuard<'_, T> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    /// Runs `f` on the locked core, turning a panic into `InternalError`;
+    /// the guard is dropped while unwinding, which poisons the lock.
+    fn run<'a, R>(
+        lock: impl FnOnce() -> Option<MutexGuard<'a, T>>,
+        f: impl FnOnce(&mut T) -> R,
+    ) -> PyResult<R>
+    where
+        T: 'a,
+    {
+        match panic::catch_unwind(AssertUnwindSafe(|| lock().map(|mut core| f(&mut core)))) {
+            Ok(Some(value)) => Ok(value),
+            Ok(None) => Err(poisoned()),
+            Err(payload) => Err(panicked(
+                payload.as_ref(),
+                "this object refuses every further call",
+            )),
+        }
+    }
+
+    /// The lock, waited for by a thread that does not hold the GIL; `None`
+    /// when poisoned.
+    fn wait(&self) -> Option<MutexGuard<'_, T>> {
+        self.0.lock().ok()
     }
 
     /// Runs `f` on the core: with the GIL if the lock is free, else waiting
     /// for the lock (and running `f`) without it.
-    pub(crate) fn with<R: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut T) -> R + Send) -> R {
+    pub(crate) fn with<R: Send>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut T) -> R + Send,
+    ) -> PyResult<R> {
         match self.0.try_lock() {
-            Ok(mut guard) => f(&mut guard),
-            Err(TryLockError::Poisoned(poisoned)) => f(&mut poisoned.into_inner()),
-            Err(TryLockError::WouldBlock) => py.detach(|| f(&mut self.lock())),
+            Ok(guard) => Self::run(|| Some(guard), f),
+            Err(TryLockError::Poisoned(_)) => Err(poisoned()),
+            Err(TryLockError::WouldBlock) => py.detach(|| Self::run(|| self.wait(), f)),
         }
     }
 
@@ -40,7 +103,7 @@ impl<T: Send> Shared<T> {
         &self,
         py: Python<'_>,
         f: impl FnOnce(&mut T) -> R + Send,
-    ) -> R {
-        py.detach(|| f(&mut self.lock()))
+    ) -> PyResult<R> {
+        py.detach(|| Self::run(|| self.wait(), f))
     }
 }

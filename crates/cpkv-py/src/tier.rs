@@ -1,20 +1,24 @@
 //! Python wrapper of `cpkv_tier::TierCache`, the decisions behind
 //! `cpkv.CacheController`.
 //!
-//! Integers are taken as Python objects and checked here (no bools, no
-//! floats, no negatives, no overflow) so a bad argument is always an
-//! `InvalidArgumentError` naming it, and the core never sees it.
+//! Arguments follow the binding's one conversion rule (`convert`), checked
+//! before the core is touched. Safe to share between threads: one lock
+//! guards the core (`shared`), and results become Python objects after it
+//! is released.
 
 use cpkv_tier::{
-    Backup as CoreBackup, LoadPlan as CorePlan, NodeId, Policy, TierCache as Core, TierConfig,
-    TierError,
+    Backup as CoreBackup, LoadPlan as CorePlan, NodeId, TierCache as Core, TierConfig, TierError,
+    TierStats,
 };
 use numpy::PyArray1;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::convert::{int_vector, invalid, namespace as namespace_arg, pages_array, uint};
+use crate::convert::{
+    int_vector, invalid, namespace as namespace_arg, pages_array, uint, PolicyArg,
+};
 use crate::errors::{alloc_error, cpkv_error, evict_error};
+use crate::shared::{unshared, Shared};
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<TierCache>()?;
@@ -151,24 +155,40 @@ impl InsertOutcome {
 }
 
 /// The two-tier cache's decisions (pure, replicated); see `cpkv.tier`.
-#[pyclass(module = "cpkv._cpkv")]
+#[pyclass(frozen, module = "cpkv._cpkv")]
 pub(crate) struct TierCache {
-    core: Core,
+    core: Shared<Core>,
+    /// Immutable after construction; read without the lock.
+    config: TierConfig,
+}
+
+/// What `stats` reads, copied out under the lock.
+struct StatsSnapshot {
+    counters: TierStats,
+    free_device_pages: u64,
+    held_device_pages: u64,
+    cached_device_pages: u64,
+    host_node_pages: u64,
+    free_host_pages: u64,
+    pending_backups: u64,
+    tree_nodes: u64,
 }
 
 #[pymethods]
 impl TierCache {
     #[new]
-    #[pyo3(signature = (*, page_size, cp_size, device_pages, host_pages, policy = cpkv_evict::Policy::DEFAULT_NAME, host_free_target = None))]
+    #[pyo3(signature = (*, page_size, cp_size, device_pages, host_pages, policy = PolicyArg::DEFAULT, host_free_target = None),
+        text_signature = "(*, page_size, cp_size, device_pages, host_pages, policy='ghost', host_free_target=None)")]
     fn new(
+        py: Python<'_>,
         page_size: &Bound<'_, PyAny>,
         cp_size: &Bound<'_, PyAny>,
         device_pages: &Bound<'_, PyAny>,
         host_pages: &Bound<'_, PyAny>,
-        policy: &str,
+        policy: PolicyArg,
         host_free_target: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
-        let policy: Policy = policy.parse().map_err(evict_error)?;
+        let PolicyArg(policy) = policy;
         let page_size = uint(page_size, "page_size")?;
         let config = TierConfig {
             page_size: usize::try_from(page_size)
@@ -182,22 +202,25 @@ impl TierCache {
                 .transpose()?
                 .unwrap_or(0),
         };
+        // Validated (every size against its one limit) before anything is built.
+        let core = unshared(py, || Core::new(config))?.map_err(tier_error)?;
         Ok(Self {
-            core: Core::new(config).map_err(tier_error)?,
+            core: Shared::new(core),
+            config,
         })
     }
 
     /// Longest cached prefix in either tier; locks the matched path.
     #[pyo3(signature = (tokens, namespace = None))]
     fn lookup(
-        &mut self,
+        &self,
         py: Python<'_>,
         tokens: &Bound<'_, PyAny>,
         namespace: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Lookup> {
         let tokens = int_vector(tokens, "tokens")?;
         let ns = namespace_arg(namespace)?;
-        let l = self.core.lookup(&tokens, &ns);
+        let l = self.core.with(py, |c| c.lookup(&tokens, &ns))?;
         Ok(Lookup {
             device_tokens: l.device_tokens,
             host_tokens: l.host_tokens,
@@ -208,48 +231,56 @@ impl TierCache {
         })
     }
 
-    fn unlock(&mut self, node: &Bound<'_, PyAny>) -> PyResult<()> {
-        self.core.unlock(node_arg(node)?).map_err(tier_error)
+    fn unlock(&self, py: Python<'_>, node: &Bound<'_, PyAny>) -> PyResult<()> {
+        let node = node_arg(node)?;
+        self.core.with(py, |c| c.unlock(node))?.map_err(tier_error)
     }
 
     /// `n` device pages held by the caller (evicting as needed), or None.
     fn allocate(
-        &mut self,
+        &self,
         py: Python<'_>,
         n: &Bound<'_, PyAny>,
     ) -> PyResult<Option<Py<PyArray1<i64>>>> {
         let n = uint(n, "n")?;
-        if n > self.core.device().capacity() {
+        let capacity = self.config.device_pages;
+        if n > capacity {
             return Err(invalid(format!(
-                "n = {n} exceeds the device pool of {} pages",
-                self.core.device().capacity()
+                "n = {n} exceeds the device pool of {capacity} pages"
             )));
         }
-        Ok(self.core.allocate(n).map(|p| pages_array(py, &p)))
+        let pages = self.core.detached(py, |c| c.allocate(n))?;
+        Ok(pages.map(|p| pages_array(py, &p)))
     }
 
-    fn free(&mut self, pages: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn free(&self, py: Python<'_>, pages: &Bound<'_, PyAny>) -> PyResult<()> {
         let pages = int_vector(pages, "pages")?;
-        self.core.free(&pages).map_err(tier_error)
+        self.core.with(py, |c| c.free(&pages))?.map_err(tier_error)
     }
 
-    fn evict_device(&mut self, num_pages: &Bound<'_, PyAny>) -> PyResult<u64> {
-        Ok(self.core.evict_device(uint(num_pages, "num_pages")?))
+    fn evict_device(&self, py: Python<'_>, num_pages: &Bound<'_, PyAny>) -> PyResult<u64> {
+        let n = uint(num_pages, "num_pages")?;
+        self.core.detached(py, |c| c.evict_device(n))
     }
 
-    fn evict_host(&mut self, num_pages: &Bound<'_, PyAny>) -> PyResult<u64> {
-        Ok(self.core.evict_host(uint(num_pages, "num_pages")?))
+    fn evict_host(&self, py: Python<'_>, num_pages: &Bound<'_, PyAny>) -> PyResult<u64> {
+        let n = uint(num_pages, "num_pages")?;
+        self.core.detached(py, |c| c.evict_host(n))
     }
 
     /// The load-back of a locked lookup's host-only nodes, top-down.
-    fn plan_load(&mut self, py: Python<'_>, node: &Bound<'_, PyAny>) -> PyResult<Vec<LoadRun>> {
-        let plan = self.core.plan_load(node_arg(node)?).map_err(tier_error)?;
+    fn plan_load(&self, py: Python<'_>, node: &Bound<'_, PyAny>) -> PyResult<Vec<LoadRun>> {
+        let node = node_arg(node)?;
+        let plan = self
+            .core
+            .with(py, |c| c.plan_load(node))?
+            .map_err(tier_error)?;
         Ok(load_runs(py, plan))
     }
 
     #[pyo3(signature = (tokens, pages, namespace = None))]
     fn insert(
-        &mut self,
+        &self,
         py: Python<'_>,
         tokens: &Bound<'_, PyAny>,
         pages: &Bound<'_, PyAny>,
@@ -258,7 +289,11 @@ impl TierCache {
         let tokens = int_vector(tokens, "tokens")?;
         let pages = int_vector(pages, "pages")?;
         let ns = namespace_arg(namespace)?;
-        let out = self.core.insert(&tokens, &pages, &ns).map_err(tier_error)?;
+        // Host eviction on a capacity miss can run long: without the GIL.
+        let out = self
+            .core
+            .detached(py, |c| c.insert(&tokens, &pages, &ns))?
+            .map_err(tier_error)?;
         let backups = out
             .backups
             .into_iter()
@@ -274,82 +309,104 @@ impl TierCache {
     }
 
     /// Commits pending backups up to `frontier`: (committed, aborted) tickets.
-    fn commit(&mut self, frontier: &Bound<'_, PyAny>) -> PyResult<(Vec<u64>, Vec<u64>)> {
+    fn commit(
+        &self,
+        py: Python<'_>,
+        frontier: &Bound<'_, PyAny>,
+    ) -> PyResult<(Vec<u64>, Vec<u64>)> {
+        let frontier = uint(frontier, "frontier")?;
         let out = self
             .core
-            .commit(uint(frontier, "frontier")?)
+            .with(py, |c| c.commit(frontier))?
             .map_err(tier_error)?;
         Ok((out.committed, out.aborted))
     }
 
-    fn abort_pending(&mut self) -> Vec<u64> {
-        self.core.abort_pending()
+    fn abort_pending(&self, py: Python<'_>) -> PyResult<Vec<u64>> {
+        self.core.with(py, |c| c.abort_pending())
     }
 
     fn host_rows(&self, py: Python<'_>, node: &Bound<'_, PyAny>) -> PyResult<Py<PyArray1<i64>>> {
-        let rows = self.core.host_rows(node_arg(node)?).map_err(tier_error)?;
+        let node = node_arg(node)?;
+        let rows = self
+            .core
+            .with(py, |c| c.host_rows(node))?
+            .map_err(tier_error)?;
         Ok(pages_array(py, &rows))
     }
 
-    fn pending_tickets(&self) -> Vec<u64> {
-        self.core.pending_tickets()
+    fn pending_tickets(&self, py: Python<'_>) -> PyResult<Vec<u64>> {
+        self.core.with(py, |c| c.pending_tickets())
     }
 
-    fn take_events(&mut self) -> usize {
-        self.core.take_events()
+    fn take_events(&self, py: Python<'_>) -> PyResult<usize> {
+        self.core.with(py, |c| c.take_events())
     }
 
-    fn digest(&self) -> u64 {
-        self.core.digest()
+    fn digest(&self, py: Python<'_>) -> PyResult<u64> {
+        self.core.with(py, |c| c.digest())
     }
 
-    fn digest_from_scratch(&self) -> u64 {
-        self.core.digest_from_scratch()
+    fn digest_from_scratch(&self, py: Python<'_>) -> PyResult<u64> {
+        self.core.detached(py, |c| c.digest_from_scratch())
     }
 
-    fn check_invariants(&self) -> PyResult<()> {
+    fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
         self.core
-            .check_invariants()
+            .detached(py, |c| c.check_invariants())?
             .map_err(|why| cpkv_error("CpkvError", why))
+    }
+
+    /// Raises `InternalError` the way a bug inside the core would (a panic),
+    /// so tests can check the poison rule; the object is unusable afterwards.
+    fn _panic_for_tests(&self, py: Python<'_>) -> PyResult<()> {
+        self.core
+            .with(py, |_| panic!("cpkv: panic requested by a test"))
     }
 
     /// Counters (replicated, not part of the digest).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let s = self.core.stats();
-        let d = PyDict::new(py);
+        let s = self.core.with(py, |c| StatsSnapshot {
+            counters: c.stats(),
+            free_device_pages: c.device().free_pages(),
+            held_device_pages: c.device().held_pages(),
+            cached_device_pages: c.tree().device_pages() as u64,
+            host_node_pages: c.tree().host_pages() as u64,
+            free_host_pages: c.free_host_pages(),
+            pending_backups: c.pending_tickets().len() as u64,
+            tree_nodes: c.tree().len() as u64,
+        })?;
+        let (c, d) = (s.counters, PyDict::new(py));
         for (name, value) in [
-            ("lookups", s.lookups),
-            ("lookup_tokens", s.lookup_tokens),
-            ("device_hit_tokens", s.device_hit_tokens),
-            ("host_hit_tokens", s.host_hit_tokens),
-            ("allocations", s.allocations),
-            ("allocation_misses", s.allocation_misses),
-            ("device_victims", s.device_victims),
-            ("device_evicted_pages", s.device_evicted_pages),
-            ("demoted_to_host", s.demoted_to_host),
-            ("host_victims", s.host_victims),
-            ("host_evicted_pages", s.host_evicted_pages),
-            ("loads", s.loads),
-            ("load_misses", s.load_misses),
-            ("loaded_pages", s.loaded_pages),
-            ("backups_reserved", s.backups_reserved),
-            ("backup_pages", s.backup_pages),
-            ("backups_committed", s.backups_committed),
-            ("backups_aborted", s.backups_aborted),
-            ("backups_skipped", s.backups_skipped),
-            ("skipped_pages", s.skipped_pages),
-            ("admission_evictions", s.admission_evictions),
-            ("commits", s.commits),
-            ("free_device_pages", self.core.device().free_pages()),
-            ("held_device_pages", self.core.device().held_pages()),
-            (
-                "cached_device_pages",
-                self.core.tree().device_pages() as u64,
-            ),
-            ("host_node_pages", self.core.tree().host_pages() as u64),
-            ("free_host_pages", self.core.free_host_pages()),
-            ("pending_backups", self.core.pending_tickets().len() as u64),
-            ("tree_nodes", self.core.tree().len() as u64),
+            ("lookups", c.lookups),
+            ("lookup_tokens", c.lookup_tokens),
+            ("device_hit_tokens", c.device_hit_tokens),
+            ("host_hit_tokens", c.host_hit_tokens),
+            ("allocations", c.allocations),
+            ("allocation_misses", c.allocation_misses),
+            ("device_victims", c.device_victims),
+            ("device_evicted_pages", c.device_evicted_pages),
+            ("demoted_to_host", c.demoted_to_host),
+            ("host_victims", c.host_victims),
+            ("host_evicted_pages", c.host_evicted_pages),
+            ("loads", c.loads),
+            ("load_misses", c.load_misses),
+            ("loaded_pages", c.loaded_pages),
+            ("backups_reserved", c.backups_reserved),
+            ("backup_pages", c.backup_pages),
+            ("backups_committed", c.backups_committed),
+            ("backups_aborted", c.backups_aborted),
+            ("backups_skipped", c.backups_skipped),
+            ("skipped_pages", c.skipped_pages),
+            ("admission_evictions", c.admission_evictions),
+            ("commits", c.commits),
+            ("free_device_pages", s.free_device_pages),
+            ("held_device_pages", s.held_device_pages),
+            ("cached_device_pages", s.cached_device_pages),
+            ("host_node_pages", s.host_node_pages),
+            ("free_host_pages", s.free_host_pages),
+            ("pending_backups", s.pending_backups),
+            ("tree_nodes", s.tree_nodes),
         ] {
             d.set_item(name, value)?;
         }
@@ -358,48 +415,49 @@ impl TierCache {
 
     /// The prefix tree's logical clock.
     #[getter]
-    fn clock(&self) -> u64 {
-        self.core.tree().clock()
+    fn clock(&self, py: Python<'_>) -> PyResult<u64> {
+        self.core.with(py, |c| c.tree().clock())
     }
     #[getter]
-    fn issued(&self) -> u64 {
-        self.core.issued()
+    fn issued(&self, py: Python<'_>) -> PyResult<u64> {
+        self.core.with(py, |c| c.issued())
     }
     #[getter]
-    fn committed_through(&self) -> u64 {
-        self.core.committed_through()
+    fn committed_through(&self, py: Python<'_>) -> PyResult<u64> {
+        self.core.with(py, |c| c.committed_through())
     }
     #[getter]
     fn page_size(&self) -> usize {
-        self.core.config().page_size
+        self.config.page_size
     }
     #[getter]
     fn cp_size(&self) -> u64 {
-        self.core.config().cp_size
+        self.config.cp_size
     }
     #[getter]
     fn device_pages(&self) -> u64 {
-        self.core.config().device_pages
+        self.config.device_pages
     }
     #[getter]
     fn host_pages(&self) -> u64 {
-        self.core.config().host_pages
+        self.config.host_pages
     }
     #[getter]
     fn policy(&self) -> &'static str {
-        self.core.config().policy.name()
+        self.config.policy.name()
     }
 
-    fn __repr__(&self) -> String {
-        let c = self.core.config();
-        format!(
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        let c = &self.config;
+        let digest = self.core.with(py, |core| core.digest())?;
+        Ok(format!(
             "TierCache(page_size={}, cp_size={}, device_pages={}, host_pages={}, policy={:?}, digest={:#018x})",
             c.page_size,
             c.cp_size,
             c.device_pages,
             c.host_pages,
             c.policy.name(),
-            self.core.digest()
-        )
+            digest
+        ))
     }
 }

@@ -119,8 +119,7 @@ impl Policy {
     /// The one policy every part of cpkv starts with (the tree, the tier
     /// cache, `cpkv replay`, the engine backends), chosen by measurement:
     /// see the README's "Default policy".
-    pub const DEFAULT: Policy = Policy::Lru;
-    pub const DEFAULT_NAME: &'static str = "lru";
+    pub const DEFAULT: Policy = Policy::Ghost;
 
     pub fn name(self) -> &'static str {
         Self::NAMES[Self::ALL.iter().position(|p| *p == self).expect("listed")]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from cpkv._cpkv import DEFAULT_POLICY
+
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +21,7 @@ class ReplayOptions:
     payloads: Any = None  # dict[str, SlabSpec]
     device_pages: int = 192
     host_pages: int = 1536
-    policy: str = "lru"
+    policy: str = DEFAULT_POLICY
     check_every: int = 4
     admission: bool = True
     batch: int = 4

@@ -33,6 +33,8 @@ backups issued so far.
 
 from __future__ import annotations
 
+from cpkv._cpkv import DEFAULT_POLICY
+
 import logging
 import operator
 import threading
@@ -229,7 +231,7 @@ class CacheController:
         host_pages: int,
         payloads: Mapping[str, SlabSpec],
         device_pools: Mapping[str, Sequence[Any]],
-        policy: str = "lru",
+        policy: str = DEFAULT_POLICY,
         process_group: Any = None,
         settings: CpkvConfig | None = None,
         slab: HostSlab | None = None,

@@ -243,15 +243,16 @@ class _PoolSlab:
         native = self.native
         if native is not None:
             entry = native["entry"]
-            flat = ptrs.reshape(-1)
+            # Entry-major (every page's K, then every page's V...): consecutive pages make one run each.
+            flat = ptrs.T.reshape(-1)
             which = np.searchsorted(native["bases"], flat, side="right") - 1
             offset = flat - native["bases"][np.maximum(which, 0)]
             host_rows = offset // entry
             if (which >= 0).all() and not (offset % entry).any() and (host_rows < native["rows"][which]).all():
                 from cpkv._cpkv import copy_rows, row_runs
 
-                slab_rows = ((rows.astype(np.int64)[:, None] * self.parts + part) * self.entries
-                             + np.arange(self.entries, dtype=np.int64)[None, :]).reshape(-1)
+                slab_rows = ((rows.astype(np.int64)[None, :] * self.parts + part) * self.entries
+                             + np.arange(self.entries, dtype=np.int64)[:, None]).reshape(-1)
                 if to_slab:
                     tables = [row_runs(slab_rows[which == b], host_rows[which == b], int(b)) for b in np.unique(which)]
                     copy_rows(native["slab_rows"], native["host_sources"], np.concatenate(tables))
@@ -432,62 +433,66 @@ class CpkvHiCacheStorage(HiCacheStorage):
 
     def _write(self, pool: _PoolSlab, entries: list, host_indices: Any) -> int:
         """Writes the pages of ``entries`` this rank owns and that are not already there; returns pages written."""
-        todo = []
-        for i, e in enumerate(entries):
-            if e is None:
-                continue
-            part = self._writer_part(e.row)
-            if part is not None and pool.stamps[e.row, part] != e.handle:
-                todo.append((i, e.row, e.handle, part))
-        if not todo:
+        placed = [(i, e.row, e.handle) for i, e in enumerate(entries) if e is not None]
+        if not placed:
             return 0
-        positions = np.array([t[0] for t in todo], dtype=np.int64)
-        rows = np.array([t[1] for t in todo], dtype=np.int64)
-        handles = np.array([t[2] for t in todo], dtype=np.int64)
-        parts = np.array([t[3] for t in todo], dtype=np.int64)
+        at = np.array(placed, dtype=np.int64)
+        positions, rows, handles = at[:, 0], at[:, 1], at[:, 2]
+        topo = self.topology
+        if self.parts == 1:
+            parts = np.zeros(len(rows), dtype=np.int64)
+            mine = rows % topo.node_size == topo.local_rank
+        else:
+            parts = np.full(len(rows), topo.local_rank, dtype=np.int64)
+            mine = np.ones(len(rows), dtype=bool)
+        mine &= pool.stamps[rows, parts] != handles  # already written (a page stored again): nothing to copy
+        if not mine.any():
+            return 0
+        positions, rows, handles, parts = positions[mine], rows[mine], handles[mine], parts[mine]
         ptrs = pool.page_meta(host_indices, len(entries))
         pool.stamps[rows, parts] = -handles  # invalid while the bytes change
-        for part in np.unique(parts):
-            mask = parts == part
-            pool.copy(positions[mask], ptrs, rows[mask], int(part), to_slab=True)
+        pool.copy(positions, ptrs, rows, int(parts[0]), to_slab=True)  # one part per rank and row
         pool.stamps[rows, parts] = handles
-        return len(todo)
+        return len(rows)
 
     # -- reads (no replicated state changes) ------------------------------------------------------
 
+    def _lookup(self, keys: List[str]) -> np.ndarray:
+        """int64 ``[n, 3]``: (position in ``keys``, row, handle) of each key in the index."""
+        get = self.index.get
+        found = [(i, e.row, e.handle) for i, e in enumerate(map(get, keys)) if e is not None]
+        return np.array(found, dtype=np.int64).reshape(-1, 3)
+
     def _present(self, pool: _PoolSlab, keys: List[str]) -> int:
         """Length of the leading run of keys whose every part is written in ``pool``."""
-        n = 0
-        for key in keys:
-            e = self.index.get(key)
-            if e is None or not (pool.stamps[e.row] == e.handle).all():
-                break
-            n += 1
-        return n
+        found = self._lookup(keys)
+        complete = np.zeros(len(keys), dtype=bool)
+        if len(found):
+            complete[found[:, 0]] = (pool.stamps[found[:, 1]] == found[:, 2:3]).all(axis=1)
+        missing = np.flatnonzero(~complete)
+        return int(missing[0]) if len(missing) else len(keys)
 
     def _read(self, pool: _PoolSlab, keys: List[str], host_indices: Any) -> List[bool]:
-        entries = [self.index.get(k) for k in keys]
-        ok = [e is not None and bool((pool.stamps[e.row] == e.handle).all()) for e in entries]
-        positions = np.array([i for i, good in enumerate(ok) if good], dtype=np.int64)
-        if len(positions) == 0:
-            return ok
+        found = self._lookup(keys)
+        ok = np.zeros(len(keys), dtype=bool)
+        if len(found) == 0:
+            return ok.tolist()
+        found = found[(pool.stamps[found[:, 1]] == found[:, 2:3]).all(axis=1)]
+        if len(found) == 0:
+            return ok.tolist()
+        positions, rows, handles = found[:, 0], found[:, 1], found[:, 2]
         part = self._read_part()
-        rows = np.array([entries[i].row for i in positions], dtype=np.int64)
-        handles = np.array([entries[i].handle for i in positions], dtype=np.int64)
         ptrs = pool.page_meta(host_indices, len(keys))
         pool.copy(positions, ptrs, rows, part, to_slab=False)
         # Seqlock: a row overwritten while we copied no longer carries the handle we read it under.
         still = pool.stamps[rows, part] == handles
-        torn = 0
-        for i, good in zip(positions.tolist(), still.tolist()):
-            if not good:
-                ok[i] = False
-                torn += 1
+        ok[positions[still]] = True
+        good = int(still.sum())
         with self._counters_lock:
-            self.counters["torn_reads_refused"] += torn
-            self.counters["pages_read"] += len(positions) - torn
-            self.counters["bytes_read"] += (len(positions) - torn) * pool.part_bytes
-        return ok
+            self.counters["torn_reads_refused"] += len(rows) - good
+            self.counters["pages_read"] += good
+            self.counters["bytes_read"] += good * pool.part_bytes
+        return ok.tolist()
 
     # -- SGLang's interface: v1 -------------------------------------------------------------------
 

@@ -7,6 +7,8 @@ module does not know, or a bad value, fails at construction with a typed error n
 
 from __future__ import annotations
 
+from cpkv._cpkv import DEFAULT_POLICY
+
 import math
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -17,7 +19,7 @@ LAYOUTS = ("replicated", "striped", "sliced")
 
 KEYS = {
     "cpkv_pages": "slab rows per node (one row holds one SGLang page of every rank that shares it), int >= 1; required",
-    "cpkv_policy": "eviction policy, one of cpkv.PrefixTree.POLICIES (default lru)",
+    "cpkv_policy": "eviction policy, one of cpkv.PrefixTree.POLICIES (default cpkv.DEFAULT_POLICY)",
     "cpkv_layout": "replicated (default: every CP rank holds the same page bytes), striped (--enable-kv-cache-sharding) or sliced (each rank holds a disjoint slice of every page)",
     "cpkv_ranks_per_node": "CP ranks per slab (default: the ranks on one machine); set it to simulate several nodes on one",
     "cpkv_check_every": "compare the replicated index's digest across the CP ranks every N stores, int >= 1 (default 64)",
@@ -28,7 +30,7 @@ KEYS = {
 @dataclass(frozen=True)
 class CpkvStorageSettings:
     pages: int
-    policy: str = "lru"
+    policy: str = DEFAULT_POLICY
     layout: str = "replicated"
     ranks_per_node: int | None = None
     check_every: int = 64
@@ -48,7 +50,7 @@ class CpkvStorageSettings:
         if "cpkv_pages" not in extra:
             raise InvalidArgumentError("extra config key 'cpkv_pages' is required: " + KEYS["cpkv_pages"])
         pages = _int(extra, "cpkv_pages", 1)
-        policy = extra.get("cpkv_policy", "lru")
+        policy = extra.get("cpkv_policy", DEFAULT_POLICY)
         from cpkv import PrefixTree
 
         if not isinstance(policy, str) or policy not in PrefixTree.POLICIES:

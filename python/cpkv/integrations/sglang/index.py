@@ -20,6 +20,8 @@ with its occupant's handle, so a row's stamp names exactly one content.
 
 from __future__ import annotations
 
+from cpkv._cpkv import DEFAULT_POLICY
+
 import hashlib
 import threading
 from collections.abc import Sequence
@@ -36,7 +38,13 @@ POOL = "rows"
 
 
 def key_token(key: str) -> int:
-    """The tree token of a page hash: 64 bits of a hash of its UTF-8 bytes, the same everywhere."""
+    """The tree token of a page hash, the same everywhere: SGLang's keys are SHA-256 hex digests, so
+    their first 64 bits are already uniform; any other key is hashed to 64 bits."""
+    if len(key) == 64:
+        try:
+            return int(key[:16], 16)
+        except ValueError:
+            pass
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
 
 
@@ -44,12 +52,13 @@ class Entry(NamedTuple):
     row: int  # slab row
     handle: int  # allocator key, never reused: the row's stamp once written
     parent: str | None  # the key before it on its tree path
+    token: int  # key_token(key), kept so paths are not hashed again
 
 
 class ReplicatedIndex:
     """Key -> slab row over a PrefixTree (eviction order) and a PageAllocator (placement)."""
 
-    def __init__(self, rows: int, policy: str = "lru") -> None:
+    def __init__(self, rows: int, policy: str = DEFAULT_POLICY) -> None:
         self.rows = rows
         self.policy = policy
         self._lock = threading.Lock()  # stores vs digest/stats readers on other threads
@@ -112,7 +121,7 @@ class ReplicatedIndex:
         at: str | None = key
         while at is not None:
             entry = self._entries[at]
-            tokens.append(key_token(at))
+            tokens.append(entry.token)
             rows.append(entry.row)
             at = entry.parent
         tokens.reverse()
@@ -161,7 +170,7 @@ class ReplicatedIndex:
             parent = previous.get(key)
             if parent is not None and parent not in self._entries:
                 parent = None
-            self._entries[key] = Entry(row, handle, parent)
+            self._entries[key] = Entry(row, handle, parent, key_token(key))
             self._row_key[row] = key
         # One insert per run of keys that continue each other.
         runs: list[list[str]] = []

@@ -2,8 +2,9 @@
 
 Keys (every other key belongs to vLLM and is left alone):
 
-- ``cpkv_host_blocks`` (required): host capacity in offloaded blocks (vLLM chunks), an int >= 1;
-- ``cpkv_policy``: the prefix tree's eviction policy, one of ``PrefixTree.POLICIES`` (default lru);
+- ``cpkv_host_blocks`` (required): host capacity in offloaded blocks (vLLM chunks), an int in
+  ``[1, cpkv.MAX_PAGES]`` (the host allocator's one limit);
+- ``cpkv_policy``: the prefix tree's eviction policy, one of ``PrefixTree.POLICIES`` (default ``cpkv.DEFAULT_POLICY``);
 - ``cpkv_slab``: ``"shared"`` (default) puts the host copy in a :class:`~cpkv.tier.HostSlab`
   (huge pages or /dev/shm, mappable by every worker process of the node); ``"private"`` in this
   process's own memory.
@@ -14,23 +15,27 @@ and the value.
 
 from __future__ import annotations
 
+from cpkv._cpkv import DEFAULT_POLICY
+
 import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from cpkv._cpkv import MAX_PAGES
 from cpkv.errors import InvalidArgumentError, UnknownPolicyError
 
 HOST_BLOCKS_KEY = "cpkv_host_blocks"
 POLICY_KEY = "cpkv_policy"
 SLAB_KEY = "cpkv_slab"
 SLAB_KINDS = ("shared", "private")
-MAX_HOST_BLOCKS = 1 << 40
+# One host block is one page of the host allocator, so its limit is the allocator's.
+MAX_HOST_BLOCKS = MAX_PAGES
 
 
 @dataclass(frozen=True)
 class CpkvOffloadConfig:
     host_blocks: int
-    policy: str = "lru"
+    policy: str = DEFAULT_POLICY
     slab: str = "shared"
 
     @classmethod
@@ -44,7 +49,7 @@ class CpkvOffloadConfig:
                 "an int >= 1)")
         return cls(
             host_blocks=_host_blocks(extra[HOST_BLOCKS_KEY]),
-            policy=_policy(extra.get(POLICY_KEY, "lru")),
+            policy=_policy(extra.get(POLICY_KEY, DEFAULT_POLICY)),
             slab=_slab(extra.get(SLAB_KEY, "shared")),
         )
 
