@@ -16,6 +16,7 @@ import numpy.typing as npt
 
 __all__ = [
     "__version__",
+    "DEFAULT_POLICY",
     "MAX_PAGES",
     "MAX_PAGE_SIZE",
     "MAX_CP_SIZE",
@@ -33,6 +34,7 @@ __all__ = [
     "LoadRun",
     "Backup",
     "InsertOutcome",
+    "OffloadIndex",
     "RowSources",
     "copy_rows",
     "row_runs",
@@ -40,6 +42,8 @@ __all__ = [
 ]
 
 __version__: str
+DEFAULT_POLICY: str
+"""The one eviction policy every part of cpkv starts with (README: "Default policy")."""
 MAX_PAGES: int
 """The most pages a tier may have (device or host), and the most a ``PageAllocator`` pool holds."""
 MAX_PAGE_SIZE: int
@@ -215,7 +219,7 @@ class PrefixTree:
     """Replicated page-granular prefix tree; every call is one event of the logical clock."""
 
     POLICIES: tuple[str, ...]
-    def __new__(cls, page_size: int, policy: str = "lru", event_limit: int | None = None) -> PrefixTree: ...
+    def __new__(cls, page_size: int, policy: str = ..., event_limit: int | None = None) -> PrefixTree: ...
     def match(self, tokens: _IntVector, namespace: _Namespace = None) -> MatchResult: ...
     def insert(self, tokens: _IntVector, pages: _IntVector, namespace: _Namespace = None) -> InsertResult: ...
     def lock(self, node: int) -> None: ...
@@ -331,7 +335,7 @@ class TierCache:
         cp_size: int,
         device_pages: int,
         host_pages: int,
-        policy: str = "lru",
+        policy: str = ...,
         host_free_target: int | None = None,
     ) -> TierCache: ...
     def lookup(self, tokens: _IntVector, namespace: _Namespace = None) -> Lookup: ...
@@ -397,3 +401,47 @@ def row_runs(
 ) -> npt.NDArray[np.int64]:
     """The run table moving ``src_rows[i]`` to ``dst_rows[i]`` of source ``source`` (None: 0),
     constant-step stretches merged."""
+
+
+# ---- An engine's host tier of offloaded blocks (crates/tier, offload) --------
+
+@final
+class OffloadIndex:
+    """vLLM's scheduler-side host tier, one call per engine call: keys are the engine's ``bytes``
+    (the last four bytes name the KV cache group), chained into a prefix tree by their end
+    positions in the request, placed in rows, pinned as tree locks, evicted leaf-first in the
+    policy's order. Keys of the wrong type raise ``ArgumentTypeError``; a key shorter than four
+    bytes or a ``prepare_load`` of a key that is not readable raises ``InvalidArgumentError``;
+    a refused call changes nothing."""
+
+    def __new__(cls, capacity: int, policy: str, tokens_per_chunk: _IntVector,
+                results: tuple[object, object, object]) -> OffloadIndex: ...
+    def lookup(self, key: bytes, req_context: object = None) -> object:
+        """``results[0]`` (miss or failed store), ``[1]`` (readable) or ``[2]`` (store in flight)."""
+    def prepare_load(self, keys: Iterable[bytes], request: str,
+                     positions: Mapping[bytes, int] | None = None) -> npt.NDArray[np.int32]: ...
+    def complete_load(self, keys: Iterable[bytes], request: str) -> None: ...
+    def touch(self, keys: Iterable[bytes], request: str, positions: Mapping[bytes, int] | None = None) -> None: ...
+    def prepare_store(self, keys: Iterable[bytes], request: str, positions: Mapping[bytes, int] | None = None
+                      ) -> tuple[list[bytes], npt.NDArray[np.int32], list[bytes]] | None:
+        """``None`` when nothing can be placed, else (keys to store: the offered objects, their
+        rows, keys evicted to make room in eviction order)."""
+    def complete_store(self, keys: Iterable[bytes], success: bool = True, report: bool = False) -> list[bytes] | None: ...
+    def request_finished(self, request: str) -> None: ...
+    def evict(self, num: int) -> list[bytes]: ...
+    def reset(self) -> None: ...
+    def digest(self) -> int: ...
+    def resident_keys(self) -> list[bytes]: ...
+    def pinned_keys(self) -> list[bytes]: ...
+    def row_of(self, key: bytes) -> int: ...
+    def parent_of(self, key: bytes) -> bytes | None: ...
+    def is_storing(self, key: bytes) -> bool: ...
+    @property
+    def num_pins(self) -> int: ...
+    @property
+    def capacity(self) -> int: ...
+    @property
+    def policy(self) -> str: ...
+    def __len__(self) -> int: ...
+    def stats(self) -> dict[str, int]: ...
+    def check(self) -> None: ...

@@ -81,12 +81,9 @@ fn key_objects<'py>(keys: &Bound<'py, PyAny>) -> PyResult<Vec<Bound<'py, PyBytes
     for (i, item) in keys
         .try_iter()
         .map_err(|_| {
-            invalid(format!(
+            wrong_type(format!(
                 "keys must be a collection of bytes keys, got {}",
-                keys.get_type()
-                    .name()
-                    .map(|n| n.to_string())
-                    .unwrap_or_default()
+                describe(keys)
             ))
         })?
         .enumerate()
@@ -113,26 +110,16 @@ fn positions(
         return Ok(vec![None; keys.len()]);
     };
     let dict = dict.cast::<PyDict>().map_err(|_| {
-        invalid(format!(
+        wrong_type(format!(
             "positions must be a dict of key -> end token, got {}",
-            dict.get_type()
-                .name()
-                .map(|n| n.to_string())
-                .unwrap_or_default()
+            describe(dict)
         ))
     })?;
     keys.iter()
         .map(|k| match dict.get_item(k)? {
             None => Ok(None),
-            Some(v) => {
-                let end = uint(&v, "position").map_err(|_| {
-                    invalid(format!(
-                        "positions[{}] must be an int >= 0, got {v}",
-                        hex(k.as_bytes())
-                    ))
-                })?;
-                Ok(Some(end))
-            }
+            // The one integer rule: a wrong type or a value out of range, named.
+            Some(v) => uint(&v, &format!("positions[{}]", hex(k.as_bytes()))).map(Some),
         })
         .collect()
 }
@@ -142,16 +129,9 @@ fn hex(key: &[u8]) -> String {
 }
 
 fn request_id(request: &Bound<'_, PyAny>) -> PyResult<String> {
-    request.extract::<String>().map_err(|_| {
-        invalid(format!(
-            "request must be a str, got {}",
-            request
-                .get_type()
-                .name()
-                .map(|n| n.to_string())
-                .unwrap_or_default()
-        ))
-    })
+    request
+        .extract::<String>()
+        .map_err(|_| wrong_type(format!("request must be a str, got {}", describe(request))))
 }
 
 fn bytes_list<'py>(py: Python<'py>, keys: &[Box<[u8]>]) -> PyResult<Bound<'py, PyList>> {
@@ -166,9 +146,9 @@ fn rows_array(py: Python<'_>, rows: Vec<u32>) -> Bound<'_, PyArray1<i32>> {
 fn single_key<'a>(key: &'a Bound<'_, PyAny>) -> PyResult<&'a [u8]> {
     match key.cast::<PyBytes>() {
         Ok(b) => Ok(b.as_bytes()),
-        Err(_) => Err(invalid(format!(
+        Err(_) => Err(wrong_type(format!(
             "key must be bytes, got {}",
-            key.get_type().name()?
+            describe(key)
         ))),
     }
 }
