@@ -487,7 +487,8 @@ impl PrefixTree {
             };
             let need = num_pages - freed;
             let held = self.node_ref(id).device.as_ref().map_or(0, Vec::len);
-            if self.keeps_head(id) && held >= 2 * need {
+            // `need <= held / 2`, not `held >= 2 * need`: a huge count must not wrap.
+            if self.keeps_head(id) && need <= held / 2 {
                 // Only the victim's last `need` pages leave when that is at
                 // most half of it: its head stays a leaf (same stamps) for a
                 // returning request to match first.
