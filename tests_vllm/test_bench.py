@@ -19,22 +19,33 @@ def cpkv(*argv: str) -> subprocess.CompletedProcess:
 
 
 def test_bench_vllm_table(tmp_path) -> None:
+    from cpkv import DEFAULT_POLICY
+
     out = tmp_path / "bench.json"
-    done = cpkv("--requests", "300", "--capacities", "20,60,200", "--json", str(out))
+    done = cpkv("--requests", "300", "--capacities", "20,60,200", "--repeat", "1", "--json", str(out))
     assert done.returncode == 0, done.stderr
     report = json.loads(out.read_text())
+    ours = f"cpkv ({DEFAULT_POLICY})"
     rows = report["tables"][0]["rows"]
     assert [(r["host blocks"], r["manager"]) for r in rows] == [
-        (c, m) for c in (20, 60, 200) for m in ("cpkv (lru)", "vLLM CPU (lru)", "vLLM CPU (arc)")]
+        (c, m) for c in (20, 60, 200) for m in (ours, "vLLM CPU (lru)", "vLLM CPU (arc)", "floor")]
     for row in rows:
-        assert 0.0 <= row["host hit rate"] <= 1.0 and row["us per lookup+prepare_store"] > 0
+        assert row["us per lookup+prepare_store"] > 0
+        if row["manager"] != "floor":
+            assert 0.0 <= row["host hit rate"] <= 1.0
     by = {(r["host blocks"], r["manager"]): r["host hit rate"] for r in rows}
-    assert by[(200, "cpkv (lru)")] >= by[(20, "cpkv (lru)")], "more host room cannot hit less here"
-    assert report["vllm"] == "0.33.0"
+    assert by[(200, ours)] >= by[(20, ours)], "more host room cannot hit less here"
+    summary = report["tables"][-1]["rows"]
+    assert [r["host blocks"] for r in summary] == [20, 60, 200]
+    for r in summary:
+        assert r["cpkv hit rate"] == by[(r["host blocks"], ours)]
+        assert r["best vLLM hit rate"] == max(by[(r["host blocks"], m)] for m in ("vLLM CPU (lru)", "vLLM CPU (arc)"))
+    assert report["vllm"] == "0.33.0" and report["policy"] == DEFAULT_POLICY
 
 
 @pytest.mark.parametrize("argv, words", [
     (["--requests", "0"], "--requests"),
+    (["--repeat", "0"], "--repeat"),
     (["--capacities", "nan"], "not finite"),
     (["--capacities", "0,5"], "--capacities"),
     (["--policy", "mru"], "mru"),
@@ -57,7 +68,10 @@ def test_bench_vllm_on_a_shared_trace(capsys) -> None:
     found = trace_dir()
     if found is None:
         pytest.skip("Mooncake traces not found (set CPKV_TRACES)")
+    from cpkv import DEFAULT_POLICY
+
     assert main(["bench", "vllm", "--trace", str(found / "synthetic_trace.jsonl"), "--requests", "200",
-                 "--capacities", "50"]) == 0
+                 "--capacities", "50", "--repeat", "1", "--generated"]) == 0
     out = capsys.readouterr().out
-    assert "cpkv (lru)" in out and "vLLM CPU (arc)" in out
+    assert f"cpkv ({DEFAULT_POLICY})" in out and "vLLM CPU (arc)" in out and "floor" in out
+    assert "synthetic_trace.jsonl" in out and "cpkv.workload(seed=0)" in out

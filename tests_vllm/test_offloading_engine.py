@@ -210,4 +210,6 @@ def test_the_readme_kv_transfer_config_builds_the_backend() -> None:
     from cpkv.integrations.vllm import CpkvOffloadingManager, CpkvOffloadingSpec
 
     assert isinstance(eng.spec, CpkvOffloadingSpec) and isinstance(eng.manager, CpkvOffloadingManager)
-    assert eng.manager.policy == extra["cpkv_policy"] and eng.spec._worker.slab is not None
+    from cpkv import DEFAULT_POLICY
+
+    assert eng.manager.policy == extra.get("cpkv_policy", DEFAULT_POLICY) and eng.spec._worker.slab is not None
