@@ -47,7 +47,7 @@ from cpkv.compose.gloo_group import gloo_group_of
 from cpkv.compose.layout import CpLayout
 from cpkv.compose.timeouts import as_timedelta, guarded
 from cpkv.config import CpkvConfig, config
-from cpkv.errors import CollectiveTimeoutError, DivergenceError, InvalidArgumentError
+from cpkv.errors import ArgumentTypeError, CollectiveTimeoutError, DivergenceError, InvalidArgumentError
 from cpkv.tier import streams as _streams
 from cpkv.tier.slab import HostSlab, SlabSpec
 from cpkv.tier.warnings import RateLimitedLog
@@ -141,14 +141,14 @@ def _merged(copies: list[_Copy]) -> _Copy:
 
 
 def _layer_index(layer: Any, num_layers: int) -> int:
-    """``layer`` as an int in ``[0, num_layers)``, or an InvalidArgumentError naming it (a bool or a
-    float is no layer, even when it would compare equal to one)."""
+    """``layer`` as an int in ``[0, num_layers)``: ArgumentTypeError for a bool, a float or anything
+    else that is no int (even when it would compare equal to one), InvalidArgumentError out of range."""
     if isinstance(layer, bool):
-        raise InvalidArgumentError(f"layer must be an int, got {layer!r}")
+        raise ArgumentTypeError(f"layer must be an int, got {layer!r}")
     try:
         index = operator.index(layer)
     except TypeError:
-        raise InvalidArgumentError(f"layer must be an int, got {layer!r}") from None
+        raise ArgumentTypeError(f"layer must be an int, got {layer!r}") from None
     if not 0 <= index < num_layers:
         raise InvalidArgumentError(f"layer {index} is not in [0, {num_layers})")
     return index
@@ -156,7 +156,7 @@ def _layer_index(layer: Any, num_layers: int) -> int:
 
 def _check_lookup(hit: Any, what: str) -> None:
     if not isinstance(hit, Lookup):
-        raise InvalidArgumentError(f"{what} takes a Lookup from lookup(), got {hit!r}")
+        raise ArgumentTypeError(f"{what} takes a Lookup from lookup(), got {hit!r}")
 
 
 def _pools_device(device_pools: Mapping[str, Sequence[Any]]) -> Any:
@@ -365,7 +365,7 @@ class CacheController:
         as one copy per layer (fewer, longer copies than request by request)."""
         self._check_open()
         if isinstance(hits, (str, bytes)) or not isinstance(hits, Sequence):
-            raise InvalidArgumentError(f"load_batch takes a sequence of Lookups, got {hits!r}")
+            raise ArgumentTypeError(f"load_batch takes a sequence of Lookups, got {hits!r}")
         for hit in hits:  # all checked before any page is taken
             _check_lookup(hit, "load")
         handles, jobs = [], []
