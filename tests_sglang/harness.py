@@ -113,10 +113,19 @@ class Rank:
                                 timeout=datetime.timedelta(seconds=WAIT_S))
         from sglang.srt.runtime_context import get_parallel
 
+        # TP = world; attention CP of `cp` ranks (default all), attention TP = world / cp:
+        # tp_rank = cp_rank * attn_tp + attn_tp_rank, as SGLang numbers them without attention DP.
+        cp = options.get("cp", world)
+        attn_tp = world // cp
+        self.cp_rank, self.attn_tp_rank = rank // attn_tp, rank % attn_tp
         get_parallel().override_permanently(
-            tp_rank=rank, tp_size=world, pp_rank=0, pp_size=1, attn_cp_rank=rank, attn_cp_size=world,
-            attn_tp_rank=0, attn_tp_size=1, attn_dp_rank=0, attn_dp_size=1, attn_dcp_rank=0, attn_dcp_size=1)
-        self.cp_group = dist.new_group(list(range(world)), backend="gloo")
+            tp_rank=rank, tp_size=world, pp_rank=0, pp_size=1, attn_cp_rank=self.cp_rank, attn_cp_size=cp,
+            attn_tp_rank=self.attn_tp_rank, attn_tp_size=attn_tp, attn_dp_rank=0, attn_dp_size=1,
+            attn_dcp_rank=0, attn_dcp_size=1)
+        for t in range(attn_tp):  # every rank creates every CP group, in one order
+            group = dist.new_group([t + k * attn_tp for k in range(cp)], backend="gloo")
+            if t == self.attn_tp_rank:
+                self.cp_group = group
         self.test_group = dist.new_group(list(range(world)), backend="gloo")  # the test's own barriers
         self.page_size = options.get("page_size", 4)
         self.layout = options.get("layout", "replicated")
@@ -159,7 +168,8 @@ class Rank:
     # -- content ----------------------------------------------------------------------------------
 
     def tag(self) -> int:
-        return self.rank + 1 if self.sharded else 0
+        """Replicated content is the same on the ranks of a CP group; attention-TP ranks hold other heads."""
+        return self.attn_tp_rank * 1000 + (self.cp_rank + 1 if self.sharded else 0)
 
     def fill(self, host: Any, indices: Any, hashes: list[str]) -> None:
         import torch

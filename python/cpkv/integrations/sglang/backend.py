@@ -157,7 +157,9 @@ def _build_topology(config: HiCacheStorageConfig, settings: CpkvStorageSettings)
         for cp_rank, rank in members:
             by_node.setdefault(node_key(rank, cp_rank), []).append(rank)
         node_list = sorted(by_node.values())
-        node_groups = [dist.new_group(n, backend="gloo", timeout=timeout) if len(n) > 1 else None for n in node_list]
+        # A group even for one rank: the slab's creation must not fall back to the default group,
+        # which would make ranks of different CP groups (different content) share one slab.
+        node_groups = [dist.new_group(n, backend="gloo", timeout=timeout) for n in node_list]
         if me in ranks:
             topo.cp_rank, topo.cp_size, topo.cp_group = config.attn_cp_rank, size, group
             for index, (node_ranks, node_group) in enumerate(zip(node_list, node_groups)):
