@@ -417,4 +417,22 @@ def killed(r: Rank, requests: int = 6) -> dict:
             "pid": os.getpid()}
 
 
-SCENARIOS = {"roundtrip": roundtrip, "pressure": pressure, "killed": killed}
+def diverged(r: Rank, requests: int = 4) -> dict:
+    """Rank 1's last store carries a different page than rank 0's: the next digest check must raise
+    DivergenceError on every rank."""
+    r.controller("dynamic", _cpkv_extra(r.options, cpkv_check_every=1))
+    reqs = shared_prefix_requests(requests, 4, r.page_size)
+    if r.rank == 1:
+        reqs[-1] = reqs[-1][:-r.page_size] + [7] * r.page_size  # one page the others never store
+    for tokens in reqs:
+        idx, _ = r.write(tokens)
+        r.wait_backup(idx)
+    try:
+        r.backend.wait_checks(WAIT_S)
+        error = None
+    except Exception as err:  # noqa: BLE001
+        error = f"{type(err).__name__}: {err}"
+    return {"error_seen": error, "stats": r.backend.stats()}
+
+
+SCENARIOS = {"roundtrip": roundtrip, "pressure": pressure, "killed": killed, "diverged": diverged}
