@@ -257,7 +257,7 @@ class CacheController:
         self.num_layers = self._check_pools(device_pools, device_pages)
         self.device = _pools_device(device_pools)
         # CUDA pools: copies on side streams of the pools' device (not the current one); CPU pools: None.
-        self._streams = _streams.stream_ops(self.device)
+        self._streams: Any = _streams.stream_ops(self.device)  # CudaStreams, a test's double, or None
         # Rows move as the widest integer word that divides them: torch's index_copy_ on uint8 rows
         # runs about 6x slower than on the same bytes as int64 (measured by `cpkv bench tier`).
         self._words = {name: _word_dtype(spec.row_bytes) for name, spec in self.payloads.items()}
@@ -285,7 +285,7 @@ class CacheController:
         self._loads: list[LoadHandle] = []
         self._load_failed = False
         self._copier: threading.Thread | None = None
-        self._copy_queue: list[tuple[LoadHandle, _Copy]] = []
+        self._copy_queue: list[tuple[LoadHandle, _Copy, list[Any]]] = []
         self._copy_cv = threading.Condition()
         self._closed = False
         self.forwards = 0
@@ -412,18 +412,20 @@ class CacheController:
         # One copy per payload for all of them, not one per backup; the same backups are usually due
         # at every layer, so their merged copy (and its runs) is built once.
         tickets = tuple(b.ticket for b in due)
-        if self._merged_backups[0] != tickets:
-            self._merged_backups = (tickets, _merged([b.copy for b in due]))
+        merged = self._merged_backups[1]
+        if self._merged_backups[0] != tickets or merged is None:
+            merged = _merged([b.copy for b in due])
+            self._merged_backups = (tickets, merged)
         done = None
         if self._streams is None:
-            self._copy_layer(layer, self._merged_backups[1], to_slab=True)
+            self._copy_layer(layer, merged, to_slab=True)
         else:
             ops, stream = self._streams, self._backup_stream
             ops.wait(stream, ops.record(ops.current()))  # the layer's KV, written by the caller's queued work
             if self._load_tail is not None:
                 ops.wait(stream, self._load_tail)  # slab rows a load-back still reads
             with ops.on(stream):
-                self._copy_layer(layer, self._merged_backups[1], to_slab=True)
+                self._copy_layer(layer, merged, to_slab=True)
             done = self._backup_tail = ops.record(stream)
         for backup in due:
             backup.layers_done.add(layer)
@@ -520,7 +522,7 @@ class CacheController:
         self._pools.clear()
         self.slab.close()
 
-    def __enter__(self) -> "CacheController":
+    def __enter__(self) -> CacheController:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -663,7 +665,8 @@ class CacheController:
 
     def _all_reduce_min(self, values: list[int], what: str) -> list[int]:
         self.counters["collectives"] += 1
-        if self._dist is None:
+        dist = self._dist
+        if dist is None:
             return values
         import torch
 
@@ -671,7 +674,7 @@ class CacheController:
         timeout = as_timedelta(self.settings.collective_timeout_s)
 
         def reduce() -> None:
-            work = self._dist.all_reduce(tensor, op=self._dist.ReduceOp.MIN, group=self._host_pg, async_op=True)
+            work = dist.all_reduce(tensor, op=dist.ReduceOp.MIN, group=self._host_pg, async_op=True)
             work.wait(timeout)
 
         guarded(what, self.layout.rank, -1, self.settings.collective_timeout_s, reduce)
