@@ -14,7 +14,9 @@ use numpy::PyArray1;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
-use crate::convert::{describe, int_vector, invalid, snapshot_bytes, uint, wrong_type};
+use crate::convert::{
+    describe, int_vector, invalid, ordered_items, snapshot_bytes, uint, wrong_type,
+};
 use crate::errors::{alloc_error, cpkv_error};
 use crate::shared::{unshared, Shared};
 
@@ -315,20 +317,13 @@ impl PyPageAllocator {
         requests: &Bound<'_, PyAny>,
         payloads: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Vec<Option<PyPlacement>>> {
-        let refuse = || {
-            wrong_type(format!(
-                "requests must be a list or tuple of (key, num_pages) pairs, got {}",
+        // Ordered iterables only: the order decides the placements.
+        let items = ordered_items(requests, || {
+            format!(
+                "requests must be an ordered sequence of (key, num_pages) pairs, got {}",
                 describe(requests)
-            ))
-        };
-        // Ordered containers only: the order decides the placements.
-        let items: Vec<Bound<'_, PyAny>> = if let Ok(list) = requests.cast::<PyList>() {
-            list.iter().collect()
-        } else if let Ok(tuple) = requests.cast::<PyTuple>() {
-            tuple.iter().collect()
-        } else {
-            return Err(refuse());
-        };
+            )
+        })?;
         let mut parsed = Vec::with_capacity(items.len());
         for (i, item) in items.iter().enumerate() {
             let (key, num_pages): (Bound<'_, PyAny>, Bound<'_, PyAny>) =

@@ -181,19 +181,12 @@ pub(crate) fn int_vector(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u64
             return int_array(obj, array, what);
         }
     }
-    let py = obj.py();
-    let refuse = || {
-        wrong_type(format!(
+    let items = ordered_iter(obj, || {
+        format!(
             "{what} must be a 1-D integer array or an ordered sequence of ints, got {}",
             describe(obj)
-        ))
-    };
-    if obj.is_instance(unordered_types(py)?.as_any())? {
-        return Err(refuse());
-    }
-    let Ok(items) = obj.try_iter() else {
-        return Err(refuse());
-    };
+        )
+    })?;
     // Grown as items arrive: no size hint (which may come from a lying
     // `__len__`) reserves anything.
     let mut values = Vec::new();
@@ -201,6 +194,31 @@ pub(crate) fn int_vector(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u64
         values.push(element(i, &item?)?);
     }
     Ok(values)
+}
+
+/// An iterator over an ordered iterable by the rule above; `refusal` is the
+/// message of the `ArgumentTypeError` for anything else.
+fn ordered_iter<'py>(
+    obj: &Bound<'py, PyAny>,
+    refusal: impl Fn() -> String,
+) -> PyResult<Bound<'py, pyo3::types::PyIterator>> {
+    if obj.is_instance(unordered_types(obj.py())?.as_any())? {
+        return Err(wrong_type(refusal()));
+    }
+    obj.try_iter().map_err(|_| wrong_type(refusal()))
+}
+
+/// The items of an ordered iterable by the rule above (a list of requests,
+/// say), read by iteration.
+pub(crate) fn ordered_items<'py>(
+    obj: &Bound<'py, PyAny>,
+    refusal: impl Fn() -> String,
+) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    let mut items = Vec::new();
+    for item in ordered_iter(obj, refusal)? {
+        items.push(item?);
+    }
+    Ok(items)
 }
 
 fn int_array(
