@@ -154,6 +154,8 @@ def test_sizes_and_limits_take_the_same_rule() -> None:
     refused(lambda: tier_cache(device_pages=True), named="device_pages")
     refused(lambda: cpkv.PageAllocator({"kv": 8.0}), named="capacity")
     refused(lambda: cpkv.PageAllocator({"kv": 8}).reserve_many({(1, 2)}), named="requests")
+    placed = cpkv.PageAllocator({"kv": 8}).reserve_many((k, 2) for k in (Index(4), np.uint32(5)))
+    assert [p.key for p in placed] == [4, 5]
     runs = cpkv._cpkv.row_runs(np.array([0, 1]), np.array([0, 1]), Index(2))
     assert runs[0, 3] == 2
     refused(lambda: cpkv._cpkv.row_runs(np.array([0]), np.array([0]), True), named="source")
