@@ -161,6 +161,17 @@ def test_sizes_and_limits_take_the_same_rule() -> None:
     refused(lambda: cpkv._cpkv.row_runs(np.array([0]), np.array([0]), True), named="source")
 
 
+def test_a_batch_is_indexed_by_the_same_rule() -> None:
+    batch = cpkv.PageAllocator({"kv": 8}).reserve_batch([1, 2, 3], [2, 2, 8])
+    assert [p.key if p else None for p in batch] == [1, 2, None]
+    assert batch[np.int64(-2)].key == batch[Index(1)].key == 2
+    for bad in (True, 1.0, "0", None):
+        refused(lambda b=bad: batch[b], named="batch index")
+    for beyond in (3, -4, 2**70, -(2**70)):
+        with pytest.raises(IndexError, match="out of range"):
+            batch[beyond]
+
+
 # A value Python may pass for a token: the rule accepts exactly the non-negative int-likes below 2**64.
 VALUES = st.one_of(
     st.integers(min_value=-(2**65), max_value=2**65),

@@ -15,7 +15,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
 use crate::convert::{
-    describe, int_vector, invalid, ordered_items, snapshot_bytes, uint, wrong_type,
+    describe, int_vector, invalid, ordered_items, signed, snapshot_bytes, uint, wrong_type,
 };
 use crate::errors::{alloc_error, cpkv_error};
 use crate::shared::{unshared, Shared};
@@ -623,14 +623,20 @@ impl PyPlacementBatch {
     }
 
     /// Item `index` (negative counts from the end): a `Placement` or `None`.
-    fn __getitem__(&self, index: isize) -> PyResult<Option<PyPlacement>> {
-        let len = self.placements.len() as isize;
-        let at = if index < 0 { index + len } else { index };
-        if !(0..len).contains(&at) {
+    /// An index of another type is an `ArgumentTypeError`; one past either
+    /// end an `IndexError`, which also ends iteration.
+    fn __getitem__(&self, index: &Bound<'_, PyAny>) -> PyResult<Option<PyPlacement>> {
+        let len = self.placements.len() as i128;
+        let position = signed(index, "batch index")?;
+        let at = position
+            .map(|i| if i < 0 { i + len } else { i })
+            .filter(|at| (0..len).contains(at));
+        let Some(at) = at else {
             return Err(pyo3::exceptions::PyIndexError::new_err(format!(
-                "batch index {index} out of range for {len} items"
+                "batch index {} out of range for {len} items",
+                describe(index)
             )));
-        }
+        };
         let at = at as usize;
         Ok(self.placements[at].clone().map(|placement| PyPlacement {
             key: self.keys[at],
