@@ -242,3 +242,62 @@ def test_a_panic_is_an_internal_error_and_poisons_only_its_object(make) -> None:
     with pytest.raises(InternalError, match="unusable"):
         obj.digest()
     assert isinstance(other.digest(), int)
+
+
+# ---- a refused call changes nothing: a cache that saw every call ends where one that saw only the
+# accepted calls ends ---------------------------------------------------------------------------
+
+BAD = st.sampled_from([-1, 2**64, 2**70, True, 1.5, "1", b"\x01", None, {1: 1}, {1}, [1.0], [-1], [True]])
+TOKENS = st.lists(st.integers(0, 5), min_size=0, max_size=12)
+OPS = st.one_of(
+    st.tuples(st.just("lookup"), st.one_of(TOKENS, BAD)),
+    st.tuples(st.just("insert"), st.one_of(TOKENS, BAD), st.integers(0, 3), st.one_of(st.none(), BAD)),
+    st.tuples(st.just("unlock"), st.one_of(st.integers(0, 40), BAD)),
+    st.tuples(st.just("free"), st.one_of(st.lists(st.integers(0, 20), max_size=3), BAD)),
+    st.tuples(st.just("commit"), st.one_of(st.integers(0, 6), BAD)),
+    st.tuples(st.just("evict"), st.one_of(st.integers(0, 8), BAD)),
+)
+
+
+def _call(cache: cpkv.TierCache, op: tuple) -> None:
+    kind = op[0]
+    if kind == "lookup":
+        cache.lookup(op[1])
+    elif kind == "insert":
+        _, tokens, n, bad_pages = op
+        pages = cache.allocate(n)
+        if pages is not None:
+            cache.insert(tokens, pages if bad_pages is None else bad_pages)
+    elif kind == "unlock":
+        cache.unlock(op[1])
+    elif kind == "free":
+        cache.free(op[1])
+    elif kind == "commit":
+        cache.commit(op[1])
+    else:
+        cache.evict_device(op[1])
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(OPS, max_size=30))
+def test_refused_calls_change_nothing(ops) -> None:
+    seen_all, seen_accepted = tier_cache(device_pages=12, host_pages=6), tier_cache(device_pages=12, host_pages=6)
+    for op in ops:
+        before = seen_all.digest()
+        if op[0] == "insert":  # the allocation is a call of its own, accepted or not
+            try:
+                _call(seen_all, op)
+            except CpkvError:
+                seen_accepted.allocate(op[2])  # what seen_all allocated before the refusal
+                assert seen_all.digest() == seen_accepted.digest()
+                continue
+        else:
+            try:
+                _call(seen_all, op)
+            except CpkvError:
+                assert seen_all.digest() == before, op
+                continue
+        _call(seen_accepted, op)
+        assert seen_all.digest() == seen_accepted.digest()
+    assert seen_all.digest() == seen_all.digest_from_scratch()
+    seen_all.check_invariants()
