@@ -153,7 +153,6 @@ class Rank:
         return kv, alloc, host
 
     def controller(self, backend: str = "dynamic", extra: dict | None = None) -> Any:
-        import torch.distributed as dist
 
         from sglang.srt.managers.cache_controller import HiCacheController
 
@@ -273,7 +272,6 @@ def _cpkv_extra(options: dict, **more: Any) -> dict:
 
 def roundtrip(r: Rank, requests: int = 8, seed: int = 1, sidecar: bool = False) -> dict:
     """Every rank writes the same requests, then every rank prefetches each one."""
-    import torch
 
     from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransfer
 
@@ -306,7 +304,7 @@ def roundtrip(r: Rank, requests: int = 8, seed: int = 1, sidecar: bool = False) 
     if sidecar:
         hashes = r.hashes(reqs[0])
         exists = r.backend.batch_exists_v2(hashes, [PoolTransfer(name=PoolName.INDEXER, keys=hashes)])
-        out["exists_v2"] = [exists.kv_hit_pages, dict((str(k), v) for k, v in exists.extra_pool_hit_pages.items())]
+        out["exists_v2"] = [exists.kv_hit_pages, {str(k): v for k, v in exists.extra_pool_hit_pages.items()}]
         kv_dst = r.host.alloc(len(hashes) * r.page_size)
         side_dst = r.side_host.alloc(len(hashes) * r.page_size)
         got = r.backend.batch_get_v2([PoolTransfer(name=PoolName.KV, host_indices=kv_dst, keys=hashes),
