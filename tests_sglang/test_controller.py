@@ -38,6 +38,13 @@ def test_v1_roundtrip(cp: int) -> None:
 
 
 @pytest.mark.timeout(400)
+def test_tensor_calls_without_interface_v1() -> None:
+    """Without "interface_v1" SGLang's controller uses the older batch_set/batch_get with flat page tensors."""
+    results = launch(2, "roundtrip", v1=False)
+    _check_roundtrip(results, 2)
+
+
+@pytest.mark.timeout(400)
 def test_v2_sidecar_sliced() -> None:
     """v2 with a sidecar pool (the NSA indexer's name), each rank holding its own slice of every page."""
     results = launch(2, "roundtrip", v1=True, layout="sliced", args={"sidecar": True})
