@@ -154,9 +154,22 @@ def test_sizes_and_limits_take_the_same_rule() -> None:
     refused(lambda: tier_cache(device_pages=True), named="device_pages")
     refused(lambda: cpkv.PageAllocator({"kv": 8.0}), named="capacity")
     refused(lambda: cpkv.PageAllocator({"kv": 8}).reserve_many({(1, 2)}), named="requests")
+    placed = cpkv.PageAllocator({"kv": 8}).reserve_many((k, 2) for k in (Index(4), np.uint32(5)))
+    assert [p.key for p in placed] == [4, 5]
     runs = cpkv._cpkv.row_runs(np.array([0, 1]), np.array([0, 1]), Index(2))
     assert runs[0, 3] == 2
     refused(lambda: cpkv._cpkv.row_runs(np.array([0]), np.array([0]), True), named="source")
+
+
+def test_a_batch_is_indexed_by_the_same_rule() -> None:
+    batch = cpkv.PageAllocator({"kv": 8}).reserve_batch([1, 2, 3], [2, 2, 8])
+    assert [p.key if p else None for p in batch] == [1, 2, None]
+    assert batch[np.int64(-2)].key == batch[Index(1)].key == 2
+    for bad in (True, 1.0, "0", None):
+        refused(lambda b=bad: batch[b], named="batch index")
+    for beyond in (3, -4, 2**70, -(2**70)):
+        with pytest.raises(IndexError, match="out of range"):
+            batch[beyond]
 
 
 # A value Python may pass for a token: the rule accepts exactly the non-negative int-likes below 2**64.
@@ -229,3 +242,62 @@ def test_a_panic_is_an_internal_error_and_poisons_only_its_object(make) -> None:
     with pytest.raises(InternalError, match="unusable"):
         obj.digest()
     assert isinstance(other.digest(), int)
+
+
+# ---- a refused call changes nothing: a cache that saw every call ends where one that saw only the
+# accepted calls ends ---------------------------------------------------------------------------
+
+BAD = st.sampled_from([-1, 2**64, 2**70, True, 1.5, "1", b"\x01", None, {1: 1}, {1}, [1.0], [-1], [True]])
+TOKENS = st.lists(st.integers(0, 5), min_size=0, max_size=12)
+OPS = st.one_of(
+    st.tuples(st.just("lookup"), st.one_of(TOKENS, BAD)),
+    st.tuples(st.just("insert"), st.one_of(TOKENS, BAD), st.integers(0, 3), st.one_of(st.none(), BAD)),
+    st.tuples(st.just("unlock"), st.one_of(st.integers(0, 40), BAD)),
+    st.tuples(st.just("free"), st.one_of(st.lists(st.integers(0, 20), max_size=3), BAD)),
+    st.tuples(st.just("commit"), st.one_of(st.integers(0, 6), BAD)),
+    st.tuples(st.just("evict"), st.one_of(st.integers(0, 8), BAD)),
+)
+
+
+def _call(cache: cpkv.TierCache, op: tuple) -> None:
+    kind = op[0]
+    if kind == "lookup":
+        cache.lookup(op[1])
+    elif kind == "insert":
+        _, tokens, n, bad_pages = op
+        pages = cache.allocate(n)
+        if pages is not None:
+            cache.insert(tokens, pages if bad_pages is None else bad_pages)
+    elif kind == "unlock":
+        cache.unlock(op[1])
+    elif kind == "free":
+        cache.free(op[1])
+    elif kind == "commit":
+        cache.commit(op[1])
+    else:
+        cache.evict_device(op[1])
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(OPS, max_size=30))
+def test_refused_calls_change_nothing(ops) -> None:
+    seen_all, seen_accepted = tier_cache(device_pages=12, host_pages=6), tier_cache(device_pages=12, host_pages=6)
+    for op in ops:
+        before = seen_all.digest()
+        if op[0] == "insert":  # the allocation is a call of its own, accepted or not
+            try:
+                _call(seen_all, op)
+            except CpkvError:
+                seen_accepted.allocate(op[2])  # what seen_all allocated before the refusal
+                assert seen_all.digest() == seen_accepted.digest()
+                continue
+        else:
+            try:
+                _call(seen_all, op)
+            except CpkvError:
+                assert seen_all.digest() == before, op
+                continue
+        _call(seen_accepted, op)
+        assert seen_all.digest() == seen_accepted.digest()
+    assert seen_all.digest() == seen_all.digest_from_scratch()
+    seen_all.check_invariants()

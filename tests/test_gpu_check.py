@@ -4,7 +4,6 @@ with a stand-in for the commands as a GPU machine would run them."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys

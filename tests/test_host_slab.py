@@ -203,7 +203,8 @@ def test_a_rank_killed_with_sigkill_leaves_nothing_in_dev_shm(when, tmp_path):
         return
     for rank in (0, 2):
         assert results[rank].startswith(f"timeout: rank {rank}: HostSlab.create reservation"), results[rank]
-    victim_path = open(record).read()
+    with open(record) as f:
+        victim_path = f.read()
     assert SHM_PATH.fullmatch(victim_path), victim_path  # the victim had created its name...
     assert not os.path.exists(victim_path)  # ...and the survivors removed it
     assert glob.glob(victim_path.rsplit("-p", 1)[0] + "-p*") == []
@@ -305,9 +306,9 @@ def test_no_free_huge_pages_after_all_falls_back_to_dev_shm(monkeypatch, caplog)
         pytest.skip("this machine has free huge pages")
     monkeypatch.setattr(slab_module, "_free_huge_page_bytes", lambda: 1 << 40)  # looks available, is not
     assert slab_module._memfd_choice(1)[1:] == ("hugetlb", 2 << 20)
-    with caplog.at_level(logging.INFO, logger="cpkv.tier"):
-        with HostSlab.create({"k": PAYLOADS["k"]}, num_pages=3, num_layers=2) as slab:
-            assert slab.kind == "shm"
+    with caplog.at_level(logging.INFO, logger="cpkv.tier"), \
+            HostSlab.create({"k": PAYLOADS["k"]}, num_pages=3, num_layers=2) as slab:
+        assert slab.kind == "shm"
     assert any("no hugetlb region" in r.getMessage() for r in caplog.records)
 
 

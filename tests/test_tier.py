@@ -17,7 +17,9 @@ import torch
 from cpkv.compose import CpLayout
 from cpkv.compose.launch import run_ranks
 from cpkv.config import CpkvConfig
-from cpkv.errors import CollectiveTimeoutError, CpkvError, DivergenceError, InvalidArgumentError, LockError
+from cpkv.errors import (
+    ArgumentTypeError, CollectiveTimeoutError, CpkvError, DivergenceError, InvalidArgumentError, LockError,
+)
 from cpkv.tier import CacheController, LoadHandle, SlabSpec
 from cpkv.tier import streams as streams_module
 from stream_double import RecordingStreams
@@ -306,20 +308,24 @@ def _bad_input(rank: int, world: int) -> list[str]:
             (lambda: ctl.allocate(-1), InvalidArgumentError, "out of range"),
             (lambda: ctl.allocate(True), InvalidArgumentError, "must be an int"),
             (lambda: ctl.backup_layer(5), InvalidArgumentError, "layer 5"),
-            (lambda: ctl.backup_layer(1.5), InvalidArgumentError, "layer must be an int, got 1.5"),
-            (lambda: ctl.backup_layer(True), InvalidArgumentError, "layer must be an int, got True"),
-            (lambda: ctl.release(None), InvalidArgumentError, "release takes a Lookup from lookup.., got None"),
-            (lambda: ctl.load(None), InvalidArgumentError, "load takes a Lookup from lookup.., got None"),
-            (lambda: ctl.load_batch([miss, None]), InvalidArgumentError, "got None"),
-            (lambda: ctl.load_batch(None), InvalidArgumentError, "a sequence of Lookups, got None"),
-            (lambda: LoadHandle(np.zeros(0, np.int64), 2, 1.0).wait(0.5), InvalidArgumentError,
+            # Wrong types: ArgumentTypeError, an InvalidArgumentError (ValueError) and a TypeError.
+            (lambda: ctl.backup_layer(1.5), ArgumentTypeError, "layer must be an int, got 1.5"),
+            (lambda: ctl.backup_layer(True), ArgumentTypeError, "layer must be an int, got True"),
+            (lambda: ctl.release(None), ArgumentTypeError, "release takes a Lookup from lookup.., got None"),
+            (lambda: ctl.load(None), ArgumentTypeError, "load takes a Lookup from lookup.., got None"),
+            (lambda: ctl.load_batch([miss, None]), ArgumentTypeError, "got None"),
+            (lambda: ctl.load_batch(None), ArgumentTypeError, "a sequence of Lookups, got None"),
+            (lambda: LoadHandle(np.zeros(0, np.int64), 2, 1.0).wait(0.5), ArgumentTypeError,
              "layer must be an int, got 0.5"),
+            (lambda: LoadHandle(np.zeros(0, np.int64), 2, 1.0).wait(2), InvalidArgumentError, r"layer 2 is not in \[0, 2\)"),
             (lambda: ctl.core.commit(2**64), InvalidArgumentError, "out of range"),
             (lambda: ctl.core.commit(99), InvalidArgumentError, "beyond the last issued"),
         ]
         for call, kind, text in cases:
-            with pytest.raises(kind, match=text):
+            with pytest.raises(kind, match=text) as raised:
                 call()
+            assert isinstance(raised.value, CpkvError) and isinstance(raised.value, (ValueError, KeyError))
+            assert kind is not ArgumentTypeError or isinstance(raised.value, TypeError), text
             assert ctl.digest() == digest, text
             caught.append(text)
     finally:
@@ -331,7 +337,7 @@ def _bad_input(rank: int, world: int) -> list[str]:
 
 def test_bad_input_is_a_typed_error_and_changes_nothing() -> None:
     results = run_ranks(_bad_input, 2, timeout_s=60)
-    assert results[0] == results[1] and len(results[0]) == 18
+    assert results[0] == results[1] and len(results[0]) == 19
 
 
 def test_bad_configuration_is_refused() -> None:

@@ -8,7 +8,6 @@ The device path (CUDA pools) runs here on CPU tensors through a recording stand-
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -19,7 +18,7 @@ from cpkv.tier import streams as streams_module
 from cpkv.tier.controller import _pools_device
 from cpkv.errors import InvalidArgumentError
 from stream_double import RecordingStreams
-from test_tier import PAGE, PAYLOADS, ROWS, _Engine, _settings, _tokens
+from test_tier import PAYLOADS, ROWS, _Engine, _settings, _tokens
 
 
 @pytest.fixture
@@ -62,7 +61,7 @@ def test_a_load_back_waits_for_the_callers_stream_before_writing(recorded):
         # Each layer: copies on the load stream, then its event; the caller's stream waits on it.
         layer_events = [e[2] for e in log if e[:2] == ("record", "load")]
         assert len(layer_events) == 3
-        for layer, number in enumerate(layer_events):
+        for number in layer_events:
             done = log.index(("record", "load", number))
             assert log[done - 1] == ("off", "load")
         assert [e[2] for e in recorded.entries("wait", "caller")] == layer_events

@@ -113,10 +113,19 @@ class Rank:
                                 timeout=datetime.timedelta(seconds=WAIT_S))
         from sglang.srt.runtime_context import get_parallel
 
+        # TP = world; attention CP of `cp` ranks (default all), attention TP = world / cp:
+        # tp_rank = cp_rank * attn_tp + attn_tp_rank, as SGLang numbers them without attention DP.
+        cp = options.get("cp", world)
+        attn_tp = world // cp
+        self.cp_rank, self.attn_tp_rank = rank // attn_tp, rank % attn_tp
         get_parallel().override_permanently(
-            tp_rank=rank, tp_size=world, pp_rank=0, pp_size=1, attn_cp_rank=rank, attn_cp_size=world,
-            attn_tp_rank=0, attn_tp_size=1, attn_dp_rank=0, attn_dp_size=1, attn_dcp_rank=0, attn_dcp_size=1)
-        self.cp_group = dist.new_group(list(range(world)), backend="gloo")
+            tp_rank=rank, tp_size=world, pp_rank=0, pp_size=1, attn_cp_rank=self.cp_rank, attn_cp_size=cp,
+            attn_tp_rank=self.attn_tp_rank, attn_tp_size=attn_tp, attn_dp_rank=0, attn_dp_size=1,
+            attn_dcp_rank=0, attn_dcp_size=1)
+        for t in range(attn_tp):  # every rank creates every CP group, in one order
+            group = dist.new_group([t + k * attn_tp for k in range(cp)], backend="gloo")
+            if t == self.attn_tp_rank:
+                self.cp_group = group
         self.test_group = dist.new_group(list(range(world)), backend="gloo")  # the test's own barriers
         self.page_size = options.get("page_size", 4)
         self.layout = options.get("layout", "replicated")
@@ -144,7 +153,6 @@ class Rank:
         return kv, alloc, host
 
     def controller(self, backend: str = "dynamic", extra: dict | None = None) -> Any:
-        import torch.distributed as dist
 
         from sglang.srt.managers.cache_controller import HiCacheController
 
@@ -159,7 +167,8 @@ class Rank:
     # -- content ----------------------------------------------------------------------------------
 
     def tag(self) -> int:
-        return self.rank + 1 if self.sharded else 0
+        """Replicated content is the same on the ranks of a CP group; attention-TP ranks hold other heads."""
+        return self.attn_tp_rank * 1000 + (self.cp_rank + 1 if self.sharded else 0)
 
     def fill(self, host: Any, indices: Any, hashes: list[str]) -> None:
         import torch
@@ -263,7 +272,6 @@ def _cpkv_extra(options: dict, **more: Any) -> dict:
 
 def roundtrip(r: Rank, requests: int = 8, seed: int = 1, sidecar: bool = False) -> dict:
     """Every rank writes the same requests, then every rank prefetches each one."""
-    import torch
 
     from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransfer
 
@@ -296,7 +304,7 @@ def roundtrip(r: Rank, requests: int = 8, seed: int = 1, sidecar: bool = False) 
     if sidecar:
         hashes = r.hashes(reqs[0])
         exists = r.backend.batch_exists_v2(hashes, [PoolTransfer(name=PoolName.INDEXER, keys=hashes)])
-        out["exists_v2"] = [exists.kv_hit_pages, dict((str(k), v) for k, v in exists.extra_pool_hit_pages.items())]
+        out["exists_v2"] = [exists.kv_hit_pages, {str(k): v for k, v in exists.extra_pool_hit_pages.items()}]
         kv_dst = r.host.alloc(len(hashes) * r.page_size)
         side_dst = r.side_host.alloc(len(hashes) * r.page_size)
         got = r.backend.batch_get_v2([PoolTransfer(name=PoolName.KV, host_indices=kv_dst, keys=hashes),
@@ -407,4 +415,22 @@ def killed(r: Rank, requests: int = 6) -> dict:
             "pid": os.getpid()}
 
 
-SCENARIOS = {"roundtrip": roundtrip, "pressure": pressure, "killed": killed}
+def diverged(r: Rank, requests: int = 4) -> dict:
+    """Rank 1's last store carries a different page than rank 0's: the next digest check must raise
+    DivergenceError on every rank."""
+    r.controller("dynamic", _cpkv_extra(r.options, cpkv_check_every=1))
+    reqs = shared_prefix_requests(requests, 4, r.page_size)
+    if r.rank == 1:
+        reqs[-1] = reqs[-1][:-r.page_size] + [7] * r.page_size  # one page the others never store
+    for tokens in reqs:
+        idx, _ = r.write(tokens)
+        r.wait_backup(idx)
+    try:
+        r.backend.wait_checks(WAIT_S)
+        error = None
+    except Exception as err:  # noqa: BLE001
+        error = f"{type(err).__name__}: {err}"
+    return {"error_seen": error, "stats": r.backend.stats()}
+
+
+SCENARIOS = {"roundtrip": roundtrip, "pressure": pressure, "killed": killed, "diverged": diverged}

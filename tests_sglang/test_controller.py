@@ -38,6 +38,13 @@ def test_v1_roundtrip(cp: int) -> None:
 
 
 @pytest.mark.timeout(400)
+def test_tensor_calls_without_interface_v1() -> None:
+    """Without "interface_v1" SGLang's controller uses the older batch_set/batch_get with flat page tensors."""
+    results = launch(2, "roundtrip", v1=False)
+    _check_roundtrip(results, 2)
+
+
+@pytest.mark.timeout(400)
 def test_v2_sidecar_sliced() -> None:
     """v2 with a sidecar pool (the NSA indexer's name), each rank holding its own slice of every page."""
     results = launch(2, "roundtrip", v1=True, layout="sliced", args={"sidecar": True})
@@ -55,3 +62,19 @@ def test_two_nodes_of_two() -> None:
     results = launch(4, "roundtrip", v1=True, ranks_per_node=2)
     _check_roundtrip(results, 4, nodes=2)
     assert sorted(r["stats"]["node"] for r in results) == [0, 0, 1, 1]
+
+
+@pytest.mark.timeout(400)
+def test_tp_times_cp_groups_keep_their_own_slab() -> None:
+    """TP 4 as 2 attention-TP ranks x CP 2: two CP groups ({0, 2} and {1, 3}) whose pages differ
+    (other heads); each group shares its own slab, and nothing crosses between them."""
+    results = launch(4, "roundtrip", v1=True, cp=2)
+    for group in ((0, 2), (1, 3)):
+        a, b = (results[r] for r in group)
+        assert a["digest"] == b["digest"]
+        assert a["stats"]["cp_size"] == 2 and a["stats"]["node_size"] == 2
+        for res in (a, b):
+            for got, n in zip(res["fetched"], res["pages"]):
+                assert got["pre"] == got["post"] == got["loaded"] == n * 4 and got["wrong"] == 0, got
+            assert res["slab_bytes_in_use"] == res["distinct_pages"] * res["row_bytes"]
+        assert a["stats"]["pages_written"] + b["stats"]["pages_written"] == a["distinct_pages"]

@@ -14,7 +14,9 @@ use numpy::PyArray1;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
-use crate::convert::{describe, int_vector, invalid, snapshot_bytes, uint, wrong_type};
+use crate::convert::{
+    describe, int_vector, invalid, ordered_items, signed, snapshot_bytes, uint, wrong_type,
+};
 use crate::errors::{alloc_error, cpkv_error};
 use crate::shared::{unshared, Shared};
 
@@ -315,20 +317,13 @@ impl PyPageAllocator {
         requests: &Bound<'_, PyAny>,
         payloads: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Vec<Option<PyPlacement>>> {
-        let refuse = || {
-            wrong_type(format!(
-                "requests must be a list or tuple of (key, num_pages) pairs, got {}",
+        // Ordered iterables only: the order decides the placements.
+        let items = ordered_items(requests, || {
+            format!(
+                "requests must be an ordered sequence of (key, num_pages) pairs, got {}",
                 describe(requests)
-            ))
-        };
-        // Ordered containers only: the order decides the placements.
-        let items: Vec<Bound<'_, PyAny>> = if let Ok(list) = requests.cast::<PyList>() {
-            list.iter().collect()
-        } else if let Ok(tuple) = requests.cast::<PyTuple>() {
-            tuple.iter().collect()
-        } else {
-            return Err(refuse());
-        };
+            )
+        })?;
         let mut parsed = Vec::with_capacity(items.len());
         for (i, item) in items.iter().enumerate() {
             let (key, num_pages): (Bound<'_, PyAny>, Bound<'_, PyAny>) =
@@ -628,14 +623,20 @@ impl PyPlacementBatch {
     }
 
     /// Item `index` (negative counts from the end): a `Placement` or `None`.
-    fn __getitem__(&self, index: isize) -> PyResult<Option<PyPlacement>> {
-        let len = self.placements.len() as isize;
-        let at = if index < 0 { index + len } else { index };
-        if !(0..len).contains(&at) {
+    /// An index of another type is an `ArgumentTypeError`; one past either
+    /// end an `IndexError`, which also ends iteration.
+    fn __getitem__(&self, index: &Bound<'_, PyAny>) -> PyResult<Option<PyPlacement>> {
+        let len = self.placements.len() as i128;
+        let position = signed(index, "batch index")?;
+        let at = position
+            .map(|i| if i < 0 { i + len } else { i })
+            .filter(|at| (0..len).contains(at));
+        let Some(at) = at else {
             return Err(pyo3::exceptions::PyIndexError::new_err(format!(
-                "batch index {index} out of range for {len} items"
+                "batch index {} out of range for {len} items",
+                describe(index)
             )));
-        }
+        };
         let at = at as usize;
         Ok(self.placements[at].clone().map(|placement| PyPlacement {
             key: self.keys[at],

@@ -84,21 +84,7 @@ fn uint_named(obj: &Bound<'_, PyAny>, name: &dyn Fn() -> String) -> PyResult<u64
             describe(obj)
         ))
     };
-    let type_name = obj.get_type().name()?;
-    // numpy's bool scalar is `bool_` (numpy 1) or `bool` (numpy 2).
-    if obj.is_instance_of::<PyBool>() || type_name == "bool_" || type_name == "bool" {
-        return Err(refuse());
-    }
-    let index = if obj.is_instance_of::<PyInt>() {
-        obj.clone()
-    } else if obj.hasattr(pyo3::intern!(obj.py(), "__index__"))? {
-        match obj.call_method0(pyo3::intern!(obj.py(), "__index__")) {
-            Ok(index) if index.is_instance_of::<PyInt>() => index,
-            _ => return Err(refuse()),
-        }
-    } else {
-        return Err(refuse());
-    };
+    let index = int_like(obj, refuse)?;
     match index.extract::<i128>().map(u64::try_from) {
         Ok(Ok(value)) => Ok(value),
         // Negative, or beyond i128: the value is named as it was given.
@@ -108,6 +94,38 @@ fn uint_named(obj: &Bound<'_, PyAny>, name: &dyn Fn() -> String) -> PyResult<u64
             describe(obj)
         ))),
     }
+}
+
+/// A signed int by the rule above (a position that may count from the end);
+/// `None` beyond i128, where no position lies.
+pub(crate) fn signed(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Option<i128>> {
+    let index = int_like(obj, || {
+        wrong_type(format!("{what} must be an int, got {}", describe(obj)))
+    })?;
+    Ok(index.extract::<i128>().ok())
+}
+
+/// `obj` as a Python int by the rule above (`refuse` when it is not one).
+fn int_like<'py>(
+    obj: &Bound<'py, PyAny>,
+    refuse: impl Fn() -> PyErr,
+) -> PyResult<Bound<'py, PyAny>> {
+    let type_name = obj.get_type().name()?;
+    // numpy's bool scalar is `bool_` (numpy 1) or `bool` (numpy 2).
+    if obj.is_instance_of::<PyBool>() || type_name == "bool_" || type_name == "bool" {
+        return Err(refuse());
+    }
+    if obj.is_instance_of::<PyInt>() {
+        return Ok(obj.clone());
+    }
+    if obj.hasattr(pyo3::intern!(obj.py(), "__index__"))? {
+        if let Ok(index) = obj.call_method0(pyo3::intern!(obj.py(), "__index__")) {
+            if index.is_instance_of::<PyInt>() {
+                return Ok(index);
+            }
+        }
+    }
+    Err(refuse())
 }
 
 /// An exact `int` in [0, 2**64), read with one C call; `None` (no error
@@ -181,19 +199,12 @@ pub(crate) fn int_vector(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u64
             return int_array(obj, array, what);
         }
     }
-    let py = obj.py();
-    let refuse = || {
-        wrong_type(format!(
+    let items = ordered_iter(obj, || {
+        format!(
             "{what} must be a 1-D integer array or an ordered sequence of ints, got {}",
             describe(obj)
-        ))
-    };
-    if obj.is_instance(unordered_types(py)?.as_any())? {
-        return Err(refuse());
-    }
-    let Ok(items) = obj.try_iter() else {
-        return Err(refuse());
-    };
+        )
+    })?;
     // Grown as items arrive: no size hint (which may come from a lying
     // `__len__`) reserves anything.
     let mut values = Vec::new();
@@ -201,6 +212,31 @@ pub(crate) fn int_vector(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u64
         values.push(element(i, &item?)?);
     }
     Ok(values)
+}
+
+/// An iterator over an ordered iterable by the rule above; `refusal` is the
+/// message of the `ArgumentTypeError` for anything else.
+fn ordered_iter<'py>(
+    obj: &Bound<'py, PyAny>,
+    refusal: impl Fn() -> String,
+) -> PyResult<Bound<'py, pyo3::types::PyIterator>> {
+    if obj.is_instance(unordered_types(obj.py())?.as_any())? {
+        return Err(wrong_type(refusal()));
+    }
+    obj.try_iter().map_err(|_| wrong_type(refusal()))
+}
+
+/// The items of an ordered iterable by the rule above (a list of requests,
+/// say), read by iteration.
+pub(crate) fn ordered_items<'py>(
+    obj: &Bound<'py, PyAny>,
+    refusal: impl Fn() -> String,
+) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    let mut items = Vec::new();
+    for item in ordered_iter(obj, refusal)? {
+        items.push(item?);
+    }
+    Ok(items)
 }
 
 fn int_array(

@@ -9,6 +9,9 @@
 //! snapshots) run without the GIL throughout. Python objects are built by
 //! the caller after the lock is released, so no Python code runs under it.
 //!
+//! Classes whose state never changes after construction (results,
+//! `Placement`, `RowSources`) hold no lock: they are read-only.
+//!
 //! Poison rule: a core call that panics is a bug in cpkv. The panic does not
 //! cross into Python as `PanicException`: the call raises `InternalError`,
 //! and because the core may have been left half-changed (its digest no

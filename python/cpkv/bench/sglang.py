@@ -227,7 +227,7 @@ def _rank_main(rank: int, world: int, port: int, chains: list[list[str]], slab_p
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=300))
-    group = dist.new_group(list(range(world)), backend="gloo")  # SGLang's MIN hit sync group
+    group: Any = dist.new_group(list(range(world)), backend="gloo")  # SGLang's MIN hit sync group
     longest = max(len(c) for c in chains)
     host = _pools((longest + 1) * PAGE_TOKENS)
     host.kv_buffer.view(torch.uint8).view(-1).random_(0, 256)
@@ -320,7 +320,7 @@ def _replay(backend: Any, style: str, chains: list[list[str]], host: Any, indice
             raise TimeoutError("the backup thread did not finish a store within 300 s")
     work.put(None)
     thread.join(60)
-    everyone = [None] * dist.get_world_size(group)
+    everyone: list[Any] = [None] * dist.get_world_size(group)
     dist.all_gather_object(everyone, pre_hits, group=group)
     best = [max(col) for col in zip(*everyone)]
     removed = sum(b - p for b, p in zip(best, post_hits)) * PAGE_TOKENS

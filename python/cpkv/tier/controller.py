@@ -49,7 +49,7 @@ from cpkv.compose.gloo_group import gloo_group_of
 from cpkv.compose.layout import CpLayout
 from cpkv.compose.timeouts import as_timedelta, guarded
 from cpkv.config import CpkvConfig, config
-from cpkv.errors import CollectiveTimeoutError, DivergenceError, InvalidArgumentError
+from cpkv.errors import ArgumentTypeError, CollectiveTimeoutError, DivergenceError, InvalidArgumentError
 from cpkv.tier import streams as _streams
 from cpkv.tier.slab import HostSlab, SlabSpec
 from cpkv.tier.warnings import RateLimitedLog
@@ -143,14 +143,14 @@ def _merged(copies: list[_Copy]) -> _Copy:
 
 
 def _layer_index(layer: Any, num_layers: int) -> int:
-    """``layer`` as an int in ``[0, num_layers)``, or an InvalidArgumentError naming it (a bool or a
-    float is no layer, even when it would compare equal to one)."""
+    """``layer`` as an int in ``[0, num_layers)``: ArgumentTypeError for a bool, a float or anything
+    else that is no int (even when it would compare equal to one), InvalidArgumentError out of range."""
     if isinstance(layer, bool):
-        raise InvalidArgumentError(f"layer must be an int, got {layer!r}")
+        raise ArgumentTypeError(f"layer must be an int, got {layer!r}")
     try:
         index = operator.index(layer)
     except TypeError:
-        raise InvalidArgumentError(f"layer must be an int, got {layer!r}") from None
+        raise ArgumentTypeError(f"layer must be an int, got {layer!r}") from None
     if not 0 <= index < num_layers:
         raise InvalidArgumentError(f"layer {index} is not in [0, {num_layers})")
     return index
@@ -158,7 +158,7 @@ def _layer_index(layer: Any, num_layers: int) -> int:
 
 def _check_lookup(hit: Any, what: str) -> None:
     if not isinstance(hit, Lookup):
-        raise InvalidArgumentError(f"{what} takes a Lookup from lookup(), got {hit!r}")
+        raise ArgumentTypeError(f"{what} takes a Lookup from lookup(), got {hit!r}")
 
 
 def _pools_device(device_pools: Mapping[str, Sequence[Any]]) -> Any:
@@ -259,7 +259,7 @@ class CacheController:
         self.num_layers = self._check_pools(device_pools, device_pages)
         self.device = _pools_device(device_pools)
         # CUDA pools: copies on side streams of the pools' device (not the current one); CPU pools: None.
-        self._streams = _streams.stream_ops(self.device)
+        self._streams: Any = _streams.stream_ops(self.device)  # CudaStreams, a test's double, or None
         # Rows move as the widest integer word that divides them: torch's index_copy_ on uint8 rows
         # runs about 6x slower than on the same bytes as int64 (measured by `cpkv bench tier`).
         self._words = {name: _word_dtype(spec.row_bytes) for name, spec in self.payloads.items()}
@@ -287,7 +287,7 @@ class CacheController:
         self._loads: list[LoadHandle] = []
         self._load_failed = False
         self._copier: threading.Thread | None = None
-        self._copy_queue: list[tuple[LoadHandle, _Copy]] = []
+        self._copy_queue: list[tuple[LoadHandle, _Copy, list[Any]]] = []
         self._copy_cv = threading.Condition()
         self._closed = False
         self.forwards = 0
@@ -367,7 +367,7 @@ class CacheController:
         as one copy per layer (fewer, longer copies than request by request)."""
         self._check_open()
         if isinstance(hits, (str, bytes)) or not isinstance(hits, Sequence):
-            raise InvalidArgumentError(f"load_batch takes a sequence of Lookups, got {hits!r}")
+            raise ArgumentTypeError(f"load_batch takes a sequence of Lookups, got {hits!r}")
         for hit in hits:  # all checked before any page is taken
             _check_lookup(hit, "load")
         handles, jobs = [], []
@@ -414,18 +414,20 @@ class CacheController:
         # One copy per payload for all of them, not one per backup; the same backups are usually due
         # at every layer, so their merged copy (and its runs) is built once.
         tickets = tuple(b.ticket for b in due)
-        if self._merged_backups[0] != tickets:
-            self._merged_backups = (tickets, _merged([b.copy for b in due]))
+        merged = self._merged_backups[1]
+        if self._merged_backups[0] != tickets or merged is None:
+            merged = _merged([b.copy for b in due])
+            self._merged_backups = (tickets, merged)
         done = None
         if self._streams is None:
-            self._copy_layer(layer, self._merged_backups[1], to_slab=True)
+            self._copy_layer(layer, merged, to_slab=True)
         else:
             ops, stream = self._streams, self._backup_stream
             ops.wait(stream, ops.record(ops.current()))  # the layer's KV, written by the caller's queued work
             if self._load_tail is not None:
                 ops.wait(stream, self._load_tail)  # slab rows a load-back still reads
             with ops.on(stream):
-                self._copy_layer(layer, self._merged_backups[1], to_slab=True)
+                self._copy_layer(layer, merged, to_slab=True)
             done = self._backup_tail = ops.record(stream)
         for backup in due:
             backup.layers_done.add(layer)
@@ -522,7 +524,7 @@ class CacheController:
         self._pools.clear()
         self.slab.close()
 
-    def __enter__(self) -> "CacheController":
+    def __enter__(self) -> CacheController:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -665,7 +667,8 @@ class CacheController:
 
     def _all_reduce_min(self, values: list[int], what: str) -> list[int]:
         self.counters["collectives"] += 1
-        if self._dist is None:
+        dist = self._dist
+        if dist is None:
             return values
         import torch
 
@@ -673,7 +676,7 @@ class CacheController:
         timeout = as_timedelta(self.settings.collective_timeout_s)
 
         def reduce() -> None:
-            work = self._dist.all_reduce(tensor, op=self._dist.ReduceOp.MIN, group=self._host_pg, async_op=True)
+            work = dist.all_reduce(tensor, op=dist.ReduceOp.MIN, group=self._host_pg, async_op=True)
             work.wait(timeout)
 
         guarded(what, self.layout.rank, -1, self.settings.collective_timeout_s, reduce)

@@ -699,6 +699,6 @@ class HostSlab:
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else self.kind
-        return (f"HostSlab({dict((n, (s.page_shape, str(s.dtype))) for n, s in self._payloads.items())}, "
+        return (f"HostSlab({ {n: (s.page_shape, str(s.dtype)) for n, s in self._payloads.items()} }, "
                 f"num_pages={self._num_pages}, num_layers={self._num_layers}, rank={self._rank}/"
                 f"{self._world_size}, {state})")

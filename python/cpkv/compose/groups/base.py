@@ -122,6 +122,10 @@ class DistributedGroup(ComposeGroup):
         finally:
             self._release()
 
+    def barrier(self, what: str = "barrier", *, layer: int = -1) -> None:
+        """Collective: every rank of the group has arrived (bounded by ``timeout_s``)."""
+        raise NotImplementedError
+
     def _quiesce(self) -> None:
         """This rank's own queued work, finished before the closing barrier (none on the CPU)."""
 

@@ -63,7 +63,7 @@ class _DevicePayload:
     tables: list[Any]  # per parity: int64 [2 * cp] device addresses
     addresses: list[list[int]]  # the same, on the host
     calls: int = 0
-    descriptors: "OrderedDict[tuple[PlanKey, int], tuple[Any, Any]]" = field(default_factory=OrderedDict)
+    descriptors: OrderedDict[tuple[PlanKey, int], tuple[Any, Any]] = field(default_factory=OrderedDict)
 
 
 class CudaIpcGroup(DistributedGroup):
@@ -262,9 +262,9 @@ def open_peer_buffer(rebuild: Any, args: tuple, device_index: int) -> Any:
     if "storage_device" not in params:
         raise FallbackError(f"cannot open a CUDA IPC handle rebuilt by {getattr(rebuild, '__name__', rebuild)!r}: "
                             "this torch names no storage_device argument")
-    args = list(args)
-    args[params.index("storage_device")] = device_index
-    return rebuild(*args)
+    opened = list(args)
+    opened[params.index("storage_device")] = device_index
+    return rebuild(*opened)
 
 
 def _round_up(n: int) -> int:

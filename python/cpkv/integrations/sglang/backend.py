@@ -31,12 +31,11 @@ from __future__ import annotations
 import ctypes
 import datetime
 import logging
-import os
 import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any
 
 import numpy as np
 import torch
@@ -109,7 +108,7 @@ def _build_topology(config: HiCacheStorageConfig, settings: CpkvStorageSettings)
                 f"attn_cp_size is {config.attn_cp_size} but torch.distributed is not initialised")
         return Topology()
     timeout = datetime.timedelta(seconds=settings.timeout_s)
-    world = dist.new_group(backend="gloo", timeout=timeout)
+    world: Any = dist.new_group(backend="gloo", timeout=timeout)
     cp_size = max(1, config.attn_cp_size)
     attn_tp = max(1, config.tp_size // cp_size) if config.tp_size >= cp_size else 1
     content = (config.pp_rank, config.dp_rank, config.tp_rank % attn_tp)
@@ -126,20 +125,20 @@ def _build_topology(config: HiCacheStorageConfig, settings: CpkvStorageSettings)
     cp_groups: dict[Any, list[tuple[int, int]]] = {}
     for rank, (key, cp_rank, size, _boot, _settings, _writer) in enumerate(heard):
         cp_groups.setdefault((key, size), []).append((cp_rank, rank))
+    # Every check looks at every group, so every rank raises the same error (none goes on to
+    # create groups that the others never join).
     problems = []
     for (key, size), members in sorted(cp_groups.items()):
         if sorted(c for c, _ in members) != list(range(size)):
             problems.append(f"group {key}: attn_cp ranks {sorted(c for c, _ in members)} are not 0..{size - 1}")
-    groups = {key: members for key, members in cp_groups.items()}
-    my_members = sorted(groups[(content, cp_size)])
-    if any(heard[r][4] != settings for _, r in my_members):
-        problems.append("the CP ranks were given different cpkv_* settings: " +
-                        "; ".join(f"rank {r}: {heard[r][4]}" for _, r in my_members))
-    writers = [heard[r][5] for _, r in my_members]
-    if not all(writers) and cp_size > 1:
-        problems.append("SGLang backs up this model's pages on some CP ranks only (an MLA model: only "
-                        "tp_rank 0 is a storage writer), so the other ranks never see the stores that "
-                        "drive cpkv's replicated index; run it with GQA/MHA models")
+        ranks = [r for _, r in sorted(members)]
+        if any(heard[r][4] != heard[ranks[0]][4] for r in ranks):
+            problems.append("the CP ranks were given different cpkv_* settings: " +
+                            "; ".join(f"rank {r}: {heard[r][4]}" for r in ranks))
+        if size > 1 and not all(heard[r][5] for r in ranks):
+            problems.append("SGLang backs up this model's pages on some CP ranks only (an MLA model: only "
+                            "tp_rank 0 is a storage writer), so the other ranks never see the stores that "
+                            "drive cpkv's replicated index; run it with GQA/MHA models")
     if problems:
         raise InvalidArgumentError("cpkv sglang backend: " + "; ".join(problems))
 
@@ -149,7 +148,7 @@ def _build_topology(config: HiCacheStorageConfig, settings: CpkvStorageSettings)
         return heard[rank][3]
 
     topo = Topology()
-    for (key, size), members in sorted(groups.items(), key=lambda kv: sorted(r for _, r in kv[1])):
+    for (_key, size), members in sorted(cp_groups.items(), key=lambda kv: sorted(r for _, r in kv[1])):
         members = sorted(members)
         ranks = [r for _, r in members]
         group = dist.new_group(ranks, backend="gloo", timeout=timeout) if size > 1 else None
@@ -157,7 +156,9 @@ def _build_topology(config: HiCacheStorageConfig, settings: CpkvStorageSettings)
         for cp_rank, rank in members:
             by_node.setdefault(node_key(rank, cp_rank), []).append(rank)
         node_list = sorted(by_node.values())
-        node_groups = [dist.new_group(n, backend="gloo", timeout=timeout) if len(n) > 1 else None for n in node_list]
+        # A group even for one rank: the slab's creation must not fall back to the default group,
+        # which would make ranks of different CP groups (different content) share one slab.
+        node_groups = [dist.new_group(n, backend="gloo", timeout=timeout) for n in node_list]
         if me in ranks:
             topo.cp_rank, topo.cp_size, topo.cp_group = config.attn_cp_rank, size, group
             for index, (node_ranks, node_group) in enumerate(zip(node_list, node_groups)):
@@ -291,7 +292,7 @@ def _signed63(value: int) -> int:
 class CpkvHiCacheStorage(HiCacheStorage):
     """SGLang ``HiCacheStorage`` over one cpkv HostSlab per node (see the module docstring)."""
 
-    def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Optional[dict] = None) -> None:
+    def __init__(self, storage_config: HiCacheStorageConfig, kwargs: dict | None = None) -> None:
         self.settings = CpkvStorageSettings.from_extra_config(storage_config.extra_config)
         if storage_config.dcp_size > 1:
             raise InvalidArgumentError("cpkv's storage backend does not run under decode CP (--dcp-size > 1)")
@@ -313,7 +314,7 @@ class CpkvHiCacheStorage(HiCacheStorage):
         self._checker: threading.Thread | None = None
         self._checked = threading.Condition()
         self._checks_queued = self._checks_done = 0
-        self._metrics = {"prefetch_pgs": [], "backup_pgs": [], "prefetch_bandwidth": [], "backup_bandwidth": []}
+        self._metrics: dict[str, list[float]] = {"prefetch_pgs": [], "backup_pgs": [], "prefetch_bandwidth": [], "backup_bandwidth": []}
 
     # -- pools ------------------------------------------------------------------------------------
 
@@ -366,7 +367,7 @@ class CpkvHiCacheStorage(HiCacheStorage):
     def _read_part(self) -> int:
         return 0 if self.parts == 1 else self.topology.local_rank
 
-    def _store(self, keys: List[str], prefix_keys: Optional[List[str]]) -> list:
+    def _store(self, keys: list[str], prefix_keys: list[str] | None) -> list:
         self._check_usable()
         entries = self.index.store(keys, prefix_keys)
         with self._counters_lock:
@@ -457,13 +458,13 @@ class CpkvHiCacheStorage(HiCacheStorage):
 
     # -- reads (no replicated state changes) ------------------------------------------------------
 
-    def _lookup(self, keys: List[str]) -> np.ndarray:
+    def _lookup(self, keys: list[str]) -> np.ndarray:
         """int64 ``[n, 3]``: (position in ``keys``, row, handle) of each key in the index."""
         get = self.index.get
         found = [(i, e.row, e.handle) for i, e in enumerate(map(get, keys)) if e is not None]
         return np.array(found, dtype=np.int64).reshape(-1, 3)
 
-    def _present(self, pool: _PoolSlab, keys: List[str]) -> int:
+    def _present(self, pool: _PoolSlab, keys: list[str]) -> int:
         """Length of the leading run of keys whose every part is written in ``pool``."""
         found = self._lookup(keys)
         complete = np.zeros(len(keys), dtype=bool)
@@ -472,7 +473,7 @@ class CpkvHiCacheStorage(HiCacheStorage):
         missing = np.flatnonzero(~complete)
         return int(missing[0]) if len(missing) else len(keys)
 
-    def _read(self, pool: _PoolSlab, keys: List[str], host_indices: Any) -> List[bool]:
+    def _read(self, pool: _PoolSlab, keys: list[str], host_indices: Any) -> list[bool]:
         found = self._lookup(keys)
         ok = np.zeros(len(keys), dtype=bool)
         if len(found) == 0:
@@ -496,7 +497,7 @@ class CpkvHiCacheStorage(HiCacheStorage):
 
     # -- SGLang's interface: v1 -------------------------------------------------------------------
 
-    def batch_exists(self, keys: List[str], extra_info: Optional[HiCacheStorageExtraInfo] = None) -> int:
+    def batch_exists(self, keys: list[str], extra_info: HiCacheStorageExtraInfo | None = None) -> int:
         self._check_usable()
         hits = self._present(self._pool(KV), keys)
         with self._counters_lock:
@@ -506,8 +507,8 @@ class CpkvHiCacheStorage(HiCacheStorage):
                 self.exists_log.append(hits)
         return hits
 
-    def batch_set_v1(self, keys: List[str], host_indices: torch.Tensor,
-                     extra_info: Optional[HiCacheStorageExtraInfo] = None) -> List[bool]:
+    def batch_set_v1(self, keys: list[str], host_indices: torch.Tensor,
+                     extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
         started = time.perf_counter()
         prefix = extra_info.prefix_keys if extra_info is not None else None
         entries = self._store(keys, prefix)
@@ -517,8 +518,8 @@ class CpkvHiCacheStorage(HiCacheStorage):
         self._after_store()
         return [e is not None for e in entries]
 
-    def batch_get_v1(self, keys: List[str], host_indices: torch.Tensor,
-                     extra_info: Optional[HiCacheStorageExtraInfo] = None) -> List[bool]:
+    def batch_get_v1(self, keys: list[str], host_indices: torch.Tensor,
+                     extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
         self._check_usable()
         started = time.perf_counter()
         pool = self._pool(KV)
@@ -545,8 +546,8 @@ class CpkvHiCacheStorage(HiCacheStorage):
 
     # -- SGLang's interface: v2 (several pools at once) -------------------------------------------
 
-    def batch_exists_v2(self, keys: List[str], pool_transfers: Optional[List[PoolTransfer]] = None,
-                        extra_info: Optional[HiCacheStorageExtraInfo] = None) -> PoolTransferResult:
+    def batch_exists_v2(self, keys: list[str], pool_transfers: list[PoolTransfer] | None = None,
+                        extra_info: HiCacheStorageExtraInfo | None = None) -> PoolTransferResult:
         kv_pages = self.batch_exists(keys, extra_info)
         hit_count: dict[str, int] = {KV: kv_pages} if kv_pages else {}
         restorable = set(range(1, kv_pages + 1))
@@ -572,10 +573,10 @@ class CpkvHiCacheStorage(HiCacheStorage):
         ordered = sorted(restorable)
         return PoolTransferResult(ordered[-1] if ordered else 0, hit_count, ordered)
 
-    def batch_get_v2(self, transfers: List[PoolTransfer],
-                     extra_info: Optional[HiCacheStorageExtraInfo] = None) -> dict[str, List[bool]]:
+    def batch_get_v2(self, transfers: list[PoolTransfer],
+                     extra_info: HiCacheStorageExtraInfo | None = None) -> dict[str, list[bool]]:
         self._check_usable()
-        results: dict[str, List[bool]] = {}
+        results: dict[str, list[bool]] = {}
         for transfer in transfers:
             keys = list(transfer.keys or [])
             pool = self._pool(transfer.name)
@@ -587,11 +588,11 @@ class CpkvHiCacheStorage(HiCacheStorage):
             self._account_read(pool, sum(ok), started)
         return results
 
-    def batch_set_v2(self, transfers: List[PoolTransfer],
-                     extra_info: Optional[HiCacheStorageExtraInfo] = None) -> dict[str, List[bool]]:
+    def batch_set_v2(self, transfers: list[PoolTransfer],
+                     extra_info: HiCacheStorageExtraInfo | None = None) -> dict[str, list[bool]]:
         self._check_usable()
         prefix = extra_info.prefix_keys if extra_info is not None else None
-        results: dict[str, List[bool]] = {}
+        results: dict[str, list[bool]] = {}
         # Every transfer's keys are stored (the index sees the same calls on every rank whatever
         # the indices); a transfer whose indices do not fit its keys writes nothing.
         for transfer in transfers:
@@ -621,7 +622,7 @@ class CpkvHiCacheStorage(HiCacheStorage):
     def exists(self, key: str) -> bool:
         return self.batch_exists([key]) == 1
 
-    def get(self, key: str, target_location: Optional[Any] = None, target_sizes: Optional[Any] = None) -> Any:
+    def get(self, key: str, target_location: Any | None = None, target_sizes: Any | None = None) -> Any:
         self._check_usable()
         pool = self._pool(KV)
         e = self.index.get(key)
@@ -638,17 +639,17 @@ class CpkvHiCacheStorage(HiCacheStorage):
             return None
         return target_location
 
-    def batch_get(self, keys: List[str], target_locations: Optional[Any] = None,
-                  target_sizes: Optional[Any] = None) -> List[Any]:
+    def batch_get(self, keys: list[str], target_locations: Any | None = None,
+                  target_sizes: Any | None = None) -> list[Any]:
         targets = target_locations or [None] * len(keys)
         return [self.get(k, t) for k, t in zip(keys, targets)]
 
-    def set(self, key: str, value: Optional[Any] = None, target_location: Optional[Any] = None,
-            target_sizes: Optional[Any] = None) -> bool:
+    def set(self, key: str, value: Any | None = None, target_location: Any | None = None,
+            target_sizes: Any | None = None) -> bool:
         return self.batch_set([key], [value])
 
-    def batch_set(self, keys: List[str], values: Optional[Any] = None, target_locations: Optional[Any] = None,
-                  target_sizes: Optional[Any] = None) -> bool:
+    def batch_set(self, keys: list[str], values: Any | None = None, target_locations: Any | None = None,
+                  target_sizes: Any | None = None) -> bool:
         entries = self._store(keys, None)
         pool = self._pool(KV)
         written = 0
@@ -694,7 +695,7 @@ class CpkvHiCacheStorage(HiCacheStorage):
     def stats(self) -> dict[str, Any]:
         topo = self.topology
         with self._counters_lock:
-            out = dict(self.counters)
+            out: dict[str, Any] = dict(self.counters)
         out.update({
             "layout": self.settings.layout, "policy": self.settings.policy, "rows": self.settings.pages,
             "resident": len(self.index), "evicted": self.index.evicted, "cp_rank": topo.cp_rank,
