@@ -444,9 +444,9 @@ fn ghost_splits_a_long_victim_with_a_host_copy_instead_of_trimming_it() {
 /// (ghost's "only the tail of a long victim" once wrapped `2 * count`).
 #[test]
 fn a_huge_evict_count_takes_everything_under_every_policy() {
-    for policy in cpkv_evict::Policy::ALL {
-        let mut tree = cpkv_evict::PrefixTree::new(1, policy).unwrap();
-        tree.insert(&[5, 6, 7], &[1, 2, 3], &cpkv_evict::Namespace::Default)
+    for policy in Policy::ALL {
+        let mut tree = PrefixTree::new(1, policy).unwrap();
+        tree.insert(&[5, 6, 7], &[1, 2, 3], &Namespace::Default)
             .unwrap();
         let victims = tree.evict((1 << 63) + 1);
         assert_eq!(

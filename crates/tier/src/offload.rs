@@ -89,6 +89,9 @@ struct Pin {
     reads: Vec<u32>,
 }
 
+/// A request's chunks by (group, end position): (slot, serial).
+type Chain = HashMap<(u32, u64), (u32, u64)>;
+
 /// Where a new chunk's parent is: earlier in the same call, or resident.
 #[derive(Debug, Clone, Copy)]
 enum Parent {
@@ -137,7 +140,7 @@ pub struct OffloadIndex {
     loads: HashMap<(Box<str>, Vec<u32>), VecDeque<u64>>,
     /// Per live request: (group, end position) -> (slot, serial) of the
     /// chunks it loaded, touched or stored, so a later store finds parents.
-    requests: HashMap<Box<str>, HashMap<(u32, u64), (u32, u64)>>,
+    requests: HashMap<Box<str>, Chain>,
     next_serial: u64,
     epoch: u64,
     evicted: u64,
