@@ -197,6 +197,25 @@ pub(crate) struct PrefixTree {
     core: Shared<Core>,
 }
 
+/// Calls that evict more than this many pages release the GIL; smaller ones
+/// (an engine's usual few pages) keep it: releasing and retaking it costs
+/// more than the eviction.
+const EVICT_WITH_GIL_PAGES: usize = 1024;
+
+impl PrefixTree {
+    fn evict_core(
+        &self,
+        py: Python<'_>,
+        num_pages: usize,
+    ) -> PyResult<Vec<cpkv_evict::DeviceVictim>> {
+        if num_pages <= EVICT_WITH_GIL_PAGES {
+            self.core.with(py, |t| t.evict(num_pages))
+        } else {
+            self.core.detached(py, |t| t.evict(num_pages))
+        }
+    }
+}
+
 #[pymethods]
 impl PrefixTree {
     #[new]
@@ -282,8 +301,7 @@ impl PrefixTree {
     fn evict(&self, py: Python<'_>, num_pages: &Bound<'_, PyAny>) -> PyResult<Vec<DeviceVictim>> {
         let num_pages = count(num_pages, "num_pages")?;
         Ok(self
-            .core
-            .detached(py, |t| t.evict(num_pages))?
+            .evict_core(py, num_pages)?
             .into_iter()
             .map(|v| DeviceVictim {
                 node: v.node.0,
