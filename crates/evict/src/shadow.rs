@@ -153,6 +153,7 @@ impl Shadows {
                 .map(|&r| {
                     let policy = r.queue_policy().unwrap_or(Policy::Ghost);
                     let mut t = PrefixTree::without_shadows(1, policy).expect("page size 1");
+                    t.set_event_limit(0); // no one reads a shadow's residency events
                     if policy == Policy::Ghost {
                         t.make_shadow(r);
                     }
@@ -213,7 +214,6 @@ impl Shadows {
             t.insert(&pages[..keep], &ids, namespace)
                 .expect("fresh page ids");
             t.unlock(m.node).expect("locked above");
-            t.take_events();
             self.scores[i] = self.scores[i] - (self.scores[i] >> DECAY_SHIFT)
                 + ((matched as u64) << SCORE_FRACTION_BITS);
         }
@@ -285,7 +285,8 @@ impl Shadows {
             if d.page_size != 1 || !expected {
                 return Err(format!("shadow {ranking:?}: wrong page size or ranking"));
             }
-            let t = PrefixTree::rebuild(d).map_err(|e| format!("shadow {ranking:?}: {e}"))?;
+            let mut t = PrefixTree::rebuild(d).map_err(|e| format!("shadow {ranking:?}: {e}"))?;
+            t.set_event_limit(0);
             if t.device_pages() > capacity {
                 return Err(format!("shadow {ranking:?} holds more than its capacity"));
             }
