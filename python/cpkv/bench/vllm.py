@@ -185,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
             best: dict[str, tuple[float, float, int]] = {}
             for _ in range(args.repeat):
                 found: list[int] = []
-                runs = [*managers, ("floor", lambda cap: FloorManager(found))]
+                runs = [*managers, ("floor", lambda cap, found=found: FloorManager(found))]
                 for name, make in runs:  # interleaved: a busy machine slows every manager alike
                     rate, seconds, evicted = replay(make(capacity), requests, found if name == cpkv_name else None)
                     if name not in best or seconds < best[name][1]:

@@ -39,7 +39,7 @@ class CpkvOffloadConfig:
     slab: str = "shared"
 
     @classmethod
-    def from_extra_config(cls, extra: Mapping[str, Any] | None) -> "CpkvOffloadConfig":
+    def from_extra_config(cls, extra: Mapping[str, Any] | None) -> CpkvOffloadConfig:
         if extra is None or not isinstance(extra, Mapping):
             raise InvalidArgumentError(
                 f"kv_connector_extra_config must be a mapping with {HOST_BLOCKS_KEY!r}, got {extra!r}")

@@ -61,7 +61,7 @@ class CpkvLoadStoreSpec(BlockIDsLoadStoreSpec):
     """Slab rows, one per offloaded chunk, in the order of the keys they hold."""
 
     @classmethod
-    def of(cls, rows: np.ndarray) -> "CpkvLoadStoreSpec":
+    def of(cls, rows: np.ndarray) -> CpkvLoadStoreSpec:
         """The spec of rows the core returned (already int32, as vLLM's own specs hold them)."""
         spec = cls.__new__(cls)
         spec.block_ids = rows
