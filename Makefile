@@ -126,9 +126,11 @@ bench-rust: ## criterion benches of every crate
 	cargo bench --workspace
 
 .PHONY: lint
-lint: ## cargo clippy and fmt check
+lint: $(DEPS) ## cargo fmt and clippy, ruff and mypy: all clean
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
+	$(VENV)/bin/ruff check python tests tests_vllm tests_sglang kernels
+	$(PY) -m mypy
 
 .PHONY: clean
 clean: ## Remove build outputs and the virtualenv

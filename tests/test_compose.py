@@ -122,7 +122,7 @@ def test_validation_matches_a_slot_by_slot_model(cp, raw, num_slots):
                 SlotSpans(prefix=[], current=[(s, p, c)]) for s, p, c in raw]
     slots, current, prefix = [], [], []
     for r in requests:
-        for s, p, c in (*r.prefix, *r.current):
+        for s, _, c in (*r.prefix, *r.current):
             slots += range(s, s + c)
         current += list(r.current_pages)
         for _, p, c in r.prefix:

@@ -12,7 +12,6 @@ import torch
 from cpkv.errors import InvalidArgumentError, UnknownPolicyError
 from engine import BLOCK_TOKENS, NUM_LAYERS, Engine, block_bytes, cpkv_extra, prompt
 from vllm.v1.kv_offload.base import make_offload_key
-from vllm.v1.request import RequestStatus
 
 
 def keys_of(request, blocks: int | None = None) -> list[bytes]:

@@ -52,7 +52,7 @@ class CpkvConfig:
             raise InvalidArgumentError(f"config host_free_target must be in [0, 1], got {frac!r}")
 
     @classmethod
-    def from_env(cls) -> "CpkvConfig":
+    def from_env(cls) -> CpkvConfig:
         values: dict[str, Any] = {}
         raw = os.environ.get(DEBUG_ENV, "").strip().lower()
         if raw not in _TRUE | _FALSE:

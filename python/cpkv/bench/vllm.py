@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import Any
+from typing import Any, Callable
 
 DEFAULT_FRACTIONS = (0.05, 0.15, 0.4)
 
@@ -93,6 +93,11 @@ class FloorManager:
         pass
 
 
+def _floor_of(found: list[int]) -> Callable[[int], Any]:
+    """A factory of floor managers answering with ``found`` (the capacity does not matter to them)."""
+    return lambda _capacity: FloorManager(found)
+
+
 def replay(manager: Any, requests: list[Any], found_out: list[int] | None = None) -> tuple[float, float, int]:
     """(host hit rate, seconds per request of lookups + prepare_store, evicted blocks); each
     replayed request's hit count is appended to ``found_out`` when given."""
@@ -160,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
     from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
 
     cpkv_name = f"cpkv ({policy})"
-    managers = [
+    managers: list[tuple[str, Callable[[int], Any]]] = [
         (cpkv_name, lambda cap: CpkvOffloadingManager(cap, policy, tokens_per_chunk=(BLOCK_TOKENS,))),
         ("vLLM CPU (lru)", lambda cap: CPUOffloadingManager(num_chunks=cap, cache_policy="lru")),
         ("vLLM CPU (arc)", lambda cap: CPUOffloadingManager(num_chunks=cap, cache_policy="arc")),
@@ -185,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
             best: dict[str, tuple[float, float, int]] = {}
             for _ in range(args.repeat):
                 found: list[int] = []
-                runs = [*managers, ("floor", lambda cap, found=found: FloorManager(found))]
+                runs = [*managers, ("floor", _floor_of(found))]
                 for name, make in runs:  # interleaved: a busy machine slows every manager alike
                     rate, seconds, evicted = replay(make(capacity), requests, found if name == cpkv_name else None)
                     if name not in best or seconds < best[name][1]:

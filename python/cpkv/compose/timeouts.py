@@ -38,7 +38,7 @@ def guarded(what: str, rank: int, layer: int, timeout_s: float, call: Callable[[
         if isinstance(err, ConnectionError) or any(mark in text for mark in _CONNECTION_LOST):
             how = f"failed after {elapsed:.1f} s: a peer's connection closed (it died)"
         elif elapsed < 0.9 * timeout_s:  # gloo may word a peer's death as a timeout; the clock says not
-            how = f"failed after {elapsed:.1f} s, before its {timeout_s:g} s timeout (a peer died)"
+            how = f"failed after {elapsed:.1f} s, before its {timeout_s:g} s timeout (a peer failed or died)"
         else:
             how = f"did not complete within {timeout_s:g} s (a peer died or stalled)"
         raise CollectiveTimeoutError(f"rank {rank}: {what} of layer {layer} {how}: {text}") from err

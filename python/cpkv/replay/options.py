@@ -87,6 +87,11 @@ def check(options: ReplayOptions, longest_request_pages: int) -> None:
                 raise InvalidArgumentError(
                     f"--payloads: {name}'s page is {spec.row_bytes} bytes; the byte check needs at least "
                     f"{KV_ROW_MIN_BYTES} to tell every (block, layer, payload) apart")
+    from cpkv import MAX_PAGES
+
+    for name in ("device_pages", "host_pages"):
+        if getattr(options, name) > MAX_PAGES:
+            raise InvalidArgumentError(f"--{name.replace('_', '-')} {getattr(options, name)}: at most {MAX_PAGES} pages")
     if options.layers > 2**32 - 1:
         raise InvalidArgumentError(f"--layers {options.layers}: at most 2**32-1 layers")
     if options.device_pages < max(options.ranks, longest_request_pages + 1):

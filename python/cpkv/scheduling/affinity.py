@@ -38,7 +38,7 @@ class BatchClass(Enum):
     COLD = "cold-led"
 
     @staticmethod
-    def led_by(leader: RequestClass) -> "BatchClass":
+    def led_by(leader: RequestClass) -> BatchClass:
         return BatchClass.WARM if leader is RequestClass.WARM else BatchClass.COLD
 
 

@@ -95,7 +95,7 @@ class Budget:
     pages_left: int
 
     @staticmethod
-    def open(config: BudgetConfig) -> "Budget":
+    def open(config: BudgetConfig) -> Budget:
         return Budget(config, config.extend_cap, config.cached_cap, config.staging_pages)
 
     @property
@@ -103,7 +103,7 @@ class Budget:
         """No extend token or no page with room for one: the scan can end."""
         return self.extend_left == 0 or self.pages_left <= self.config.slack_pages
 
-    def charge(self, extend_tokens: int, cached_tokens: int) -> "Budget":
+    def charge(self, extend_tokens: int, cached_tokens: int) -> Budget:
         """The budget after admitting a request. The leader may exceed a cap
         (it is always admitted); what is left then clamps at 0."""
         return replace(

@@ -118,7 +118,7 @@ class ShmGroup(DistributedGroup):
         # Segment names must be unique per group and agreed by all ranks: rank 0 picks, everyone hears.
         run_id = [f"{os.getpid()}-{secrets.token_hex(4)}" if self.rank == 0 else None]
         guarded("setup broadcast", self.rank, -1, self.timeout_s,
-                lambda: dist.broadcast_object_list(run_id, src=0, group=process_group))
+                lambda: dist.broadcast_object_list(run_id, group=process_group, group_src=0))
         assert run_id[0] is not None  # the broadcast filled it on every rank
         self.run_id: str = run_id[0]
 

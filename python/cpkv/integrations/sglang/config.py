@@ -76,6 +76,8 @@ def _int(extra: Mapping[str, Any], key: str, minimum: int) -> int:
     value = extra.get(key)
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise InvalidArgumentError(f"extra config key {key!r} must be an int >= {minimum}, got {value!r}")
-    if value > 1 << 40:
-        raise InvalidArgumentError(f"extra config key {key!r}: {value} is out of range (at most 2^40)")
+    from cpkv import MAX_PAGES  # the one page limit of the core
+
+    if value > MAX_PAGES:
+        raise InvalidArgumentError(f"extra config key {key!r}: {value} is out of range (at most {MAX_PAGES})")
     return value

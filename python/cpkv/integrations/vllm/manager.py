@@ -96,7 +96,7 @@ class CpkvOffloadingManager(OffloadingManager):
         self.policy = policy
         self._core = OffloadIndex(host_blocks, policy, [int(t) for t in tokens_per_chunk], _LOOKUP_RESULTS)
         # vLLM calls lookup once per key: the instance attribute is the core's method itself.
-        self.lookup = self._core.lookup
+        self.lookup = self._core.lookup  # type: ignore[method-assign]
         self._events: list[OffloadingEvent] | None = [] if enable_events else None
         self._recent_evictions: deque[OffloadKey] = deque(maxlen=RECENT_EVICTIONS)
 
@@ -198,7 +198,7 @@ class CpkvOffloadingManager(OffloadingManager):
         self._core.check()
 
     def stats(self) -> dict[str, Any]:
-        stats = self._core.stats()
+        stats: dict[str, Any] = self._core.stats()
         stats["host_blocks"] = stats.pop("capacity")
         stats["policy"] = self.policy
         return stats
