@@ -28,12 +28,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
-import multiprocessing as mp
-import os
-import signal
-import socket
-import sys
 import tempfile
 import threading
 import time
@@ -135,58 +129,19 @@ def run(args: argparse.Namespace) -> int:
 # -- part 1: hits and bytes across CP ranks -----------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _part1(cp: int, chains: list[list[str]], slab_pages: int, lag: int) -> list[list[Any]]:
-    ctx = mp.get_context("spawn")
-    port = _free_port()
-    with tempfile.TemporaryDirectory(prefix="cpkv-bench-sglang-") as out:
-        procs = [ctx.Process(target=_rank, args=(r, cp, port, chains, slab_pages, lag, out), daemon=True)
-                 for r in range(cp)]
-        for p in procs:
-            p.start()
-        deadline = time.monotonic() + 900
-        for p in procs:
-            p.join(max(0.0, deadline - time.monotonic()))
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-        path = Path(out) / "rank0.json"
-        if not path.exists():
-            raise RuntimeError(f"bench sglang: a rank of the cp={cp} run did not finish")
-        result = json.loads(path.read_text())
-    if "error" in result:
-        raise RuntimeError(f"bench sglang: cp={cp}: {result['error']}")
-    return result["rows"]
+    from cpkv.compose.launch import run_ranks
+
+    return run_ranks(_hits_rank, cp, chains, slab_pages, lag, timeout_s=900, collective_timeout_s=300)[0]
 
 
-def _rank(rank: int, world: int, port: int, chains: list[list[str]], slab_pages: int, lag: int, out: str) -> None:
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # die with the command
-    except OSError:
-        pass
+def _quiet() -> None:
+    """SGLang's ranks log and warn per call; the bench prints its tables only."""
     import logging
     import warnings
 
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
-    try:
-        rows = _rank_main(rank, world, port, chains, slab_pages, lag)
-        result: dict[str, Any] = {"rows": rows}
-    except BaseException as err:  # noqa: BLE001 -- reported by rank 0's file or the parent
-        result = {"error": f"rank {rank}: {type(err).__name__}: {err}"}
-    if rank == 0 or "error" in result:
-        path = Path(out) / f"rank{rank}.json"
-        path.with_suffix(".tmp").write_text(json.dumps(result))
-        path.with_suffix(".tmp").rename(Path(out) / "rank0.json")
-    sys.stdout.flush()
-    os._exit(0)
 
 
 def _geometry() -> dict[str, int]:
@@ -215,9 +170,9 @@ def _storage_config(rank: int, world: int, extra: dict) -> Any:
                                 is_page_first_layout=False, model_name="bench", extra_config=extra)
 
 
-def _rank_main(rank: int, world: int, port: int, chains: list[list[str]], slab_pages: int, lag: int) -> list[list[Any]]:
-    import datetime
-
+def _hits_rank(rank: int, world: int, chains: list[list[str]], slab_pages: int, lag: int) -> list[list[Any]]:
+    """One CP rank of part 1 (torch.distributed already initialised by the launcher)."""
+    _quiet()
     import torch
     import torch.distributed as dist
 
@@ -225,8 +180,6 @@ def _rank_main(rank: int, world: int, port: int, chains: list[list[str]], slab_p
 
     from cpkv.integrations.sglang import CpkvHiCacheStorage
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=300))
     group: Any = dist.new_group(list(range(world)), backend="gloo")  # SGLang's MIN hit sync group
     longest = max(len(c) for c in chains)
     host = _pools((longest + 1) * PAGE_TOKENS)
@@ -337,57 +290,23 @@ def _resident_tokens(backend: Any, stored: set[str]) -> int:
 
 
 def _part2(page_kb: int, reps: int) -> list[list[Any]]:
-    """In a child process (torch.distributed must be initialised, once, for the backend)."""
-    ctx = mp.get_context("spawn")
-    with tempfile.TemporaryDirectory(prefix="cpkv-bench-sglang-") as out:
-        p = ctx.Process(target=_speed_entry, args=(page_kb, reps, out, _free_port()), daemon=True)
-        p.start()
-        p.join(900)
-        if p.is_alive():
-            p.kill()
-        path = Path(out) / "speed.json"
-        if not path.exists():
-            raise RuntimeError(f"bench sglang: the {page_kb} KB throughput run did not finish")
-        result = json.loads(path.read_text())
-    if "error" in result:
-        raise RuntimeError(f"bench sglang: {page_kb} KB pages: {result['error']}")
-    return result["rows"]
+    """In a child process: the backend needs torch.distributed initialised, once."""
+    from cpkv.compose.launch import run_ranks
+
+    return run_ranks(_speed, 1, page_kb, reps, timeout_s=900, collective_timeout_s=60)[0]
 
 
-def _speed_entry(page_kb: int, reps: int, out: str, port: int) -> None:
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)
-    except OSError:
-        pass
-    import logging
-    import warnings
-
-    warnings.filterwarnings("ignore")
-    logging.disable(logging.WARNING)
-    try:
-        result: dict[str, Any] = {"rows": _speed(page_kb, reps, port)}
-    except BaseException as err:  # noqa: BLE001
-        result = {"error": f"{type(err).__name__}: {err}"}
-    (Path(out) / "speed.json").write_text(json.dumps(result))
-    os._exit(0)
-
-
-def _speed(page_kb: int, reps: int, port: int) -> list[list[Any]]:
+def _speed(rank: int, world: int, page_kb: int, reps: int) -> list[list[Any]]:
+    _quiet()
     import ctypes
-    import datetime
 
     import torch
-    import torch.distributed as dist
 
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
     from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
 
     from cpkv.integrations.sglang import CpkvHiCacheStorage
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
-                            timeout=datetime.timedelta(seconds=60))
     # fp16 K and V of 16 tokens x 32 dims: page bytes = 2048 * layers * heads.
     per_layer_heads = page_kb // 2
     layers = min(4, per_layer_heads)
