@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -128,10 +129,11 @@ def test_a_built_replay_is_checked_and_a_spent_budget_is_a_failure():
 
 def test_a_command_past_its_limit_is_killed_with_its_children(tmp_path):
     pid_file = tmp_path / "child"
-    script = (f"import subprocess, time; p = subprocess.Popen(['sleep', '600']); "
-              f"open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(600)")
+    # A hung command with a child: the shell starts in milliseconds, so its child's pid is written
+    # long before the limit even on a loaded machine (an interpreter's start-up may not be).
+    script = f"sleep 600 & echo $! > {shlex.quote(str(pid_file))}; wait"
     started = time.monotonic()
-    ran = gpu_check.run_command([sys.executable, "-c", script], 3.0)
+    ran = gpu_check.run_command(["sh", "-c", script], 3.0)
     assert ran.rc is None and time.monotonic() - started < 30
     child = int(pid_file.read_text())
     try:
