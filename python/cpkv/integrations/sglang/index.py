@@ -20,8 +20,6 @@ with its occupant's handle, so a row's stamp names exactly one content.
 
 from __future__ import annotations
 
-from cpkv._cpkv import DEFAULT_POLICY
-
 import hashlib
 import threading
 from collections.abc import Sequence
@@ -29,7 +27,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from cpkv import PageAllocator, PrefixTree
+from cpkv import DEFAULT_POLICY, PageAllocator, PrefixTree
 from cpkv.errors import DivergenceError
 
 __all__ = ["Entry", "ReplicatedIndex", "key_token"]
