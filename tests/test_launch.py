@@ -77,6 +77,66 @@ def test_ranks_die_with_their_launcher_quietly(tmp_path: Path, sig: int) -> None
     assert text == "", text  # no BrokenPipeError, no traceback, nothing
 
 
+INTERRUPTED_DRIVER = textwrap.dedent(
+    """
+    import os, sys, threading
+    from datetime import timedelta
+    from cpkv.compose.launch import run_ranks
+
+    def rank_main(rank, world, out):
+        import torch.distributed as dist
+
+        def started():
+            with open(os.path.join(out, f"rank{rank}.pid.tmp"), "w") as f:
+                f.write(str(os.getpid()))
+            os.rename(os.path.join(out, f"rank{rank}.pid.tmp"), os.path.join(out, f"rank{rank}.pid"))
+
+        if rank == 0:
+            started()
+            dist.monitored_barrier(timeout=timedelta(seconds=600))  # in C++, waiting for rank 1
+        started()
+        while True:  # in Python: a stop request is acted on at once
+            threading.Event().wait(0.01)
+
+    if __name__ == "__main__":
+        try:
+            run_ranks(rank_main, 2, sys.argv[1], timeout_s=600, collective_timeout_s=600)
+        except KeyboardInterrupt:
+            print("interrupted", file=sys.stderr)
+            sys.exit(130)
+    """
+)
+
+
+@pytest.mark.timeout(300)
+def test_an_interrupted_launch_ends_its_ranks_silently(tmp_path: Path) -> None:
+    """Rank 0 waits inside a gloo barrier for rank 1, which runs Python: stopped one by one, rank 1
+    would end first and rank 0 would log the broken barrier from C++."""
+    script = tmp_path / "driver.py"
+    script.write_text(INTERRUPTED_DRIVER)
+    err_path = tmp_path / "stderr.txt"
+    with open(err_path, "w") as err:
+        driver = subprocess.Popen([sys.executable, str(script), str(tmp_path)], start_new_session=True,
+                                  stdout=err, stderr=err)
+    try:
+        pid_files = wait_for(lambda: len(list(tmp_path.glob("rank*.pid"))) == 2
+                             and sorted(tmp_path.glob("rank*.pid")), 180, "both ranks to start")
+        ranks = [int(p.read_text()) for p in pid_files]
+        driver.send_signal(signal.SIGINT)
+        assert driver.wait(timeout=60) == 130
+        wait_for(lambda: not any(process_alive(pid) for pid in ranks), 10, f"ranks {ranks} to exit")
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait(timeout=30)
+        try:
+            os.killpg(driver.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    text = err_path.read_text()
+    assert text == "interrupted\n", text
+
+
 def _one_dies(rank: int, world: int, how: str) -> str:
     import threading
 

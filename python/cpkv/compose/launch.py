@@ -17,6 +17,9 @@ it, then removes the names the rank still owns in /dev/shm and exits at once, wi
 nothing printed. It runs beside a main thread stuck in a collective, and works on any
 platform with pipes.
 
+An interrupted launch (Ctrl-C) ends its ranks silently: all are frozen, then killed, so
+none can log a peer's end first.
+
 A rank that dies is named as such ("rank 2 died: killed by SIGKILL") as soon as its
 pipe closes; its peers get a short grace to report their own errors, then are stopped.
 """
@@ -138,10 +141,7 @@ def run_ranks(
                     deaths[rank] = death_text(rank, procs[rank].exitcode)
                     deadline = min(deadline, time.monotonic() + _grace_s(collective_timeout_s))
     except BaseException:
-        # Interrupted (Ctrl-C) or failed here: ask every rank to stop; SIGTERM runs their cleanup.
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
+        _end_silently(procs)  # interrupted (Ctrl-C) or failed here: the ranks' outcome no longer matters
         raise
     finally:
         started = [p for p in procs if p.pid is not None]  # the others never started
@@ -178,6 +178,35 @@ def run_ranks(
         parts += [f"rank {r}: {v}" for r, v in sorted(failed.items())]
         raise LaunchError("; ".join(parts))
     return [results[r][1] for r in range(world_size)]
+
+
+def _end_silently(procs: list[Any]) -> None:
+    """Ends every rank at once, printing nothing. A rank stopped one by one could outlive a peer,
+    see the peer's socket close inside a collective and log it (gloo writes to stderr from C++), so
+    every rank is first frozen (SIGSTOP) and only then killed. The names they still own in /dev/shm
+    are removed by the launcher afterwards, as for any rank that died."""
+    pids = [p.pid for p in procs if p.pid is not None and p.is_alive()]
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP)
+    frozen_by = time.monotonic() + 2.0  # a signal is queued at once but acted on when the rank next runs
+    while not all(_frozen_or_gone(pid) for pid in pids) and time.monotonic() < frozen_by:
+        time.sleep(0.001)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _frozen_or_gone(pid: int) -> bool:
+    """Whether ``pid`` is stopped or no longer runs (Linux /proc; elsewhere assumed after the wait)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            state = stat.read().rpartition(b")")[2].split()[0]  # the field after the command name
+    except FileNotFoundError:
+        return True
+    except (OSError, IndexError):
+        return False
+    return state in (b"T", b"t", b"Z", b"X")
 
 
 @contextlib.contextmanager
