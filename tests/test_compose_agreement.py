@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from cpkv.compose import ComposePlan, ShmGroup, SlotSpans
-from cpkv.compose.launch import run_ranks
+from cpkv.runtime.launch import run_ranks
 from cpkv.compose.plan import plan_digest
 from cpkv.compose.workload import uniform_batch
 from cpkv.errors import CollectiveTimeoutError, DivergenceError, GroupBrokenError, InvalidArgumentError

@@ -15,7 +15,7 @@ from cpkv.compose import ComposePlan, CudaIpcGroup
 from cpkv.compose import gloo_group as gloo_module
 from cpkv.compose.groups import cuda as cuda_module
 from cpkv.compose.groups.base import check_pool, resolve_device
-from cpkv.compose.launch import run_ranks
+from cpkv.runtime.launch import run_ranks
 from cpkv.compose.workload import random_batch
 from cpkv.errors import FallbackError, GroupBrokenError, InvalidArgumentError
 from cpkv.kernels import gather as gather_module

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from cpkv.compose import ComposePlan, ShmGroup
-from cpkv.compose.launch import run_ranks
+from cpkv.runtime.launch import run_ranks
 from cpkv.compose.workload import random_batch, uniform_batch
 from cpkv.errors import CollectiveTimeoutError, FallbackError, InvalidArgumentError
 from compose_reference import DTYPES, as_bytes, last_pages, random_rows, reference_dense, tail_not_aligned

@@ -17,8 +17,8 @@ import torch
 import torch.distributed as dist
 
 import cpkv.tier.slab as slab_module
-from cpkv.compose import segment
-from cpkv.compose.launch import run_ranks
+from cpkv.runtime import segment
+from cpkv.runtime.launch import run_ranks
 from cpkv.errors import CollectiveTimeoutError, FallbackError, InvalidArgumentError, UnknownPayloadError
 from cpkv.tier import HostSlab, SlabSpec
 

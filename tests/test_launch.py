@@ -19,14 +19,14 @@ import pytest
 
 from conftest import process_alive, wait_for
 
-from cpkv.compose.launch import LaunchError, death_text, run_ranks
+from cpkv.runtime.launch import LaunchError, death_text, run_ranks
 
 pytestmark = pytest.mark.slow
 
 DRIVER = textwrap.dedent(
     """
     import os, sys, threading
-    from cpkv.compose.launch import run_ranks
+    from cpkv.runtime.launch import run_ranks
 
     def rank_main(rank, world, out):
         import torch.distributed as dist
@@ -81,7 +81,7 @@ INTERRUPTED_DRIVER = textwrap.dedent(
     """
     import os, sys, threading
     from datetime import timedelta
-    from cpkv.compose.launch import run_ranks
+    from cpkv.runtime.launch import run_ranks
 
     def rank_main(rank, world, out):
         import torch.distributed as dist

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import default_sigint, descendants, maps_shm, process_alive, wait_for
 
-from cpkv.compose.launch import run_ranks
+from cpkv.runtime.launch import run_ranks
 from cpkv.replay import ReplayOptions
 from cpkv.replay.options import parse_payloads
 from cpkv.workload import generate

@@ -1,7 +1,7 @@
 """A stop or kill of a whole multi-process ShmGroup run leaves nothing in /dev/shm.
 
 A driver process (its own session, so its own process group) launches cp ranks through
-:func:`cpkv.compose.launch.run_ranks`; each rank registers two ShmGroup payloads and a HostSlab,
+:func:`cpkv.runtime.launch.run_ranks`; each rank registers two ShmGroup payloads and a HostSlab,
 reports, then composes forever. The test then signals the whole process group (SIGTERM: the usual
 service stop; SIGKILL: nothing gets to clean up) and checks:
 
@@ -35,7 +35,7 @@ DRIVER = textwrap.dedent(
     import json, os, sys, time
     import torch
     from cpkv.compose import ComposePlan, ShmGroup
-    from cpkv.compose.launch import run_ranks
+    from cpkv.runtime.launch import run_ranks
     from cpkv.compose.workload import uniform_batch
     from cpkv.tier import HostSlab, SlabSpec
 

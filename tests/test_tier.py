@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from cpkv.compose import CpLayout
-from cpkv.compose.launch import run_ranks
+from cpkv.runtime.launch import run_ranks
 from cpkv.config import CpkvConfig
 from cpkv.errors import (
     ArgumentTypeError, CollectiveTimeoutError, CpkvError, DivergenceError, InvalidArgumentError, LockError,

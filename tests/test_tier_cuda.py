@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from cpkv.compose import CpLayout
-from cpkv.compose.launch import run_ranks
+from cpkv.runtime.launch import run_ranks
 from cpkv.config import CpkvConfig
 from cpkv.tier import CacheController, SlabSpec
 

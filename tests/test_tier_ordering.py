@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 import cpkv.tier.slab as slab_module
-from cpkv.compose.launch import run_ranks
+from cpkv.runtime.launch import run_ranks
 from cpkv.tier import streams as streams_module
 from cpkv.tier.controller import _pools_device
 from cpkv.errors import InvalidArgumentError

@@ -13,7 +13,7 @@ import pytest
 import torch.distributed as dist
 
 import cpkv
-from cpkv.compose.launch import run_ranks
+from cpkv.runtime.launch import run_ranks
 from cpkv.errors import CpkvError, InvalidArgumentError, SnapshotError, UnknownNodeError
 
 def test_rss_stays_flat_over_a_million_insert_evict_operations(tmp_path) -> None:

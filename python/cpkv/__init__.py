@@ -9,6 +9,7 @@ gather or vote is needed to agree on where KV goes. The package, by concept:
 - batch admission for CP prefill (:mod:`cpkv.scheduling`);
 - the two-tier cache (``crates/tier`` + :mod:`cpkv.tier`): :class:`CacheController` over a shared
   :class:`HostSlab`, its decisions in :class:`TierCache`; settings in :mod:`cpkv.config`;
+- what those rooms share (timeouts, shared-memory hygiene, the rank launcher): :mod:`cpkv.runtime`;
 - ``cpkv replay`` (:mod:`cpkv.replay`): the whole system on a trace, every byte verified;
 - the exception hierarchy (:mod:`cpkv.errors`) and the ``cpkv`` command line (:mod:`cpkv.cli`).
 

@@ -122,7 +122,7 @@ class _ShmReduce:
     unlinked as soon as every rank has mapped them."""
 
     def __init__(self, group: Any, plan: Any, row_bytes: int) -> None:
-        from cpkv.compose.segment import SharedSegment
+        from cpkv.runtime.segment import SharedSegment
 
         self.group, self.plan, self.rank, cp = group, plan, group.rank, group.cp_size
         self.dense_bytes = plan.num_slots * row_bytes
@@ -247,7 +247,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from cpkv._report import Table, emit
-    from cpkv.compose.launch import run_ranks
+    from cpkv.runtime.launch import run_ranks
 
     cps = args.cp
     params = {k: getattr(args, k) for k in ("requests", "prefix_pages", "current_pages", "page_bytes", "layers")}

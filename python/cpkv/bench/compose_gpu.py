@@ -150,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from cpkv._report import Table, emit
-    from cpkv.compose.launch import run_ranks
+    from cpkv.runtime.launch import run_ranks
 
     if not torch.cuda.is_available():
         from cpkv.errors import InvalidArgumentError

@@ -130,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _part1(cp: int, chains: list[list[str]], slab_pages: int, lag: int) -> list[list[Any]]:
-    from cpkv.compose.launch import run_ranks
+    from cpkv.runtime.launch import run_ranks
 
     return run_ranks(_hits_rank, cp, chains, slab_pages, lag, timeout_s=900, collective_timeout_s=300)[0]
 
@@ -291,7 +291,7 @@ def _resident_tokens(backend: Any, stored: set[str]) -> int:
 
 def _part2(page_kb: int, reps: int) -> list[list[Any]]:
     """In a child process: the backend needs torch.distributed initialised, once."""
-    from cpkv.compose.launch import run_ranks
+    from cpkv.runtime.launch import run_ranks
 
     return run_ranks(_speed, 1, page_kb, reps, timeout_s=900, collective_timeout_s=60)[0]
 

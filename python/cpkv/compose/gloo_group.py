@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cpkv.compose.timeouts import as_timedelta
+from cpkv.runtime.timeouts import as_timedelta
 
 
 def group_ranks(process_group: Any) -> list[int]:

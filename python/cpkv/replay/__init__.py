@@ -81,7 +81,7 @@ def run_replay(options: ReplayOptions, workloads: list[list[tuple[int, ...]]]) -
     """Runs the ranks; ``workloads`` has one request list for all ranks (or one per rank, for tests
     that feed a rank a divergent stream). Returns each rank's stats, or its error text, or for a
     rank that died, how (``rank 2 died: killed by SIGKILL``)."""
-    from cpkv.compose.launch import run_ranks
+    from cpkv.runtime.launch import run_ranks
 
     return run_ranks(_entry, options.ranks, options, workloads, timeout_s=24 * 3600.0,
                      collective_timeout_s=options.timeout_s, expect_failures=True, deaths_as_text=True)

@@ -47,7 +47,7 @@ import numpy as np
 from cpkv._cpkv import InsertOutcome, Lookup, TierCache
 from cpkv.compose.gloo_group import gloo_group_of
 from cpkv.compose.layout import CpLayout
-from cpkv.compose.timeouts import as_timedelta, guarded
+from cpkv.runtime.timeouts import as_timedelta, guarded
 from cpkv.config import CpkvConfig, config
 from cpkv.errors import ArgumentTypeError, CollectiveTimeoutError, DivergenceError, InvalidArgumentError
 from cpkv.tier import streams as _streams

@@ -26,7 +26,7 @@ Once ``create`` has returned, no exit of any kind (exception, SIGTERM, SIGKILL o
 leave a name in /dev/shm: the memory lives exactly as long as the last mapping. Before that, every
 error path on every rank unlinks every name of the run (so the survivors clean up after a creator
 killed mid-create), and a normal exit unlinks what this process created through the exit hooks of
-:mod:`cpkv.compose.segment`.
+:mod:`cpkv.runtime.segment`.
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
-from cpkv.compose.segment import SHM_DIR, unlink_at_exit, unlink_now
-from cpkv.compose.timeouts import DEFAULT_TIMEOUT_S, as_timedelta, guarded
+from cpkv.runtime.segment import SHM_DIR, unlink_at_exit, unlink_now
+from cpkv.runtime.timeouts import DEFAULT_TIMEOUT_S, as_timedelta, guarded
 from cpkv.errors import CpkvError, FallbackError, InvalidArgumentError, UnknownPayloadError
 
 __all__ = ["HostSlab", "SlabSpec"]

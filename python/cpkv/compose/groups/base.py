@@ -10,7 +10,7 @@ from cpkv.compose.config import compose_config
 from cpkv.compose.debug import check_current, check_plan
 from cpkv.compose.plan import ComposePlan, PlanCache
 from cpkv.compose.spans import SlotSpans
-from cpkv.compose.timeouts import guarded
+from cpkv.runtime.timeouts import guarded
 from cpkv.errors import DivergenceError, GroupBrokenError, InvalidArgumentError
 from cpkv.kernels.gather import as_byte_rows, gather_runs
 

@@ -42,7 +42,7 @@ from typing import Any, Sequence
 from cpkv.compose.gloo_group import gloo_group_of
 from cpkv.compose.groups.base import DistributedGroup, check_current_rows, check_pool, on_every_rank, resolve_device
 from cpkv.compose.plan import ComposePlan, PlanCache, PlanKey
-from cpkv.compose.timeouts import DEFAULT_TIMEOUT_S, as_timedelta, guarded
+from cpkv.runtime.timeouts import DEFAULT_TIMEOUT_S, as_timedelta, guarded
 from cpkv.errors import FallbackError, InvalidArgumentError
 from cpkv.kernels.gather import gather_triton
 

@@ -38,8 +38,8 @@ import time
 import traceback
 from typing import Any, Callable, Iterator, cast
 
-from cpkv.compose.segment import unlink_created_by
-from cpkv.compose.timeouts import as_timedelta
+from cpkv.runtime.segment import unlink_created_by
+from cpkv.runtime.timeouts import as_timedelta
 
 _context: Any = None
 
@@ -48,7 +48,7 @@ def _ctx() -> Any:
     global _context
     if _context is None:
         _context = mp.get_context("forkserver")
-        _context.set_forkserver_preload(["torch", "torch.distributed", "cpkv.compose"])
+        _context.set_forkserver_preload(["torch", "torch.distributed", "cpkv"])
     return _context
 
 
@@ -278,7 +278,7 @@ def _rank_main(fn: Callable[..., Any], rank: int, world: int, port: int, timeout
     import torch
     import torch.distributed as dist
 
-    from cpkv.compose.config import invalidate_config
+    from cpkv.config import invalidate_config
 
     signal.signal(signal.SIGTERM, _stop_on_sigterm)  # a stop runs the context managers' cleanup
     os.environ.update(env)

@@ -1,0 +1,11 @@
+"""What several rooms share: processes, time and shared memory, none of it a replicated decision.
+
+- :mod:`~cpkv.runtime.timeouts`: a failed or stalled collective becomes an error naming rank and layer;
+- :mod:`~cpkv.runtime.segment`: a /dev/shm segment mapped as a tensor, and the hygiene that leaves no
+  name behind after any exit;
+- :mod:`~cpkv.runtime.launch`: ``run_ranks``, cp real processes in a gloo group (tests, benchmarks,
+  ``cpkv replay``).
+
+The compose path (:mod:`cpkv.compose`) and the two-tier cache (:mod:`cpkv.tier`) both build on these;
+none of them imports either.
+"""
