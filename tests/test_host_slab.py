@@ -17,9 +17,9 @@ import torch
 import torch.distributed as dist
 
 import cpkv.tier.slab as slab_module
-from cpkv.runtime import segment
-from cpkv.runtime.launch import run_ranks
 from cpkv.errors import CollectiveTimeoutError, FallbackError, InvalidArgumentError, UnknownPayloadError
+from cpkv.runtime import shm
+from cpkv.runtime.launch import run_ranks
 from cpkv.tier import HostSlab, SlabSpec
 
 # K pages in bf16, an fp8 payload with an odd row, and per-page scales: three regions, three creators.
@@ -333,7 +333,7 @@ def test_a_failed_reservation_names_payload_bytes_and_path_and_leaves_nothing(no
     with pytest.raises(InvalidArgumentError, match=r"payload 'k': cannot reserve 8192 bytes at /dev/shm/") as info:
         HostSlab.create({"k": PAYLOADS["k"]}, num_pages=4, num_layers=32)
     path = SHM_PATH.search(str(info.value)).group(0)
-    assert not os.path.exists(path) and path not in segment._owned  # gone, and not left for the exit hook
+    assert not os.path.exists(path) and path not in shm._owned  # gone, and not left for the exit hook
 
 
 def test_larger_than_dev_shm_fails_at_once(no_huge_pages):
@@ -403,10 +403,10 @@ def test_slab_spec_sizes():
 def test_a_failed_pin_is_a_fallback_error_not_a_silent_slow_path(no_huge_pages, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # CUDA seems present; registering fails
     created: list[str] = []
-    monkeypatch.setattr(slab_module, "unlink_at_exit", lambda path: (created.append(path), segment.unlink_at_exit(path)))
+    monkeypatch.setattr(slab_module, "unlink_at_exit", lambda path: (created.append(path), shm.unlink_at_exit(path)))
     with pytest.raises(FallbackError, match=r"payload 'k': cudaHostRegister of 4096 bytes failed: .*pin=False"):
         HostSlab.create({"k": PAYLOADS["k"]}, num_pages=2, num_layers=1, pin=True)
-    assert len(created) == 1 and not os.path.exists(created[0]) and created[0] not in segment._owned
+    assert len(created) == 1 and not os.path.exists(created[0]) and created[0] not in shm._owned
     assert HostSlab.create({"k": PAYLOADS["k"]}, num_pages=2, num_layers=1, pin=False).pinned is False
 
 

@@ -1,8 +1,8 @@
 """What several rooms share: processes, time and shared memory, none of it a replicated decision.
 
 - :mod:`~cpkv.runtime.timeouts`: a failed or stalled collective becomes an error naming rank and layer;
-- :mod:`~cpkv.runtime.segment`: a /dev/shm segment mapped as a tensor, and the hygiene that leaves no
-  name behind after any exit;
+- :mod:`~cpkv.runtime.shm`: shared-memory hygiene, no /dev/shm name left behind by any exit;
+- :mod:`~cpkv.runtime.segment`: a /dev/shm segment mapped as a tensor (ShmGroup's memory);
 - :mod:`~cpkv.runtime.launch`: ``run_ranks``, cp real processes in a gloo group (tests, benchmarks,
   ``cpkv replay``).
 

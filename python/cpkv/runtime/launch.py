@@ -38,7 +38,7 @@ import time
 import traceback
 from typing import Any, Callable, Iterator, cast
 
-from cpkv.runtime.segment import unlink_created_by
+from cpkv.runtime.shm import unlink_created_by
 from cpkv.runtime.timeouts import as_timedelta
 
 _context: Any = None

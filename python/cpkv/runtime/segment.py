@@ -1,89 +1,18 @@
 """A POSIX shared-memory segment (a file in /dev/shm) mapped as a torch uint8 tensor.
 
-Plain files instead of ``multiprocessing.shared_memory``: its resource tracker
-unlinks segments a peer merely attached to when that peer exits, and warns
-about "leaks" it does not own. Here exactly one rank creates and unlinks each
-segment; peers only map it.
+Exactly one rank creates each segment and removes its name (:mod:`cpkv.runtime.shm`); peers only
+map it.
 """
 
 from __future__ import annotations
 
-import atexit
 import mmap
-import multiprocessing.util
 import os
 from typing import Any
 
-SHM_DIR = "/dev/shm"
+from cpkv.runtime.shm import SHM_DIR, shm_room, unlink_at_exit, unlink_now
 
-# Segments this process created and has not unlinked yet, removed when the process exits.
-# Callers drop a name as soon as every rank has mapped the segment, so this only matters
-# inside that window (a registration cut short); a SIGKILL there leaves the name, which
-# the surviving ranks' error path removes (every name of a run is known to every rank).
-# Multiprocessing children leave
-# through os._exit, which skips atexit, so the hook is also a multiprocessing finalizer,
-# registered per process: a forked child must never unlink its parent's segments.
-_owned: set[str] = set()
 _fallocate = os.posix_fallocate  # a module global, so a test can make reservation fail
-_owner_pid: int | None = None
-
-
-def _track(path: str) -> None:
-    global _owned, _owner_pid
-    if _owner_pid != os.getpid():
-        _owned, _owner_pid = set(), os.getpid()
-        atexit.register(_unlink_owned)
-        multiprocessing.util.Finalize(None, _unlink_owned, exitpriority=100)
-    _owned.add(path)
-
-
-def _unlink_owned() -> None:
-    if _owner_pid != os.getpid():
-        return
-    for path in sorted(_owned):
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-    _owned.clear()
-
-
-def unlink_at_exit(path: str) -> None:
-    """Remembers a file this process just created, so that a normal exit (atexit or a
-    multiprocessing child's finalizers) unlinks it if :func:`unlink_now` never ran."""
-    _track(path)
-
-
-def unlink_now(path: str) -> None:
-    """Removes the name now and forgets it (idempotent; mappings of the file stay valid)."""
-    _owned.discard(path)
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
-def unlink_created_by(pids: list[int]) -> None:
-    """Removes the names that processes ``pids`` (now dead) created and had no chance to remove:
-    every cpkv name carries its run id, which starts with the creating rank's pid."""
-    prefixes = tuple(f"{stem}{pid}-" for pid in pids for stem in ("cpkv-", "cpkv-slab-"))
-    try:
-        names = os.listdir(SHM_DIR)
-    except OSError:
-        return
-    for name in names:
-        if name.startswith(prefixes):
-            unlink_now(os.path.join(SHM_DIR, name))
-
-
-def shm_room() -> str:
-    """How much room /dev/shm has, and what to do about it (for error messages)."""
-    try:
-        st = os.statvfs(SHM_DIR)
-        return (f"{SHM_DIR} has {st.f_bavail * st.f_frsize} of {st.f_blocks * st.f_frsize} bytes free; "
-                "enlarge it (e.g. docker run --shm-size) or ask for less")
-    except OSError:
-        return f"{SHM_DIR} cannot be inspected"
 
 
 class SharedSegment:
@@ -110,7 +39,7 @@ class SharedSegment:
                 except OSError as err:
                     unlink_now(self.path)
                     raise OSError(err.errno, f"cannot reserve {nbytes} bytes at {self.path}: "
-                                             f"{err.strerror or err} ({shm_room()})") from err
+                                             f"{err.strerror or err} ({shm_room('ask for less')})") from err
             elif os.fstat(fd).st_size != nbytes:
                 raise ValueError(f"segment {name} has {os.fstat(fd).st_size} bytes, expected {nbytes}")
             self._map = mmap.mmap(fd, max(nbytes, 1))

@@ -26,7 +26,7 @@ Once ``create`` has returned, no exit of any kind (exception, SIGTERM, SIGKILL o
 leave a name in /dev/shm: the memory lives exactly as long as the last mapping. Before that, every
 error path on every rank unlinks every name of the run (so the survivors clean up after a creator
 killed mid-create), and a normal exit unlinks what this process created through the exit hooks of
-:mod:`cpkv.runtime.segment`.
+:mod:`cpkv.runtime.shm`.
 """
 
 from __future__ import annotations
@@ -44,9 +44,9 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
-from cpkv.runtime.segment import SHM_DIR, unlink_at_exit, unlink_now
-from cpkv.runtime.timeouts import DEFAULT_TIMEOUT_S, as_timedelta, guarded
 from cpkv.errors import CpkvError, FallbackError, InvalidArgumentError, UnknownPayloadError
+from cpkv.runtime.shm import SHM_DIR, shm_room, unlink_at_exit, unlink_now
+from cpkv.runtime.timeouts import DEFAULT_TIMEOUT_S, as_timedelta, guarded
 
 __all__ = ["HostSlab", "SlabSpec"]
 
@@ -335,15 +335,6 @@ def _memfd_choice(data_bytes: int) -> tuple[int, str, int] | None:
     return os.MFD_HUGETLB | os.MFD_HUGE_2MB, "hugetlb", HUGE_PAGE_BYTES
 
 
-def _shm_room() -> str:
-    try:
-        st = os.statvfs(SHM_DIR)
-        return (f"{SHM_DIR} has {st.f_bavail * st.f_frsize} of {st.f_blocks * st.f_frsize} bytes free; "
-                "enlarge it (e.g. docker run --shm-size) or use fewer pages")
-    except OSError:
-        return f"{SHM_DIR} cannot be inspected"
-
-
 def _reserve(file_name: str, payload: str, data_bytes: int) -> _Reservation:
     """Creates one region and reserves all of its memory now; raises InvalidArgumentError, leaving nothing."""
     choice = _memfd_choice(data_bytes)
@@ -373,7 +364,7 @@ def _reserve(file_name: str, payload: str, data_bytes: int) -> _Reservation:
         unlink_now(path)
         reason = getattr(err, "strerror", None) or str(err)
         raise InvalidArgumentError(
-            f"payload {payload!r}: cannot reserve {map_bytes} bytes at {path}: {reason} ({_shm_room()})"
+            f"payload {payload!r}: cannot reserve {map_bytes} bytes at {path}: {reason} ({shm_room('use fewer pages')})"
         ) from err
     return _Reservation(fd, _Where("shm", path, map_bytes), path)
 
