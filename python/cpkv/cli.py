@@ -1,8 +1,10 @@
 """The ``cpkv`` command line (``python -m cpkv COMMAND ...``).
 
 Each command lives in its own module exposing ``configure(parser)`` and
-``run(args) -> int``; modules are imported only when their command runs, so
-``cpkv bench allocator`` never pays for importing torch.
+``run(args) -> int``, with its heavy imports inside ``run``. Only the module of
+the command a command line names is imported (to define its arguments, then to
+run it): ``cpkv --help`` imports none, and ``cpkv bench allocator`` never pays
+for importing torch or any other command.
 
 Bad input never ends in a traceback: a command's ``CpkvError``, ``OSError``
 or ``ValueError`` is printed as one line ``cpkv: error: ...`` and exits 2;
@@ -18,7 +20,11 @@ import importlib
 import sys
 from typing import NoReturn, Sequence
 
+from cpkv import __version__
 from cpkv.errors import CpkvError
+
+# The top-level help shows this as it is: plain text, no markup.
+DESCRIPTION = "cpkv: context-parallel ranks sharing one KV cache. Run a benchmark, a trace replay or an analysis."
 
 # (command words, module, one-line help)
 COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
@@ -47,8 +53,20 @@ class _OneLineParser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = _OneLineParser(prog="cpkv", description=__doc__.splitlines()[0])
+def _chosen_module(argv: Sequence[str]) -> str | None:
+    """The module of the command ``argv`` names, if any. The top level has no options but --help and
+    --version, so a command's words come first."""
+    for words, module, _ in COMMANDS:
+        if tuple(argv[: len(words)]) == words:
+            return module
+    return None
+
+
+def _parser(chosen_module: str | None) -> argparse.ArgumentParser:
+    """Every command is listed (for the help and for argparse's choices), but only the chosen one's
+    arguments are defined: no other command module is imported."""
+    parser = _OneLineParser(prog="cpkv", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"cpkv {__version__}")
     top = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     groups: dict[str, argparse._SubParsersAction] = {}
     for words, module, help_text in COMMANDS:
@@ -60,13 +78,9 @@ def _parser() -> argparse.ArgumentParser:
             sub = groups[word]
         cmd = sub.add_parser(words[-1], help=help_text, description=help_text)
         cmd.set_defaults(_module=module)
-        _configure(cmd, module)
+        if module == chosen_module:
+            importlib.import_module(module).configure(cmd)
     return parser
-
-
-def _configure(parser: argparse.ArgumentParser, module: str) -> None:
-    # Argument definitions are cheap; the module keeps heavy imports inside run().
-    importlib.import_module(module).configure(parser)
 
 
 def error_line(exc: BaseException) -> str:
@@ -81,9 +95,10 @@ def error_line(exc: BaseException) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    words = list(sys.argv[1:] if argv is None else argv)
     try:
         try:
-            args = _parser().parse_args(argv)  # argparse reports its own errors (one line, exit 2)
+            args = _parser(_chosen_module(words)).parse_args(words)  # argparse reports its own errors (one line, exit 2)
         except SystemExit as stop:  # --help (0) or a bad command line (2): a code, for callers of main()
             return stop.code if isinstance(stop.code, int) else 2
         try:
