@@ -98,8 +98,10 @@ test-wheel: $(DEPS) ## Build the abi3 wheel, install it into a fresh virtualenv,
 	$(PY) -c 'import os, numpy, torch; print(os.path.dirname(os.path.dirname(torch.__file__))); \
 		print(os.path.dirname(os.path.dirname(numpy.__file__)))' \
 		> $$(echo $(WHEEL_VENV)/lib/python3*/site-packages)/dev-deps.pth
+	@# What site-packages holds before the install: the smoke test checks that only cpkv was added.
+	ls -A $$(echo $(WHEEL_VENV)/lib/python3*/site-packages) > $(WHEEL_VENV)/site-packages-before.txt
 	$(WHEEL_VENV)/bin/python -m pip install --quiet --no-index --no-deps $(WHEEL_DIR)/*.whl
-	cd $(WHEEL_VENV) && env -u PYTHONPATH bin/python $(abspath tests/wheel_smoke.py)
+	cd $(WHEEL_VENV) && env -u PYTHONPATH bin/python $(abspath tests/wheel_smoke.py) site-packages-before.txt
 
 .PHONY: test-vllm
 test-vllm: $(VLLM_BUILT) ## The vLLM integration tests, in .venv-vllm

@@ -1,30 +1,43 @@
 """Smoke test of an installed cpkv wheel (run by ``make test-wheel`` in a fresh virtualenv).
 
-Checks that cpkv comes from the wheel (not the checkout), that the extension is the abi3 build,
-that ``cpkv.kernels`` is a real package inside it, and that a LocalGroup compose through
-``cpkv.kernels.gather`` gives the bytes a plain loop over the plan's spans gives.
-Not collected by pytest (the name does not start with ``test_``).
+Checks that installing the wheel added only ``cpkv`` and its dist-info to site-packages (argument:
+a listing of site-packages taken just before the install), that cpkv comes from the wheel (not the
+checkout), that the extension is the abi3 build, that ``cpkv.kernels`` is a package of plain files
+inside it, and that a LocalGroup compose through ``cpkv.kernels.gather`` gives the bytes a plain loop
+over the plan's spans gives. Not collected by pytest (the name does not start with ``test_``).
 """
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import sys
 import sysconfig
 import time
 from pathlib import Path
 
 started = time.perf_counter()
+site = Path(sysconfig.get_paths()["purelib"]).resolve()
+before = set(Path(sys.argv[1]).read_text().split())
+version = importlib.metadata.version("cpkv")
+added = {entry.name for entry in site.iterdir()} - before
+assert added == {"cpkv", f"cpkv-{version}.dist-info"}, f"the wheel added {sorted(added)} to {site}"
+outside = sorted(str(f) for f in importlib.metadata.files("cpkv") or []
+                 if f.parts[0] not in ("cpkv", f"cpkv-{version}.dist-info", ".."))  # "..": the cpkv script
+assert not outside, f"the wheel's RECORD lists files outside cpkv: {outside}"
+assert importlib.util.find_spec("kernels") is None, "a top-level 'kernels' is importable"
 
 import cpkv  # noqa: E402
 import cpkv._cpkv  # noqa: E402
 import cpkv.kernels.gather  # noqa: E402
 
-site = Path(sysconfig.get_paths()["purelib"]).resolve()
 for module in (cpkv, cpkv._cpkv, cpkv.kernels, cpkv.kernels.gather):
     where = Path(module.__file__).resolve()
     assert site in where.parents, f"{module.__name__} comes from {where}, not from the wheel in {site}"
 assert cpkv._cpkv.__file__.endswith(".abi3.so"), cpkv._cpkv.__file__
-assert not Path(cpkv.__file__).parent.joinpath("kernels").is_symlink()
+kernel_files = sorted(Path(cpkv.kernels.__file__).parent.glob("*.py"))
+assert [f.name for f in kernel_files] == ["__init__.py", "gather.py"], kernel_files
+assert not any(f.is_symlink() for f in [*kernel_files, Path(cpkv.kernels.__file__).parent]), kernel_files
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
