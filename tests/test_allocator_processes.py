@@ -16,7 +16,8 @@ SEED, STEPS, EXTRA_AT = 20261202, 150, 75
 
 
 def launch(index: int, *extra: int) -> subprocess.Popen:
-    # A different hash seed per process: nothing may depend on hash order.
+    # A different hash seed per process: nothing may depend on hash order. So fresh interpreters, not
+    # cpkv.runtime.launch.run_ranks, whose ranks fork from one interpreter and share its seed.
     env = {**os.environ, "PYTHONHASHSEED": str(index * 7919 + 1)}
     cmd = [sys.executable, str(HERE / "alloc_replay.py"), str(SEED), str(STEPS), *map(str, extra)]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)

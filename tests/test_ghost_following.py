@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from cpkv import PrefixTree
+from cpkv.runtime.launch import run_ranks
 from cpkv.workload import generate
-from spawned import run_ranks
 
 # Questions about long documents at 900 cached blocks: over this stream ghost follows its own
 # priority, recency, the segmented ranking, arc and s3fifo in turn (measured: 8 switches).
@@ -76,7 +76,7 @@ def test_a_tree_restored_while_following_a_queue_policy_goes_on_identically():
     copy.tree.check_invariants()
 
 
-def _replica(rank: int, extra_on_rank: int) -> tuple[list[int], set]:
+def _replica(rank: int, world: int, extra_on_rank: int) -> tuple[list[int], set]:
     engine = _Engine(PrefixTree(1, "ghost"))
     digests, followed = [], set()
     for i, blocks in enumerate(_stream()[:1500]):
@@ -88,15 +88,15 @@ def _replica(rank: int, extra_on_rank: int) -> tuple[list[int], set]:
     return digests, followed
 
 
-def _run(extra_on_rank: int, ranks: int = 3) -> dict[int, tuple[list[int], set]]:
-    return run_ranks(_replica, ranks, extra_on_rank)
+def _run(extra_on_rank: int, ranks: int = 3) -> list[tuple[list[int], set]]:
+    return run_ranks(_replica, ranks, extra_on_rank, timeout_s=300)
 
 
 def test_replicas_following_queue_policies_agree_and_one_extra_access_is_detected():
     same = _run(-1)
     digests0, followed = same[0]
     assert followed & QUEUE_POLICIES, followed
-    assert all(same[r][0] == digests0 for r in same)
+    assert all(digests == digests0 for digests, _ in same)
     diverged = _run(1)
     first_bad = next(i for i, (a, b) in enumerate(zip(diverged[1][0], digests0)) if a != b)
     assert first_bad == 1000, "detected at the very request that diverged"

@@ -7,7 +7,7 @@ import pytest
 
 import cpkv
 from cpkv import PrefixTree
-from spawned import run_ranks
+from cpkv.runtime.launch import run_ranks
 
 
 def test_surface_round_trip():
@@ -126,7 +126,7 @@ EVENTS = 600
 CAPACITY = 48
 
 
-def _replica(rank: int, extra_on_rank: int, policy: str) -> tuple[list, list]:
+def _replica(rank: int, world: int, extra_on_rank: int, policy: str) -> tuple[list, list]:
     """Replays the shared event stream; rank `extra_on_rank` makes one extra access."""
     from cpkv import PrefixTree
 
@@ -152,7 +152,7 @@ def _replica(rank: int, extra_on_rank: int, policy: str) -> tuple[list, list]:
     return victims, digests
 
 
-def _run_replicas(extra_on_rank: int, policy: str = "ghost", ranks: int = 8) -> dict[int, tuple[list, list]]:
+def _run_replicas(extra_on_rank: int, policy: str = "ghost", ranks: int = 8) -> list[tuple[list, list]]:
     return run_ranks(_replica, ranks, extra_on_rank, policy, timeout_s=120)
 
 

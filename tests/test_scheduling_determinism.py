@@ -57,7 +57,9 @@ RANK_SCRIPT = textwrap.dedent(
 )
 
 
-def run_ranks(*specs: tuple[int, int], mode: str = "cp") -> list[dict]:
+def run_processes(*specs: tuple[int, int], mode: str = "cp") -> list[dict]:
+    # Fresh interpreters, not cpkv.runtime.launch.run_ranks: its ranks fork from one interpreter and
+    # share its hash seed, and these must each start with their own.
     procs = []
     for rank, perturb in specs:
         env = {**os.environ, "PYTHONHASHSEED": str(rank + 1)}
@@ -79,7 +81,7 @@ def first_divergence(a: list, b: list) -> int | None:
 
 
 def test_ranks_form_identical_batches_and_a_divergent_match_is_detected() -> None:
-    rank0, rank1, bad = run_ranks((0, -1), (1, -1), (1, 17))
+    rank0, rank1, bad = run_processes((0, -1), (1, -1), (1, 17))
     assert len(rank0["records"]) > 50  # a real workload: many passes
     steps = [s for r in rank0["records"] for s in r["steps"]]
     assert any(s[1] == "skip" for s in steps) and any(r["carried"] for r in rank0["records"])
@@ -90,6 +92,6 @@ def test_ranks_form_identical_batches_and_a_divergent_match_is_detected() -> Non
 
 def test_outside_cp_mode_per_rank_ages_would_split_the_ranks() -> None:
     # Why CP mode ignores age: the same queue with each rank's own clock diverges.
-    rank0, rank1 = run_ranks((0, -1), (1, -1), mode="single")
+    rank0, rank1 = run_processes((0, -1), (1, -1), mode="single")
     assert rank0["digest"] != rank1["digest"]
     assert any(s[2] == "age bound" for r in rank0["records"] for s in r["steps"])
