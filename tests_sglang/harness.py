@@ -1,11 +1,12 @@
 """Real SGLang HiCacheControllers in gloo processes acting as one attention-CP group.
 
-``launch(world, scenario, **options)`` spawns ``world`` processes; each builds SGLang's own CPU pools
+``launch(world, scenario, **options)`` starts ``world`` ranks (cpkv's launcher, ``run_ranks``: gloo set up,
+a rank that dies named, none outliving the test); each builds SGLang's own CPU pools
 (``MHATokenToKVPool`` on "cpu", ``MHATokenToKVPoolHost`` page_first_direct, unpinned) and a
 ``HiCacheController`` with a storage backend (cpkv's through ``dynamic``, or SGLang's ``file``),
 then drives it the way SGLang's scheduler does: ``write_storage`` and the backup acks,
 ``prefetch``, the hit queue, the host allocation, the prefetch buffer and its acks. Each rank
-writes what it saw to a JSON file; ``launch`` returns the ranks' results in rank order.
+returns what it saw; ``launch`` returns the ranks' results in rank order.
 
 Nothing here mocks SGLang: the controller's threads, its MIN hit sync over the CP group and the
 storage factory are SGLang's. Every wait has a timeout.
@@ -15,80 +16,48 @@ from __future__ import annotations
 
 import hashlib
 import json
-import multiprocessing as mp
 import os
 import signal
-import socket
 import sys
-import tempfile
 import threading
 import time
 import traceback
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
 WAIT_S = 60.0  # any single wait inside a rank
 CPKV = {"backend_name": "cpkv", "module_path": "cpkv.integrations.sglang", "class_name": "CpkvHiCacheStorage"}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(world: int, scenario: str, wall_s: float = 240.0, **options: Any) -> list[dict]:
-    """Runs ``scenario`` on ``world`` ranks; returns each rank's result (None for a rank that died)."""
-    ctx = mp.get_context("spawn")
-    port = free_port()
-    with tempfile.TemporaryDirectory(prefix="cpkv-sglang-test-") as out:
-        procs = [ctx.Process(target=_rank_entry, args=(r, world, port, scenario, options, out), daemon=True)
-                 for r in range(world)]
-        for p in procs:
-            p.start()
-        deadline = time.monotonic() + wall_s
-        for p in procs:
-            p.join(max(0.0, deadline - time.monotonic()))
-        hung = [r for r, p in enumerate(procs) if p.is_alive()]
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join(10)
-        results = []
-        for r in range(world):
-            path = Path(out) / f"rank{r}.json"
-            results.append(json.loads(path.read_text()) if path.exists() else None)
-        errors = [(r, res["error"]) for r, res in enumerate(results) if res and res.get("error")]
-        if errors:
-            raise AssertionError("rank failed: " + "\n".join(f"rank {r}: {e}" for r, e in errors))
-        if hung:
-            raise AssertionError(f"ranks {hung} did not finish within {wall_s:g} s")
-        return results
+    """Runs ``scenario`` on ``world`` ranks through cpkv's launcher; returns each rank's result (None
+    for a rank that died)."""
+    from cpkv.runtime.launch import run_ranks
+
+    # SGLang builds its kernels with tools next to this interpreter.
+    path = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
+    results = run_ranks(_rank_entry, world, scenario, options, timeout_s=wall_s, collective_timeout_s=WAIT_S,
+                        env={"PATH": path}, expect_failures=True, deaths_as_text=True)
+    errors = [(r, res["error"]) for r, res in enumerate(results) if isinstance(res, dict) and res.get("error")]
+    if errors:
+        raise AssertionError("rank failed: " + "\n".join(f"rank {r}: {e}" for r, e in errors))
+    hung = [r for r, res in enumerate(results) if res is None]
+    if hung:
+        raise AssertionError(f"ranks {hung} did not finish within {wall_s:g} s")
+    return [res if isinstance(res, dict) else None for res in results]  # a death is named by a text
 
 
-def _rank_entry(rank: int, world: int, port: int, scenario: str, options: dict, out: str) -> None:
-    try:  # die with the test process, quietly
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-    os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
-    sys.path.insert(0, str(HERE))
+def _rank_entry(rank: int, world: int, scenario: str, options: dict) -> dict:
+    """One rank (torch.distributed already set up by the launcher): the scenario's result as plain
+    JSON values (lists, string keys), or the traceback of what it raised."""
     import warnings
 
     warnings.filterwarnings("ignore")
-    result: dict[str, Any]
     try:
-        result = SCENARIOS[scenario](Rank(rank, world, port, options), **options.get("args", {}))
+        result = SCENARIOS[scenario](Rank(rank, world, options), **options.get("args", {}))
+        return json.loads(json.dumps(result))
     except BaseException:  # noqa: BLE001 -- reported to the test process
-        result = {"error": traceback.format_exc()}
-    path = Path(out) / f"rank{rank}.json"
-    path.with_suffix(".tmp").write_text(json.dumps(result))
-    path.with_suffix(".tmp").rename(path)
-    sys.stdout.flush()
-    os._exit(0)  # SGLang's daemon threads and the process groups go with the process
+        return {"error": traceback.format_exc()}
 
 
 # -- one rank's world ------------------------------------------------------------------------------
@@ -103,14 +72,10 @@ def page_bytes(key: str, tag: int, nbytes: int) -> Any:
 
 
 class Rank:
-    def __init__(self, rank: int, world: int, port: int, options: dict) -> None:
-        import datetime
-
+    def __init__(self, rank: int, world: int, options: dict) -> None:
         import torch.distributed as dist
 
         self.rank, self.world, self.options = rank, world, options
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=WAIT_S))
         from sglang.srt.runtime_context import get_parallel
 
         # TP = world; attention CP of `cp` ranks (default all), attention TP = world / cp:
