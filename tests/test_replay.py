@@ -88,9 +88,9 @@ def test_one_rank_on_another_workload_is_stopped_by_the_agreement_check() -> Non
     assert all(isinstance(r, str) and r.startswith("DivergenceError") for r in results), results
 
 
-# The trace: a 3-block request, six one-block fillers, then a 3-block request whose ids differ
-# from the first's by 2**60 (id * 16 wrapped in int64 onto the first's tokens, a false 0.250 device hit
-# rate with no failed byte). LAST_CONTROL repeats the first request, LAST_PLAIN is an unrelated one.
+# A trace that once fooled replay: a 3-block request, six one-block fillers, then a 3-block request whose
+# ids differ from the first's by 2**60 (id * 16 wrapped in int64 onto the first's tokens, a false 0.250
+# device hit rate with no failed byte). LAST_CONTROL repeats the first request, LAST_PLAIN is an unrelated one.
 LAST_ALIASED, LAST_PLAIN, LAST_CONTROL = [1 + 2**60, 2 + 2**60, 3 + 2**60], [21, 22, 23], [1, 2, 3]
 
 

@@ -119,7 +119,7 @@ def test_invalid_utf8_names_the_line(tmp_path):
 
 
 def test_both_shared_traces_pass_every_check(traces):
-    # SOURCES.md: len(hash_ids) == ceil(input_length / 512) for every record, ids chained.
+    # Mooncake's format: len(hash_ids) == ceil(input_length / 512) for every record, ids chained.
     assert len(load_trace(traces / "conversation_trace.jsonl")) == 12_031
     assert len(load_trace(traces / "synthetic_trace.jsonl")) == 3_993
 

@@ -1,8 +1,8 @@
 """Checks for command-line values that argparse's ``type=`` cannot express.
 
-Every command validates its inputs before any work and fails with one line
-(LESSONS: 56 of 90 bad command lines once ended in a traceback, and a NaN
-made a command loop forever). Each check raises a ``CpkvValueError`` that
+Every command validates its inputs before any work and fails with one line:
+never a traceback, and never a NaN or an infinity that makes a loop run
+forever. Each check raises a ``CpkvValueError`` that
 names the option; ``cpkv.cli.main`` prints it as ``cpkv: error: ...``.
 """
 

@@ -1,7 +1,7 @@
 """``cpkv sweep TRACE``: prefix hit rate over a dense grid of capacities x policies.
 
-A policy once tuned at four cache sizes lost to plain LRU at a fifth
-(LESSONS), so policies are compared over a whole curve: by default 12
+A policy tuned at a few cache sizes can lose to plain LRU at the next one,
+so policies are compared over a whole curve: by default 12
 capacities log-spaced from 0.5% to 50% of the trace's distinct blocks, every
 ``PrefixTree`` policy, and Belady's offline optimum as the ceiling. The
 replay is ``cpkv.hitrate.replay`` and the ceiling ``cpkv.belady.belady_hits``,

@@ -1,8 +1,8 @@
 """A seeded synthetic workload in the Mooncake trace format.
 
-The two bundled traces are the only real data; a policy tuned on them needs
-data it was not tuned on (LESSONS: "evaluate ... on data you did not tune
-on"), and tests need small traces whose structure is known. This module
+The two bundled traces are the only real data; a policy tuned on them must
+also be judged on data it was not tuned on, and tests need small traces
+whose structure is known. This module
 makes one from a seed, as a pure function of its arguments (its own
 ``random.Random``, no clock, no ``hash()``), with five request families:
 

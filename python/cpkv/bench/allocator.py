@@ -5,7 +5,7 @@ The stream (``_alloc_stream``) reserves batches of objects of 1..64 pages in
 every payload (10% of batches in the first payload only) and releases random
 live objects back to a target occupancy, which leaves the pools fragmented
 into hundreds to thousands of free extents, the regime first fit must serve.
-Two workloads by default: the issue's pools (2 x 65,536 pages; a few hundred
+Two workloads by default: a serving-sized pool (2 x 65,536 pages; a few hundred
 free extents) and a large host pool (2 x 1,048,576 pages, e.g. 64 GiB of
 64 KiB pages; thousands of free extents, where a first-fit scan is long).
 
@@ -165,7 +165,7 @@ def _measure(args: argparse.Namespace, pools: dict[str, int], steps: int) -> dic
     }
 
 
-# Live objects for the call-path table (the 10k and 100k).
+# Live objects for the call-path table: a busy server's count, and ten times it.
 CALL_PATH_LIVE = (10_000, 100_000)
 
 

@@ -19,7 +19,7 @@ def positive_int(owner: str, name: str, value: object) -> None:
 
 
 def flag(owner: str, name: str, value: object) -> None:
-    # A flag that arrives as 0/1/None is a caller bug (see LESSONS: decide from an
-    # authoritative flag), so only a real bool is accepted.
+    # A decision reads an authoritative flag set for this step; a flag that arrives as 0/1/None
+    # is a caller passing something else (a counter, a missing value), so only a real bool is accepted.
     if not isinstance(value, bool):
         raise InvalidArgumentError(f"{owner}.{name} must be a bool, got {value!r}")
