@@ -69,6 +69,15 @@ def test_every_help_is_plain_text(words, capsys):
     assert markup == [], markup
 
 
+@pytest.mark.parametrize("module", ["cpkv.gpu_check", "cpkv.bench.compose_gpu"])
+def test_the_modules_run_on_their_own_have_plain_help_too(module):
+    proc = subprocess.run([sys.executable, "-m", module, "--help"], cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0 and proc.stdout.startswith(f"usage: python -m {module}"), proc.stderr
+    markup = [line for line in proc.stdout.splitlines() if MARKUP.search(line)]
+    assert markup == [], markup
+
+
 def test_the_markup_check_sees_markup():
     # The check above passes on plain text only if it would fail on what the top level once showed.
     assert MARKUP.search("The ``cpkv`` command line") and MARKUP.search("see :mod:`cpkv.compose`")

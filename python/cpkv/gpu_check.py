@@ -225,7 +225,8 @@ def render(rows: list[Row]) -> str:
 
 
 def main(argv: list[str] | None = None, *, run: Runner = run_command, cuda: Callable[[], Any] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cpkv.gpu_check", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m cpkv.gpu_check",
+                                     description="cpkv's CUDA paths on this machine (make gpu-check), one verdict.")
     parser.parse_args(argv)
     import torch
 

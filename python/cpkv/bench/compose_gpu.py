@@ -196,6 +196,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(prog="python -m cpkv.bench.compose_gpu", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m cpkv.bench.compose_gpu",
+                                     description="The compose on one GPU, as cpkv bench compose-gpu runs it.")
     configure(parser)
     sys.exit(run(parser.parse_args()))
