@@ -5,9 +5,6 @@
 - :mod:`~cpkv.compose.plan`: :class:`ComposePlan` (built once per batch) and :class:`PlanCache`;
 - :mod:`~cpkv.compose.groups`: :class:`LocalGroup`, :class:`ShmGroup`, :class:`CudaIpcGroup`;
 - :mod:`~cpkv.compose.config` / :mod:`~cpkv.compose.debug`: ``CPKV_DEBUG_COMPOSE`` and its checks;
-- :mod:`~cpkv.compose.segment`: a /dev/shm segment mapped as a tensor (ShmGroup's memory);
-- :mod:`~cpkv.runtime.timeouts`: a failed barrier becomes an error naming rank and layer;
-- :mod:`~cpkv.runtime.launch`: cp real processes in a gloo group (tests, benchmarks);
 - :mod:`~cpkv.compose.workload`: random and uniform batches (tests, benchmarks);
 - the gather itself lives in :mod:`cpkv.kernels.gather` (torch/numpy on CPU, Triton on a device);
 - ShmGroup's memory, the barrier timeouts and the rank launcher live in :mod:`cpkv.runtime`.

@@ -1,4 +1,4 @@
-"""Starting cp real processes joined in a gloo group (tests and benchmarks).
+"""Starting cp real processes joined in a gloo group (tests, benchmarks, ``cpkv replay``).
 
 Children come from a forkserver that imported torch once, so a launch costs
 process creation, not cp torch imports. Every launch has a hard deadline:
