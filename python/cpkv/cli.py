@@ -98,7 +98,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
     try:
         try:
-            args = _parser(_chosen_module(words)).parse_args(words)  # argparse reports its own errors (one line, exit 2)
+            # argparse reports its own errors (one line, exit 2)
+            args = _parser(_chosen_module(words)).parse_args(words)
         except SystemExit as stop:  # --help (0) or a bad command line (2): a code, for callers of main()
             return stop.code if isinstance(stop.code, int) else 2
         try:
