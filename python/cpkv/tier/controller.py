@@ -23,8 +23,9 @@ A backup reserved by ``insert`` is copied by the ``backup_layer`` calls that fol
 forward's layers, or :meth:`flush_backups`), and committed by the first ``end_forward`` after
 every rank finished it. Nothing else is collective: placement and eviction are computed.
 
-CUDA pools: copies run on two side streams of the pools' device and never block the host
-(:mod:`cpkv.tier.streams` says how they are ordered against the caller's stream). A backup is
+Bytes move through :mod:`cpkv.tier.copy`, the copy the engine adapters use too. CUDA pools: copies
+run on two side streams of the pools' device and never block the host (:mod:`cpkv.tier.streams`
+says how they are ordered against the caller's stream). A backup is
 ``non_blocking`` device-to-host into the pinned slab, each layer marked done by an event; it counts
 as finished (and can be committed) once its events have completed. Pages a backup may still read
 are safe to reuse: ``allocate`` and ``load`` order the caller's and the load stream after the
