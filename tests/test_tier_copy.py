@@ -62,6 +62,18 @@ def test_owned_rows_refuses_a_bool_rank_and_a_str_of_pages():
         owned_rows(0, 2, "01", [0, 1])
 
 
+def test_owned_rows_takes_int_likes_and_iterables_as_the_one_argument_rule_says():
+    class Index:
+        def __index__(self) -> int:
+            return 1
+
+    by_rule = owned_rows(Index(), np.int32(2), range(4), (x for x in [7, 8, 9, 10]))
+    plain = owned_rows(1, 2, np.arange(4), np.array([7, 8, 9, 10]))
+    for name in ("mask", "pool_rows", "slab_rows", "runs"):
+        assert np.array_equal(getattr(by_rule, name), getattr(plain, name))
+    assert plain.pool_rows.tolist() == [0, 1] and plain.slab_rows.tolist() == [8, 10]
+
+
 def _rows_case(rng: np.random.Generator, case: int) -> tuple[np.ndarray, np.ndarray]:
     n = int(rng.integers(1, 40))
     if case % 3 == 0:  # arbitrary rows: usually no runs
