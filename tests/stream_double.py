@@ -1,5 +1,6 @@
-"""A stand-in for :class:`cpkv.tier.streams.CudaStreams` that runs the controller's device path on
-CPU tensors and records every ordering call, so a test can check who waits for what, and when."""
+"""A stand-in for :class:`cpkv.tier.streams.CudaStreams` that runs the controller's device path (its
+streams and events) on CPU tensors and records every ordering call, so a test can check who waits
+for what, and when."""
 
 from __future__ import annotations
 

@@ -33,11 +33,13 @@ def test_layout_owner_row_and_mask_numpy_and_torch():
     pages = np.array([0, 1, 5, 9, 12, 13])
     assert layout.owner(pages).tolist() == [0, 1, 1, 1, 0, 1]
     assert layout.local_row(pages).tolist() == [0, 0, 1, 2, 3, 3]
-    assert layout.owned_mask(pages).tolist() == [False, True, True, True, False, True]
+    owned = layout.owned_rows(pages, pages + 100)
+    assert owned.mask.tolist() == [False, True, True, True, False, True]
+    assert owned.pool_rows.tolist() == [0, 1, 2, 3] and owned.slab_rows.tolist() == [101, 105, 109, 113]
     t = torch.tensor(pages)
     assert isinstance(layout.owner(t), torch.Tensor) and isinstance(layout.local_row(t), torch.Tensor)
     assert torch.equal(layout.owner(t), torch.tensor([0, 1, 1, 1, 0, 1]))
-    assert layout.owned_mask(torch.tensor([], dtype=torch.int64)).numel() == 0
+    assert layout.owned_rows(torch.tensor([], dtype=torch.int64), []).mask.size == 0
     assert layout.owner([7]).tolist() == [3]
 
 

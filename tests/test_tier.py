@@ -140,63 +140,6 @@ def test_backup_evict_and_load_back_are_byte_identical(world: int, device_path: 
     assert sum(r["checked"] for r in results) == 3 * 2 * (22 + 4)
 
 
-def test_slice_runs_copy_exactly_what_the_indexed_copy_does() -> None:
-    from cpkv.tier.controller import MIN_MEAN_RUN, _Copy
-
-    rng = np.random.default_rng(5)
-    for case in range(300):
-        n = int(rng.integers(1, 40))
-        if case % 3 == 0:  # arbitrary rows: usually no runs
-            pool, slab = rng.choice(64, n, replace=False), rng.choice(64, n, replace=False)
-        else:  # runs at a constant step each, as owned pages of contiguous objects are
-            step = int(rng.integers(1, 4))
-            pool = np.arange(n) + 3 * (np.arange(n) // 7)
-            slab = step * np.arange(n) + int(rng.integers(0, 5))
-        copy = _Copy(torch.from_numpy(pool.astype(np.int64)), torch.from_numpy(slab.astype(np.int64)))
-        src = torch.from_numpy(rng.integers(0, 255, (200, 3)).astype(np.int64))
-        by_index, by_runs = torch.zeros(200, 3, dtype=torch.int64), torch.zeros(200, 3, dtype=torch.int64)
-        by_index.index_copy_(0, copy.slab_rows, src.index_select(0, copy.pool_rows))
-        runs = copy.runs()
-        assert not runs or len(runs) * MIN_MEAN_RUN <= n
-        if case % 3 and n >= MIN_MEAN_RUN:
-            assert runs, (pool, slab)  # long constant-step runs must take the slice path
-        for pool_slice, slab_slice in runs:
-            by_runs[slab_slice].copy_(src[pool_slice])
-        if runs:
-            assert torch.equal(by_runs, by_index)
-
-
-def test_slab_stretches_copy_exactly_what_the_indexed_copy_does() -> None:
-    """The device path's copy when rows have no constant-step runs: one indexed copy on the device,
-    one contiguous host copy per stretch of consecutive slab rows (both directions)."""
-    from cpkv.tier.controller import _Copy
-
-    rng = np.random.default_rng(9)
-    for case in range(200):
-        n = int(rng.integers(1, 40))
-        pool = rng.choice(64, n, replace=False)
-        slab = rng.choice(64, n, replace=False) if case % 2 else int(rng.integers(0, 20)) + rng.permutation(n)
-        copy = _Copy(torch.from_numpy(pool.astype(np.int64)), torch.from_numpy(slab.astype(np.int64)))
-        order, stretches = copy.slab_runs(torch.device("cpu"))
-        assert sum(count for _, count, _ in stretches) == n
-        if case % 2 == 0:
-            assert len(stretches) == 1  # a permuted contiguous object is one stretch
-        src = torch.from_numpy(rng.integers(0, 255, (64, 3)).astype(np.int64))
-        want, got = torch.zeros(64, 3, dtype=torch.int64), torch.zeros(64, 3, dtype=torch.int64)
-        want.index_copy_(0, copy.slab_rows, src.index_select(0, copy.pool_rows))
-        gathered = src.index_select(0, order)
-        for first, count, row in stretches:
-            got[row : row + count].copy_(gathered[first : first + count])
-        assert torch.equal(got, want)
-        back_want, back = torch.zeros(64, 3, dtype=torch.int64), torch.zeros(64, 3, dtype=torch.int64)
-        back_want.index_copy_(0, copy.pool_rows, want.index_select(0, copy.slab_rows))
-        staged = torch.empty(n, 3, dtype=torch.int64)
-        for first, count, row in stretches:
-            staged[first : first + count].copy_(want[row : row + count])
-        back.index_copy_(0, order, staged)
-        assert torch.equal(back, back_want)
-
-
 def _pressure(rank: int, world: int, seed: int) -> dict:
     engine = _Engine(rank, world, 2, host_pages=24, policy="lru", rows=8)
     rng = np.random.default_rng(seed)  # same seed on every rank: the same stream everywhere

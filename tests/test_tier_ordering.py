@@ -1,9 +1,10 @@
 """How CacheController orders device copies against the caller's stream, and the host side of a
 controller over an NCCL process group, on the CPU.
 
-The device path (CUDA pools) runs here on CPU tensors through a recording stand-in for its streams
-(``stream_double``): every byte is still checked, and the log says who waited for what. With a GPU,
-``test_tier_cuda.py`` runs the same flow on real streams.
+The device path's ordering (CUDA pools) runs here on CPU tensors through a recording stand-in for
+its streams (``stream_double``): every byte is still checked (moved by the tier copy's CPU path; its
+torch path is checked on strided views in ``test_tier_copy.py``), and the log says who waited for
+what. With a GPU, ``test_tier_cuda.py`` runs the same flow on real streams and torch copies.
 """
 
 from __future__ import annotations

@@ -34,6 +34,8 @@ __all__ = [
     "LoadRun",
     "Backup",
     "InsertOutcome",
+    "OwnedRows",
+    "owned_rows",
     "OffloadIndex",
     "RowSources",
     "copy_rows",
@@ -371,6 +373,30 @@ class TierCache:
     def host_pages(self) -> int: ...
     @property
     def policy(self) -> str: ...
+
+@final
+class OwnedRows:
+    """One rank's share of a batch of pages (``owned_rows``)."""
+
+    @property
+    def mask(self) -> npt.NDArray[np.bool_]:
+        """Per page, in batch order: whether this rank owns it."""
+    @property
+    def pool_rows(self) -> npt.NDArray[np.int64]:
+        """The owned pages' rows in this rank's pool (``page // cp_size``), in batch order."""
+    @property
+    def slab_rows(self) -> npt.NDArray[np.int64]:
+        """The slab row of each owned page, paired with ``pool_rows``."""
+    @property
+    def runs(self) -> npt.NDArray[np.int64]:
+        """The load-back's run table for ``copy_rows`` (``pool[pool_rows[i]] = slab[slab_rows[i]]``,
+        source 0), int64 ``[R, 6]``; a backup's is the same with the two sides' columns swapped."""
+
+def owned_rows(rank: int, cp_size: int, pages: _IntVector, slab_rows: _IntVector) -> OwnedRows:
+    """The rows ``rank`` of ``cp_size`` copies for logical device ``pages`` (page ``p`` is rank
+    ``p % cp_size``'s row ``p // cp_size``) whose host copies are ``slab_rows``, one per page.
+    ``InvalidArgumentError`` naming the value for a rank outside ``[0, cp_size)``, a ``cp_size``
+    outside ``[1, MAX_CP_SIZE]``, lengths that differ, a page or row beyond ``MAX_PAGES``."""
 
 # ---- Native row copies (crates/copy) ----------------------------------------
 

@@ -1,5 +1,6 @@
 //! `copy_rows`, `RowSources` and `row_runs`: the native row copy (crate
-//! `cpkv-copy`) over numpy arrays and CPU torch tensors.
+//! `cpkv-copy`) over numpy arrays and CPU torch tensors; `run_table`, the
+//! one way a run table becomes an array.
 //!
 //! Every buffer is checked (CPU, C-contiguous, aligned to its element size,
 //! one row size and dtype for all, the destination writable and not
@@ -521,7 +522,12 @@ fn row_runs<'py>(
             src.len()
         )));
     }
-    let runs = cpkv_copy::runs_from_rows(&dst, &src, source);
+    run_table(py, &cpkv_copy::runs_from_rows(&dst, &src, source))
+}
+
+/// Runs as the int64 `[R, 6]` table `copy_rows` takes (every entry came in
+/// as a non-negative int64 or is a count of them, so it fits).
+pub(crate) fn run_table<'py>(py: Python<'py>, runs: &[Run]) -> PyResult<Bound<'py, PyArray2<i64>>> {
     let flat: Vec<i64> = runs
         .iter()
         .flat_map(|r| {

@@ -10,13 +10,14 @@ use cpkv_tier::{
     Backup as CoreBackup, LoadPlan as CorePlan, NodeId, TierCache as Core, TierConfig, TierError,
     TierStats,
 };
-use numpy::PyArray1;
+use numpy::{PyArray1, PyArray2};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::convert::{
     int_vector, invalid, namespace as namespace_arg, pages_array, uint, PolicyArg,
 };
+use crate::copy::run_table;
 use crate::errors::{alloc_error, cpkv_error, evict_error};
 use crate::shared::{unshared, Shared};
 
@@ -26,6 +27,8 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<LoadRun>()?;
     m.add_class::<Backup>()?;
     m.add_class::<InsertOutcome>()?;
+    m.add_class::<OwnedRows>()?;
+    m.add_function(wrap_pyfunction!(owned_rows, m)?)?;
     Ok(())
 }
 
@@ -36,6 +39,7 @@ pub(crate) fn tier_error(err: TierError) -> PyErr {
         TierError::NotLocked(_) => "LockError",
         TierError::Divergence(_) => "DivergenceError",
         TierError::Config { .. }
+        | TierError::Argument { .. }
         | TierError::PageOutOfRange { .. }
         | TierError::PageNotHeld { .. }
         | TierError::RepeatedPage { .. }
@@ -43,6 +47,51 @@ pub(crate) fn tier_error(err: TierError) -> PyErr {
         | TierError::BadKey { .. } => "InvalidArgumentError",
     };
     cpkv_error(class, err.to_string())
+}
+
+/// This rank's share of a batch of pages (`owned_rows`).
+#[pyclass(frozen, get_all, module = "cpkv._cpkv")]
+pub(crate) struct OwnedRows {
+    mask: Py<PyArray1<bool>>,
+    pool_rows: Py<PyArray1<i64>>,
+    slab_rows: Py<PyArray1<i64>>,
+    runs: Py<PyArray2<i64>>,
+}
+
+#[pymethods]
+impl OwnedRows {
+    fn __repr__(&self, py: Python<'_>) -> String {
+        format!(
+            "OwnedRows(pages={}, owned={}, runs={})",
+            self.mask.bind(py).len().unwrap_or(0),
+            self.pool_rows.bind(py).len().unwrap_or(0),
+            self.runs.bind(py).len().unwrap_or(0)
+        )
+    }
+}
+
+/// The rows `rank` of `cp_size` copies for `pages` (logical device pages)
+/// whose host copies are `slab_rows` (`cpkv_tier::owned_rows`).
+#[pyfunction]
+fn owned_rows(
+    py: Python<'_>,
+    rank: &Bound<'_, PyAny>,
+    cp_size: &Bound<'_, PyAny>,
+    pages: &Bound<'_, PyAny>,
+    slab_rows: &Bound<'_, PyAny>,
+) -> PyResult<OwnedRows> {
+    let (rank, cp_size) = (uint(rank, "rank")?, uint(cp_size, "cp_size")?);
+    let (pages, slab_rows) = (
+        int_vector(pages, "pages")?,
+        int_vector(slab_rows, "slab_rows")?,
+    );
+    let owned = cpkv_tier::owned_rows(rank, cp_size, &pages, &slab_rows).map_err(tier_error)?;
+    Ok(OwnedRows {
+        mask: PyArray1::from_vec(py, owned.mask).unbind(),
+        pool_rows: pages_array(py, &owned.pool_rows),
+        slab_rows: pages_array(py, &owned.slab_rows),
+        runs: run_table(py, &owned.runs)?.unbind(),
+    })
 }
 
 fn node_arg(obj: &Bound<'_, PyAny>) -> PyResult<NodeId> {

@@ -16,7 +16,7 @@ pub const MAX_CP_SIZE: u64 = 1 << 16;
 pub struct TierConfig {
     /// Tokens per page.
     pub page_size: usize,
-    /// CP ranks; logical device page `p` lives on rank `p % cp_size`.
+    /// CP ranks; `ownership` says which rank holds which logical page.
     pub cp_size: u64,
     /// Logical device (L1) pages over all ranks.
     pub device_pages: u64,
@@ -70,10 +70,5 @@ impl TierConfig {
             );
         }
         Ok(())
-    }
-
-    /// The rank that owns logical device page `page`.
-    pub fn owner(&self, page: u64) -> u64 {
-        page % self.cp_size
     }
 }

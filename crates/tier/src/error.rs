@@ -10,6 +10,8 @@ use cpkv_evict::{EvictError, NodeId, PageId};
 pub enum TierError {
     /// A configuration value out of range.
     Config { field: &'static str, reason: String },
+    /// A plain argument out of range (a rank, a row table's length).
+    Argument { name: &'static str, reason: String },
     /// A device page id outside `0..device_pages`.
     PageOutOfRange { page: PageId, capacity: u64 },
     /// A device page passed to a call that needs it held by the caller
@@ -36,6 +38,7 @@ impl fmt::Display for TierError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Config { field, reason } => write!(f, "config {field}: {reason}"),
+            Self::Argument { name, reason } => write!(f, "{name} {reason}"),
             Self::PageOutOfRange { page, capacity } => {
                 write!(
                     f,

@@ -39,7 +39,8 @@ mod error;
 /// `OffloadIndex`: an engine's host tier of offloaded blocks (vLLM's
 /// scheduler-side manager), one call per engine call.
 mod offload;
-/// The fixed-seed mixer behind the digest terms.
+/// Which rank owns which page, and the rows (and runs) each rank copies.
+mod ownership;
 /// Plain results: lookups, load plans, backups, commits.
 mod plan;
 /// Host segments: tree host keys into allocator objects.
@@ -53,5 +54,6 @@ pub use cpkv_evict::{Namespace, NodeId, PageId, Policy};
 pub use device_pool::DevicePool;
 pub use error::{Result, TierError};
 pub use offload::{KeyState, OffloadIndex, OffloadStats, StorePlan, GROUP_BYTES, MAX_OFFLOAD_ROWS};
+pub use ownership::{owned_rows, OwnedRows};
 pub use plan::{Backup, CommitOutcome, InsertOutcome, LoadPlan, LoadRun, Lookup};
 pub use stats::TierStats;

@@ -1,8 +1,10 @@
 """Page ownership under context parallelism.
 
 Logical page ``p`` lives only on its owner rank ``p % cp_size``, at local row
-``p // cp_size`` of that rank's pool. Every function here is vectorised and
-returns the kind it was given (numpy in, numpy out; torch in, torch out).
+``p // cp_size`` of that rank's pool. ``owner`` and ``local_row`` map every page
+(the compose plan reads all of them) and return the kind they were given (numpy
+in, numpy out; torch in, torch out); which pages one rank copies, and how, comes
+from the Rust core (``owned_rows``), the one home of that rule.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from cpkv._cpkv import OwnedRows, owned_rows
 from cpkv.errors import InvalidArgumentError
 
 
@@ -61,6 +64,7 @@ class CpLayout:
         """Each page's row in its owner's pool."""
         return _as_pages(pages) // self.cp_size
 
-    def owned_mask(self, pages: Any) -> Any:
-        """True where this layout's rank owns the page."""
-        return self.owner(pages) == self.rank
+    def owned_rows(self, pages: Any, slab_rows: Any) -> OwnedRows:
+        """This rank's share of ``pages`` whose host copies are ``slab_rows`` (one per page): which
+        it owns (``mask``), their pool and slab rows, and the run table that moves them."""
+        return owned_rows(self.rank, self.cp_size, pages, slab_rows)

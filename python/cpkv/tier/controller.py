@@ -23,8 +23,9 @@ A backup reserved by ``insert`` is copied by the ``backup_layer`` calls that fol
 forward's layers, or :meth:`flush_backups`), and committed by the first ``end_forward`` after
 every rank finished it. Nothing else is collective: placement and eviction are computed.
 
-CUDA pools: copies run on two side streams of the pools' device and never block the host
-(:mod:`cpkv.tier.streams` says how they are ordered against the caller's stream). A backup is
+Bytes move through :mod:`cpkv.tier.copy`, the copy the engine adapters use too. CUDA pools: copies
+run on two side streams of the pools' device and never block the host (:mod:`cpkv.tier.streams`
+says how they are ordered against the caller's stream). A backup is
 ``non_blocking`` device-to-host into the pinned slab, each layer marked done by an event; it counts
 as finished (and can be committed) once its events have completed. Pages a backup may still read
 are safe to reuse: ``allocate`` and ``load`` order the caller's and the load stream after the
@@ -51,6 +52,7 @@ from cpkv.runtime.timeouts import as_timedelta, guarded
 from cpkv.config import CpkvConfig, config
 from cpkv.errors import ArgumentTypeError, CollectiveTimeoutError, DivergenceError, InvalidArgumentError
 from cpkv.tier import streams as _streams
+from cpkv.tier.copy import RowCopy, SlabCopier, word_dtype
 from cpkv.tier.slab import HostSlab, SlabSpec
 from cpkv.tier.warnings import RateLimitedLog
 
@@ -58,88 +60,12 @@ log = logging.getLogger("cpkv.tier")
 
 
 @dataclass
-class _Copy:
-    """This rank's share of one transfer: rows of the device pool <-> rows of the slab."""
-
-    pool_rows: Any  # int64 tensor, on the CPU
-    slab_rows: Any  # int64 tensor, on the CPU
-    _runs: list[tuple[slice, slice]] | None = field(default=None, repr=False)
-    _slab_runs: Any = field(default=None, repr=False)
-    _tables: dict[bool, np.ndarray] = field(default_factory=dict, repr=False)
-
-    def run_table(self, to_slab: bool) -> np.ndarray:
-        """The native copy's run table (int64 ``[R, 6]``, each constant-step stretch of rows one
-        run) for one direction: into the slab (backup) or into the pool (load-back). Built once
-        per copy, used for every layer and payload."""
-        table = self._tables.get(to_slab)
-        if table is None:
-            from cpkv._cpkv import row_runs
-
-            pool, slab = self.pool_rows.numpy(), self.slab_rows.numpy()
-            table = self._tables[to_slab] = row_runs(slab, pool) if to_slab else row_runs(pool, slab)
-        return table
-
-    def slab_runs(self, device: Any) -> tuple[Any, list[tuple[int, int, int]]]:
-        """Device pools, when `runs` found none: the copy sorted by slab row, as (pool rows in that
-        order, on ``device``; [(first, count, slab row)] per stretch of consecutive slab rows). One
-        indexed copy on the device and one contiguous host copy per stretch (slab objects are
-        contiguous, so stretches are few): no pageable temporary, every host copy asynchronous."""
-        if self._slab_runs is None:
-            order = np.argsort(self.slab_rows.numpy(), kind="stable")
-            slab = self.slab_rows.numpy()[order]
-            breaks = np.flatnonzero(np.diff(slab) != 1) + 1
-            starts = np.concatenate([[0], breaks]).astype(np.int64)
-            counts = np.diff(np.concatenate([starts, [len(slab)]]))
-            stretches = [(int(a), int(n), int(slab[a])) for a, n in zip(starts, counts)]
-            self._slab_runs = (self.pool_rows[order].to(device), stretches)
-        return self._slab_runs
-
-    def runs(self) -> list[tuple[slice, slice]]:
-        """Device pools only (CPU pools use the native copy's `run_table`): (pool rows, slab rows)
-        slices, each a run of rows at a constant step on both sides, when
-        the runs are long enough for slice copies to beat one indexed gather and scatter (pages are
-        taken lowest first and slab objects are contiguous, so they usually are); else []. Computed
-        once per copy, used for every layer."""
-        if self._runs is None:
-            self._runs = _strided_runs(self.pool_rows.tolist(), self.slab_rows.tolist())
-        return self._runs
-
-
-MIN_MEAN_RUN = 4  # rows per slice copy below which one indexed copy is faster (bench tier, 4 KB rows)
-
-
-def _strided_runs(pool: list[int], slab: list[int]) -> list[tuple[slice, slice]]:
-    runs: list[tuple[slice, slice]] = []
-    i, n = 0, len(pool)
-    while i < n:
-        j, dp, ds = i, 1, 1
-        if i + 1 < n and pool[i + 1] > pool[i] and slab[i + 1] > slab[i]:
-            dp, ds = pool[i + 1] - pool[i], slab[i + 1] - slab[i]
-            j = i + 1
-            while j + 1 < n and pool[j + 1] - pool[j] == dp and slab[j + 1] - slab[j] == ds:
-                j += 1
-        runs.append((slice(pool[i], pool[j] + 1, dp), slice(slab[i], slab[j] + 1, ds)))
-        if len(runs) * MIN_MEAN_RUN > n:
-            return []
-        i = j + 1
-    return runs
-
-
-@dataclass
 class _PendingBackup:
     ticket: int
-    copy: _Copy
+    copy: RowCopy
     started: float
     layers_done: set[int] = field(default_factory=set)  # layers whose copies are issued
     events: dict[int, Any] = field(default_factory=dict)  # device pools: layer -> its copy's done event
-
-
-def _merged(copies: list[_Copy]) -> _Copy:
-    if len(copies) == 1:
-        return copies[0]
-    import torch
-
-    return _Copy(torch.cat([c.pool_rows for c in copies]), torch.cat([c.slab_rows for c in copies]))
 
 
 def _layer_index(layer: Any, num_layers: int) -> int:
@@ -167,15 +93,6 @@ def _pools_device(device_pools: Mapping[str, Sequence[Any]]) -> Any:
     if len(devices) != 1:
         raise InvalidArgumentError(f"every device pool must be on one device, got {sorted(devices)}")
     return next(iter(devices.values()))
-
-
-def _word_dtype(row_bytes: int) -> Any:
-    import torch
-
-    for size, dtype in ((8, torch.int64), (4, torch.int32), (2, torch.int16)):
-        if row_bytes % size == 0:
-            return dtype
-    return torch.uint8
 
 
 class LoadHandle:
@@ -260,12 +177,8 @@ class CacheController:
         self.device = _pools_device(device_pools)
         # CUDA pools: copies on side streams of the pools' device (not the current one); CPU pools: None.
         self._streams: Any = _streams.stream_ops(self.device)  # CudaStreams, a test's double, or None
-        # Rows move as the widest integer word that divides them: torch's index_copy_ on uint8 rows
-        # runs about 6x slower than on the same bytes as int64 (measured by `cpkv bench tier`).
-        self._words = {name: _word_dtype(spec.row_bytes) for name, spec in self.payloads.items()}
-        self._pools = {name: [p.view(torch.uint8).view(p.shape[0], -1).view(self._words[name])
-                              for p in device_pools[name]]
-                       for name in self.payloads}
+        pool_bytes = {name: [p.view(torch.uint8).view(p.shape[0], -1) for p in device_pools[name]]
+                      for name in self.payloads}
         # The slab and the commit/agreement collectives carry host values: over the process group when it
         # is gloo, else over a gloo group of the same ranks (NCCL cannot set up a host slab).
         self._host_pg = gloo_group_of(process_group, self.settings.collective_timeout_s) if self._dist else None
@@ -275,19 +188,21 @@ class CacheController:
         if self.slab.num_pages < host_pages or self.slab.num_layers != self.num_layers:
             raise InvalidArgumentError(f"slab has {self.slab.num_pages} pages x {self.slab.num_layers} layers, "
                                        f"the cache needs {host_pages} x {self.num_layers}")
-        self._slab_rows = {name: self.slab.rows(name).view(self._words[name]) for name in self.payloads}
-        self._sources_cache: dict[tuple[str, int, int], Any] = {}
-        self._cuda_pools = self._streams is not None  # the device path (streams, slice and indexed copies)
+        # Rows move as the widest integer word that divides them (the torch copies' speed).
+        words = {name: word_dtype(*pool_bytes[name], self.slab.rows(name)) for name in self.payloads}
+        self._pools = {name: [p.view(words[name]) for p in pool_bytes[name]] for name in self.payloads}
+        self._slab_rows = {name: self.slab.rows(name).view(words[name]) for name in self.payloads}
+        self._copier = SlabCopier()
         self._load_stream = self._streams.new_stream("load") if self._streams else None
         self._backup_stream = self._streams.new_stream("backup") if self._streams else None
         self._backup_tail: Any = None  # the last backup copy's event: pages it read may be reused after it
         self._load_tail: Any = None  # the last load-back copy's event: slab rows it read may be rewritten after it
         self._backups: list[_PendingBackup] = []
-        self._merged_backups: tuple[tuple[int, ...], _Copy | None] = ((), None)
+        self._merged_backups: tuple[tuple[int, ...], RowCopy | None] = ((), None)
         self._loads: list[LoadHandle] = []
         self._load_failed = False
-        self._copier: threading.Thread | None = None
-        self._copy_queue: list[tuple[LoadHandle, _Copy, list[Any]]] = []
+        self._load_worker: threading.Thread | None = None
+        self._copy_queue: list[tuple[LoadHandle, RowCopy, list[Any]]] = []
         self._copy_cv = threading.Condition()
         self._closed = False
         self.forwards = 0
@@ -416,7 +331,7 @@ class CacheController:
         tickets = tuple(b.ticket for b in due)
         merged = self._merged_backups[1]
         if self._merged_backups[0] != tickets or merged is None:
-            merged = _merged([b.copy for b in due])
+            merged = RowCopy.merged([b.copy for b in due])
             self._merged_backups = (tickets, merged)
         done = None
         if self._streams is None:
@@ -514,12 +429,12 @@ class CacheController:
         with self._copy_cv:
             self._copy_queue.clear()
             self._copy_cv.notify_all()
-        if self._copier is not None:
-            self._copier.join(timeout=self.settings.transfer_timeout_s)
+        if self._load_worker is not None:
+            self._load_worker.join(timeout=self.settings.transfer_timeout_s)
         for tail in (self._backup_tail, self._load_tail):
             if tail is not None:  # no copy may still use the slab when it is unpinned and unmapped
                 self._streams.synchronize(tail)
-        self._sources_cache.clear()  # they hold views of the slab's mapping
+        self._copier.clear()  # its source tables hold views of the slab's mapping
         self._slab_rows.clear()
         self._pools.clear()
         self.slab.close()
@@ -551,75 +466,27 @@ class CacheController:
         if self._backup_tail is not None:
             self._streams.wait(self._streams.current(), self._backup_tail)
 
-    def _owned(self, device_pages: Any, host_rows: Any) -> _Copy:
-        import torch
+    def _owned(self, device_pages: Any, host_rows: Any) -> RowCopy:
+        return RowCopy.owned(self.layout.owned_rows(device_pages, host_rows))
 
-        pages = np.asarray(device_pages, dtype=np.int64)
-        mask = pages % self.layout.cp_size == self.layout.rank
-        return _Copy(torch.from_numpy(pages[mask] // self.layout.cp_size),
-                     torch.from_numpy(np.asarray(host_rows, dtype=np.int64)[mask]))
-
-    def _copy_layer(self, layer: int, copy: _Copy, *, to_slab: bool) -> None:
-        if copy.pool_rows.numel() == 0:
-            return
-        if not self._cuda_pools:
-            # CPU pools: one native copy per payload (every run checked first, GIL released).
-            from cpkv._cpkv import copy_rows
-
-            table = copy.run_table(to_slab)
-            for name in self.payloads:
-                pool, slab = self._pools[name][layer], self._slab_rows[name][layer]
-                if to_slab:
-                    copy_rows(slab, self._row_sources(name, layer, pool), table)
-                else:
-                    copy_rows(pool, self._row_sources(name, layer, slab), table)
-            return
-        # Device pools, on the current (side) stream: asynchronous copies between the device and the
-        # pinned slab, nothing staged through pageable memory; the caller orders them with events.
-        runs = copy.runs()
+    def _copy_layer(self, layer: int, copy: RowCopy, *, to_slab: bool) -> None:
+        """One layer of every payload (device pools: issued on the current stream, which the caller
+        has made a side stream)."""
         for name in self.payloads:
-            pool, slab = self._pools[name][layer], self._slab_rows[name][layer]
-            if runs:
-                for pool_slice, slab_slice in runs:
-                    if to_slab:
-                        slab[slab_slice].copy_(pool[pool_slice], non_blocking=True)
-                    else:
-                        pool[pool_slice].copy_(slab[slab_slice], non_blocking=True)
-                continue
-            order, stretches = copy.slab_runs(pool.device)
-            if to_slab:  # gathered on the device in slab order, then one host copy per stretch
-                gathered = pool.index_select(0, order)
-                for first, count, row in stretches:
-                    slab[row : row + count].copy_(gathered[first : first + count], non_blocking=True)
-            else:
-                staged = pool.new_empty((len(order), pool.shape[1]))
-                for first, count, row in stretches:
-                    staged[first : first + count].copy_(slab[row : row + count], non_blocking=True)
-                pool.index_copy_(0, order, staged)
+            self._copier.copy(copy, self._pools[name][layer], self._slab_rows[name][layer], to_slab=to_slab)
 
-    def _row_sources(self, name: str, layer: int, rows: Any) -> Any:
-        """``rows`` (a layer's pool or slab rows, fixed for this controller's life) as a native
-        source table, checked once."""
-        key = (name, layer, rows.data_ptr())
-        table = self._sources_cache.get(key)
-        if table is None:
-            from cpkv._cpkv import RowSources
-
-            table = self._sources_cache[key] = RowSources([rows])
-        return table
-
-    def _copy_bytes(self, copy: _Copy) -> int:
+    def _copy_bytes(self, copy: RowCopy) -> int:
         row_bytes = sum(spec.row_bytes for spec in self.payloads.values())
-        return int(copy.pool_rows.numel()) * row_bytes * self.num_layers
+        return len(copy) * row_bytes * self.num_layers
 
-    def _enqueue(self, jobs: list[tuple[LoadHandle, _Copy, list[Any]]]) -> None:
+    def _enqueue(self, jobs: list[tuple[LoadHandle, RowCopy, list[Any]]]) -> None:
         self._loads.extend(handle for handle, _, _ in jobs)
         with self._copy_cv:
             self._copy_queue.extend(jobs)
             self._copy_cv.notify()
-        if self._copier is None:
-            self._copier = threading.Thread(target=self._copy_loads, name="cpkv-load", daemon=True)
-            self._copier.start()
+        if self._load_worker is None:
+            self._load_worker = threading.Thread(target=self._copy_loads, name="cpkv-load", daemon=True)
+            self._load_worker.start()
 
     def _copy_loads(self) -> None:
         """The load-back worker: every load queued so far in one copy per layer, layer by layer, so
@@ -633,7 +500,7 @@ class CacheController:
                 jobs, self._copy_queue = self._copy_queue, []
             handles = [handle for handle, _, _ in jobs]
             try:
-                copy = _merged([c for _, c, _ in jobs])
+                copy = RowCopy.merged([c for _, c, _ in jobs])
                 if self._streams is None:
                     for layer in range(self.num_layers):
                         self._copy_layer(layer, copy, to_slab=False)
@@ -649,8 +516,8 @@ class CacheController:
                     for event in handle._ready:
                         event.set()
 
-    def _copy_loads_on_device(self, jobs: list[tuple[LoadHandle, _Copy, list[Any]]], handles: list[LoadHandle],
-                              copy: _Copy) -> None:
+    def _copy_loads_on_device(self, jobs: list[tuple[LoadHandle, RowCopy, list[Any]]], handles: list[LoadHandle],
+                              copy: RowCopy) -> None:
         """The load stream waits for what each job's caller had queued, then copies layer by layer;
         each layer's event is what ``LoadHandle.wait`` makes the caller's stream wait on."""
         ops, stream = self._streams, self._load_stream

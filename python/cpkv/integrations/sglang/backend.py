@@ -47,6 +47,7 @@ from cpkv.errors import (
     InvalidArgumentError,
     UnknownPayloadError,
 )
+from cpkv.tier.copy import RowCopy, SlabCopier
 from cpkv.tier.slab import HostSlab, SlabSpec
 
 from sglang.srt.mem_cache.hicache_storage import (
@@ -191,10 +192,11 @@ class _PoolSlab:
             num_pages=rows, num_layers=1, process_group=topo.node_group, timeout_s=timeout_s, pin=False)
         self.data = self.slab.rows("data")[0]  # uint8 [rows, row_bytes]
         self.stamps = self.slab.view("stamp")[0].numpy()  # int64 [rows, parts]
+        self.copier = SlabCopier()
         self.native = self._native_setup()
 
     def _native_setup(self) -> dict[str, Any] | None:
-        """Views for the native row copy: every page entry one row of ``entry`` bytes, on the slab
+        """Views for the tier's row copy: every page entry one row of ``entry`` bytes, on the slab
         side and in each host buffer. None when the pool's pages are not made of equal entries."""
         if len(set(self.sizes)) != 1:
             return None
@@ -212,19 +214,14 @@ class _PoolSlab:
                         buffers.append((t.data_ptr(), flat[: nbytes // entry * entry].view(-1, entry)))
         if not buffers:
             return None
-        from cpkv._cpkv import RowSources
-
         buffers.sort(key=lambda b: b[0])
         views = [b[1] for b in buffers]
-        slab_rows = self.data.view(-1, entry)
         return {
             "entry": entry,
             "bases": np.array([b[0] for b in buffers], dtype=np.int64),
             "rows": np.array([v.shape[0] for v in views], dtype=np.int64),
             "views": views,
-            "slab_rows": slab_rows,
-            "host_sources": RowSources(views),
-            "slab_sources": RowSources([slab_rows]),
+            "slab_rows": self.data.view(-1, entry),
         }
 
     def page_meta(self, host_indices: Any, count: int) -> np.ndarray:
@@ -250,17 +247,12 @@ class _PoolSlab:
             offset = flat - native["bases"][np.maximum(which, 0)]
             host_rows = offset // entry
             if (which >= 0).all() and not (offset % entry).any() and (host_rows < native["rows"][which]).all():
-                from cpkv._cpkv import copy_rows, row_runs
-
                 slab_rows = ((rows.astype(np.int64)[None, :] * self.parts + part) * self.entries
                              + np.arange(self.entries, dtype=np.int64)[:, None]).reshape(-1)
-                if to_slab:
-                    tables = [row_runs(slab_rows[which == b], host_rows[which == b], int(b)) for b in np.unique(which)]
-                    copy_rows(native["slab_rows"], native["host_sources"], np.concatenate(tables))
-                else:
-                    for b in np.unique(which):
-                        mask = which == b
-                        copy_rows(native["views"][b], native["slab_sources"], row_runs(host_rows[mask], slab_rows[mask]))
+                for b in np.unique(which):  # one copy per host buffer (a pool has one or a few)
+                    mask = which == b
+                    self.copier.copy(RowCopy(host_rows[mask], slab_rows[mask]), native["views"][b],
+                                     native["slab_rows"], to_slab=to_slab)
                 return
         # Pages of unequal entries (or buffers this module cannot see): one memmove per entry.
         base = self.data.data_ptr()
@@ -278,6 +270,7 @@ class _PoolSlab:
 
     def close(self) -> None:
         self.native = None
+        self.copier.clear()  # its source tables hold views of the slab
         self.data = self.stamps = None
         self.slab.close()
 

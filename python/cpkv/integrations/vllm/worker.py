@@ -7,9 +7,9 @@ offloaded chunk: ``blocks_per_chunk`` pages back to back. Every worker maps the 
 ``HostSlab.create`` over vLLM's gloo group) and writes only its own payload. Rows come from the scheduler-side manager
 (:class:`~cpkv.integrations.vllm.manager.CpkvOffloadingManager`); this side only moves bytes.
 
-Copies use the tier's scheme (:func:`cpkv.tier.controller._strided_runs`): runs of rows at a constant
-step on both sides move as slice copies, anything else as one indexed gather and scatter per tensor.
-Transfers run to completion inside ``submit_*``; ``get_finished`` reports them.
+Bytes move through the tier's one copy helper (:mod:`cpkv.tier.copy`): the native row copy for plain
+CPU tensors, torch's copies for CUDA tensors and strided views. Transfers run to completion inside
+``submit_*``; ``get_finished`` reports them.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from cpkv.errors import InvalidArgumentError
-from cpkv.tier.controller import _strided_runs
+from cpkv.tier.copy import RowCopy, SlabCopier, word_dtype
 from cpkv.tier.slab import HostSlab, SlabSpec
 
 from vllm.v1.kv_offload.base import (
@@ -66,12 +66,16 @@ class CpkvOffloadingWorker(OffloadingWorker):
         self._host = [rows[t].view(host_blocks * self.blocks_per_chunk, page)[:, : self._page_bytes[t]]
                       for t in range(layers)]
         self._rows = rows
+        # Per vLLM tensor: (device rows, host sub-rows) as the widest word both allow (the torch copies' speed).
+        words = [word_dtype(d, h) for d, h in zip(self._device, self._host)]
+        self._views = [(d.view(w), h.view(w)) for d, h, w in zip(self._device, self._host, words)]
+        self._copier = SlabCopier()
         self._finished: list[TransferResult] = []
 
     # -- which device block goes to which host sub-row -------------------------------------------
 
-    def _pairs(self, gpu: GPULoadStoreSpec, host: LoadStoreSpec, *, load: bool) -> list[tuple[list[int], Any, Any]]:
-        """Per KV cache group: (its tensors, device blocks, host sub-rows), as int64 tensors."""
+    def _pairs(self, gpu: GPULoadStoreSpec, host: LoadStoreSpec, *, load: bool) -> list[tuple[list[int], RowCopy]]:
+        """Per KV cache group: (its tensors, device blocks <-> host sub-rows)."""
         if not isinstance(host, CpkvLoadStoreSpec):
             raise InvalidArgumentError(f"expected a CpkvLoadStoreSpec, got {type(host).__name__}")
         blocks = np.asarray(gpu.block_ids, dtype=np.int64)
@@ -96,34 +100,20 @@ class CpkvOffloadingWorker(OffloadingWorker):
                 raise InvalidArgumentError(f"{len(rows)} host rows for the chunks of {len(blocks)} blocks")
             position = skip + np.arange(size, dtype=np.int64)
             sub_rows = group_rows[position // bpc] * bpc + position % bpc
-            out.append((group, torch.from_numpy(group_blocks), torch.from_numpy(sub_rows)))
+            out.append((group, RowCopy(group_blocks, sub_rows)))
         if row_at != len(rows):
             raise InvalidArgumentError(f"{len(rows)} host rows for {row_at} chunks")
         return out
 
     def _copy(self, gpu: GPULoadStoreSpec, host: LoadStoreSpec, *, load: bool) -> int:
         moved = 0
-        for tensors, blocks, sub_rows in self._pairs(gpu, host, load=load):
-            if blocks.numel() == 0:
-                continue
-            runs = _strided_runs(blocks.tolist(), sub_rows.tolist())
+        for tensors, copy in self._pairs(gpu, host, load=load):
             for t in tensors:
-                device, slab = self._device[t], self._host[t]
-                if runs:
-                    for device_slice, slab_slice in runs:
-                        if load:
-                            device[device_slice].copy_(slab[slab_slice])
-                        else:
-                            slab[slab_slice].copy_(device[device_slice])
-                elif load:
-                    rows = slab.index_select(0, sub_rows).to(device.device, non_blocking=True)
-                    device.index_copy_(0, blocks.to(device.device), rows)
-                else:
-                    picked = device.index_select(0, blocks.to(device.device)).to("cpu")
-                    slab.index_copy_(0, sub_rows, picked)
-                moved += blocks.numel() * self._page_bytes[t]
-        if load and any(d.is_cuda for d in self._device):
-            torch.cuda.current_stream().synchronize()
+                device, slab = self._views[t]
+                self._copier.copy(copy, device, slab, to_slab=not load)
+                moved += len(copy) * self._page_bytes[t]
+        if any(d.is_cuda for d in self._device):
+            torch.cuda.current_stream().synchronize()  # the helper issues copies non_blocking, either way
         return moved
 
     # -- OffloadingWorker ------------------------------------------------------------------------
@@ -153,6 +143,8 @@ class CpkvOffloadingWorker(OffloadingWorker):
         return self._host[tensor][row * self.blocks_per_chunk: (row + 1) * self.blocks_per_chunk]
 
     def shutdown(self) -> None:
+        self._copier.clear()  # its source tables hold views of the slab
+        self._views.clear()
         if self.slab is not None:
             self.slab.close()
 
