@@ -125,9 +125,12 @@ pub const MAX_PAGE_SIZE: usize = 1 << 20;
 
 /// Idle namespace roots kept before the longest idle one is dropped.
 pub const IDLE_ROOTS_KEPT: usize = 1024;
-/// Residency events buffered until `take_events` by default; beyond it the
-/// oldest are dropped and counted, so a caller that never drains stays bounded.
-pub const DEFAULT_EVENT_LIMIT: usize = 1 << 16;
+/// Residency events buffered until `take_events` unless a caller asks for
+/// more: none, as nothing in cpkv reads them and each costs a copy of its
+/// pages. A caller that drains them sets a limit (`set_event_limit`); beyond
+/// it the oldest are dropped and counted, so one that stops draining stays
+/// bounded.
+pub const DEFAULT_EVENT_LIMIT: usize = 0;
 
 /// One step of a read-only walk: a node and how many of its pages matched
 /// (fewer than all only for the last step).
@@ -318,16 +321,17 @@ impl PrefixTree {
         self.dropped_events
     }
 
-    fn record(&mut self, event: Event) {
+    /// Records the event `event` builds; with a limit of 0 it is counted as
+    /// dropped and never built.
+    fn record(&mut self, event: impl FnOnce() -> Event) {
         if self.events.len() == self.event_limit {
+            self.dropped_events += 1;
             if self.event_limit == 0 {
-                self.dropped_events += 1;
                 return;
             }
             self.events.pop_front();
-            self.dropped_events += 1;
         }
-        self.events.push_back(event);
+        self.events.push_back(event());
     }
 
     // ---- the engine's calls --------------------------------------------
@@ -546,7 +550,7 @@ impl PrefixTree {
         self.update(node, |n| n.host = Some(key));
         self.host_refs.insert(key, 1);
         self.host_pages += num_pages;
-        self.record(Event::HostStored {
+        self.record(|| Event::HostStored {
             node,
             start,
             num_pages,
@@ -793,11 +797,11 @@ impl PrefixTree {
             .created(content_key(parent, &tokens[..self.page_size]), pages.len());
         self.update(id, |n| access(n, policy, now, floor, weights, queued));
         self.live_pages.extend(pages.iter().copied());
-        self.update(parent, |p| {
+        self.restructure(parent, |p| {
             p.children.insert(key, id);
             p.device_children += 1;
         });
-        self.record(Event::DeviceStored {
+        self.record(|| Event::DeviceStored {
             node: id,
             start: depth,
             pages: pages.to_vec(),
@@ -849,7 +853,7 @@ impl PrefixTree {
             n.parent = Some(upper);
             n.depth += at;
         });
-        self.update(parent, |p| {
+        self.restructure(parent, |p| {
             p.children.insert(key, upper);
         });
         upper
@@ -859,7 +863,7 @@ impl PrefixTree {
         let node = self.node_ref(id);
         let (parent, start) = (node.parent.expect("non-root"), node.depth);
         self.live_pages.extend(pages.iter().copied());
-        self.record(Event::DeviceStored {
+        self.record(|| Event::DeviceStored {
             node: id,
             start,
             pages: pages.clone(),
@@ -872,7 +876,7 @@ impl PrefixTree {
             n.device = Some(pages);
             access(n, policy, now, floor, weights, queued);
         });
-        self.update(parent, |p| p.device_children += 1);
+        self.restructure(parent, |p| p.device_children += 1);
     }
 
     /// Whether victim `id` keeps its head when it holds more than an eviction
@@ -924,7 +928,7 @@ impl PrefixTree {
             let cached = self.live_pages.len() + self.host_pages + need;
             self.ghost.record(key, hits, need, cached);
         }
-        self.record(Event::DeviceRemoved {
+        self.record(|| Event::DeviceRemoved {
             node: id,
             start,
             pages: tail.clone(),
@@ -947,7 +951,7 @@ impl PrefixTree {
         let pages = if has_host {
             let mut pages = None;
             self.update(id, |n| pages = n.device.take());
-            self.update(parent, |p| p.device_children -= 1);
+            self.restructure(parent, |p| p.device_children -= 1);
             pages
         } else {
             debug_assert!(
@@ -957,7 +961,7 @@ impl PrefixTree {
             self.remove(id).device
         }
         .expect("indexed on device");
-        self.record(Event::DeviceRemoved {
+        self.record(|| Event::DeviceRemoved {
             node: id,
             start,
             pages: pages.clone(),
@@ -976,7 +980,7 @@ impl PrefixTree {
             self.host_refs.remove(&key);
         }
         self.host_pages -= num_pages;
-        self.record(Event::HostRemoved {
+        self.record(|| Event::HostRemoved {
             node: id,
             start,
             num_pages,
@@ -1010,7 +1014,7 @@ impl PrefixTree {
             self.queues
                 .dropped(content_key(parent, key), node.priority, pages);
         }
-        self.update(parent, |p| {
+        self.restructure(parent, |p| {
             p.children.remove(&Page(key) as &dyn PageKey);
             if on_device {
                 p.device_children -= 1;
@@ -1037,8 +1041,35 @@ impl PrefixTree {
         }
     }
 
+    /// Changes only `id`'s children or its count of device children: they
+    /// are in neither its digest term, its policy key nor its queue pages,
+    /// so only whether it is evictable (and, for a root, idle) can change,
+    /// and the node is not re-hashed.
+    fn restructure(&mut self, id: NodeId, change: impl FnOnce(&mut Node)) {
+        let node = self.nodes.live_mut(id);
+        change(node);
+        debug_assert_eq!(node.digest_term, node_hash(node, node.tokens_hash));
+        let tier = evictable_tier(node);
+        if tier != node.indexed.map(|(tier, _)| tier) {
+            if let Some((tier, key)) = node.indexed.take() {
+                self.index.remove(tier, key, id);
+            }
+            if let Some(tier) = tier {
+                let key = self.key_of(self.node_ref(id));
+                self.nodes.live_mut(id).indexed = Some((tier, key));
+                self.index.insert(tier, key, id);
+            }
+        }
+        self.note_idle_root(id);
+    }
+
     fn reattach(&mut self, id: NodeId) {
         self.index_node(id);
+        self.note_idle_root(id);
+    }
+
+    /// Whether root `id` is idle now (no children, no locks), when it is a root.
+    fn note_idle_root(&mut self, id: NodeId) {
         let now = self.clock.now();
         let node = self.nodes.live_mut(id);
         if node.is_root() {
