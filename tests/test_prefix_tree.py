@@ -12,7 +12,7 @@ from cpkv.runtime.launch import run_ranks
 
 def test_surface_round_trip():
     assert PrefixTree.POLICIES == ("lru", "lfu", "fifo", "slru", "ghost", "arc", "s3fifo")
-    tree = PrefixTree(2, policy="slru")
+    tree = PrefixTree(2, policy="slru", event_limit=64)  # events are off unless asked for
     r = tree.insert(np.array([1, 1, 2, 2, 3]), [10, 11])  # the partial last page is not cached
     assert (r.cached, tree.device_pages, len(tree)) == (0, 2, 2)
     m = tree.match([1, 1, 2, 2, 9, 9])
@@ -85,6 +85,7 @@ BAD_CALLS = [
     ("negative node", lambda t, n: t.unlock(-1), cpkv.UnknownNodeError),
     ("unlock below zero", lambda t, n: t.unlock(0), cpkv.LockError),
     ("negative evict", lambda t, n: t.evict(-1), cpkv.InvalidArgumentError),
+    ("negative evict_pages", lambda t, n: t.evict_pages(-1), cpkv.InvalidArgumentError),
     ("negative evict_host", lambda t, n: t.evict_host(-2), cpkv.InvalidArgumentError),
     ("negative object key", lambda t, n: t.set_host(n, -5), cpkv.InvalidArgumentError),
     ("backup below a parent without one", lambda t, n: t.set_host(n, 5), cpkv.InvalidArgumentError),
@@ -110,6 +111,23 @@ def test_unknown_policy_and_page_size():
         PrefixTree(0)
     with pytest.raises(cpkv.InvalidArgumentError):
         PrefixTree(-4)
+
+
+def test_evict_pages_frees_what_evict_frees_as_one_array():
+    flat, victims = PrefixTree(1, "lru"), PrefixTree(1, "lru")
+    for tree in (flat, victims):
+        for i in range(20):  # leaves under three shared one-page prefixes
+            tokens = [i % 3, 100 + i, 200 + i]
+            m = tree.match(tokens)
+            tree.insert(tokens, [*m.device_pages.tolist(), *range(10 * i, 10 * i + 3 - m.length)])
+        tree.match([1, 104, 204])
+    for n in (1, 4, 7, 100, 1):
+        pages = flat.evict_pages(n)
+        assert pages.dtype == np.int64
+        assert pages.tolist() == [p for v in victims.evict(n) for p in v.pages.tolist()]
+        assert flat.digest() == victims.digest()
+    assert flat.device_pages == 0 and flat.evict_pages(3).tolist() == []
+    flat.check_invariants()
 
 
 def test_evicted_node_is_unknown():

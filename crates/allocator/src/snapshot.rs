@@ -16,6 +16,7 @@
 //! canonical digest. Restore checks everything before building anything:
 //! header, checksum, then that the extents tile every pool exactly.
 
+use cpkv_wire::{Reader, WireError, Writer};
 use sha2::{Digest, Sha256};
 
 use crate::allocator::{check_partition, PageAllocator};
@@ -34,26 +35,20 @@ const HEADER_LEN: usize = 8 + 4 + 8 + 32;
 impl PageAllocator {
     /// SHA-256 of the canonical serialisation of the state, for audits.
     pub fn canonical_digest(&self) -> [u8; 32] {
-        let mut state = Vec::new();
+        let mut state = Writer::default();
         write_state(self, &mut state);
-        Sha256::digest(&state).into()
+        Sha256::digest(state.bytes()).into()
     }
 
     /// The whole allocator (state and counters) as versioned bytes.
     pub fn snapshot(&self) -> Vec<u8> {
-        let mut body = Vec::new();
+        let mut body = Writer::default();
         write_state(self, &mut body);
         let c = &self.counters;
         for value in [c.reserves, c.misses, c.releases, c.splits, c.commits] {
-            put_u64(&mut body, value);
+            body.u64(value);
         }
-        let mut out = Vec::with_capacity(HEADER_LEN + body.len());
-        out.extend_from_slice(MAGIC);
-        out.extend_from_slice(&SNAPSHOT_VERSION.to_le_bytes());
-        put_u64(&mut out, body.len() as u64);
-        out.extend_from_slice(&Sha256::digest(&body));
-        out.extend_from_slice(&body);
-        out
+        seal(body.bytes())
     }
 
     /// Rebuilds an allocator from `snapshot()` bytes; truncated, corrupted or
@@ -93,53 +88,53 @@ impl PageAllocator {
     }
 }
 
-fn put_u64(out: &mut Vec<u8>, value: u64) {
-    out.extend_from_slice(&value.to_le_bytes());
+/// The header (magic, version, length, checksum) followed by `body`.
+fn seal(body: &[u8]) -> Vec<u8> {
+    let mut out = Writer::default();
+    out.raw(MAGIC);
+    out.u32(SNAPSHOT_VERSION);
+    out.u64(body.len() as u64);
+    out.raw(&Sha256::digest(body));
+    out.raw(body);
+    out.into_bytes()
 }
 
-fn put_u32(out: &mut Vec<u8>, value: u32) {
-    out.extend_from_slice(&value.to_le_bytes());
+fn put_extent(out: &mut Writer, extent: Extent) {
+    out.u64(extent.start);
+    out.u64(extent.len);
 }
 
-fn put_extent(out: &mut Vec<u8>, extent: Extent) {
-    put_u64(out, extent.start);
-    put_u64(out, extent.len);
-}
-
-fn write_state(alloc: &PageAllocator, out: &mut Vec<u8>) {
+fn write_state(alloc: &PageAllocator, out: &mut Writer) {
     let payloads = &alloc.payloads;
-    put_u32(out, payloads.len() as u32);
+    out.u32(payloads.len() as u32);
     for (id, name) in payloads.names().iter().enumerate() {
-        put_u32(out, name.len() as u32);
-        out.extend_from_slice(name.as_bytes());
-        put_u64(out, payloads.capacity(id));
+        out.str(name);
+        out.u64(payloads.capacity(id));
     }
     for free in &alloc.free {
         let extents = free.extents();
-        put_u64(out, extents.len() as u64);
+        out.u64(extents.len() as u64);
         extents.into_iter().for_each(|e| put_extent(out, e));
     }
-    put_u64(out, alloc.objects.len() as u64);
+    out.u64(alloc.objects.len() as u64);
     for (key, object) in sorted(&alloc.objects) {
-        put_u64(out, key);
-        out.push(u8::from(object.committed));
-        put_u64(out, object.placement.num_pages());
-        put_u32(out, object.placement.parts().count() as u32);
+        out.u64(key);
+        out.u8(u8::from(object.committed));
+        out.u64(object.placement.num_pages());
+        out.u32(object.placement.parts().count() as u32);
         for (payload, extents) in object.placement.parts() {
-            put_u32(out, payload as u32);
-            put_u32(out, extents.len() as u32);
+            out.u32(payload as u32);
+            out.u32(extents.len() as u32);
             extents.iter().for_each(|&e| put_extent(out, e));
         }
     }
 }
 
 fn read_body(r: &mut Reader<'_>) -> Result<PageAllocator> {
-    let payload_count = r.count_u32(4 + 8, "payloads")?;
+    let payload_count = r.len_u32(4 + 8)?;
     let mut pools = Vec::with_capacity(payload_count);
     for _ in 0..payload_count {
-        let name_len = r.count_u32(1, "payload name bytes")?;
-        let name = std::str::from_utf8(r.bytes(name_len)?)
-            .map_err(|_| AllocError::corrupt("payload name is not UTF-8"))?;
+        let name = r.str()?;
         pools.push((name.to_owned(), r.u64()?));
     }
     let payloads =
@@ -149,11 +144,11 @@ fn read_body(r: &mut Reader<'_>) -> Result<PageAllocator> {
     for id in 0..payload_count {
         let name = payloads.name(id);
         let capacity = payloads.capacity(id);
-        let count = r.count_u64(16, "free extents")?;
+        let count = r.len(16)?;
         let mut list = FreeList::empty();
         let mut previous_end = None;
         for _ in 0..count {
-            let extent = r.extent(capacity)?;
+            let extent = read_extent(r, capacity)?;
             // Fully coalesced: a gap of at least one page between free extents.
             if previous_end.is_some_and(|end| extent.start <= end) {
                 return Err(AllocError::corrupt(format!(
@@ -167,7 +162,7 @@ fn read_body(r: &mut Reader<'_>) -> Result<PageAllocator> {
         free.push(list);
     }
 
-    let object_count = r.count_u64(8 + 1 + 8 + 4 + 4 + 4 + 16, "objects")?;
+    let object_count = r.len(8 + 1 + 8 + 4 + 4 + 4 + 16)?;
     let mut objects = ObjectMap::default();
     let mut used: Vec<Vec<Extent>> = vec![Vec::new(); payload_count];
     let mut previous_key = None;
@@ -205,11 +200,11 @@ fn read_body(r: &mut Reader<'_>) -> Result<PageAllocator> {
                     "key {key}: payload id {payload} out of order or unknown"
                 )));
             }
-            let extent_count = r.count_u32(16, "object extents")?;
+            let extent_count = r.len_u32(16)?;
             let mut extents = Vec::with_capacity(extent_count);
             let mut pages = Some(0u64);
             for _ in 0..extent_count {
-                let extent = r.extent(payloads.capacity(payload))?;
+                let extent = read_extent(r, payloads.capacity(payload))?;
                 pages = pages.and_then(|p| p.checked_add(extent.len));
                 extents.push(extent);
             }
@@ -248,81 +243,21 @@ fn read_body(r: &mut Reader<'_>) -> Result<PageAllocator> {
     Ok(PageAllocator::from_parts(payloads, free, objects, counters))
 }
 
-/// Bounds-checked little-endian reads; running out is a `CorruptSnapshot`.
-struct Reader<'a> {
-    data: &'a [u8],
-    pos: usize,
+/// A non-empty extent inside `[0, capacity)`.
+fn read_extent(r: &mut Reader<'_>, capacity: u64) -> Result<Extent> {
+    let (start, len) = (r.u64()?, r.u64()?);
+    match start.checked_add(len) {
+        Some(end) if len > 0 && end <= capacity => Ok(Extent::new(start, len)),
+        _ => Err(AllocError::corrupt(format!(
+            "extent ({start}, {len}) is empty or outside capacity {capacity}"
+        ))),
+    }
 }
 
-impl<'a> Reader<'a> {
-    fn new(data: &'a [u8]) -> Self {
-        Reader { data, pos: 0 }
-    }
-
-    fn remaining(&self) -> usize {
-        self.data.len() - self.pos
-    }
-
-    fn bytes(&mut self, n: usize) -> Result<&'a [u8]> {
-        if n > self.remaining() {
-            return Err(AllocError::corrupt(format!(
-                "truncated: needs {n} bytes at offset {}, {} left",
-                self.pos,
-                self.remaining()
-            )));
-        }
-        let out = &self.data[self.pos..self.pos + n];
-        self.pos += n;
-        Ok(out)
-    }
-
-    fn u8(&mut self) -> Result<u8> {
-        Ok(self.bytes(1)?[0])
-    }
-
-    fn u32(&mut self) -> Result<u32> {
-        Ok(u32::from_le_bytes(
-            self.bytes(4)?.try_into().expect("4 bytes"),
-        ))
-    }
-
-    fn u64(&mut self) -> Result<u64> {
-        Ok(u64::from_le_bytes(
-            self.bytes(8)?.try_into().expect("8 bytes"),
-        ))
-    }
-
-    /// A count of items of at least `item_size` bytes each, checked against
-    /// the bytes left so a corrupted count cannot trigger a huge allocation.
-    fn count_u32(&mut self, item_size: usize, what: &str) -> Result<usize> {
-        let n = self.u32()?;
-        self.check_count(n.into(), item_size, what)
-    }
-
-    fn count_u64(&mut self, item_size: usize, what: &str) -> Result<usize> {
-        let n = self.u64()?;
-        self.check_count(n, item_size, what)
-    }
-
-    fn check_count(&self, n: u64, item_size: usize, what: &str) -> Result<usize> {
-        match usize::try_from(n) {
-            Ok(n) if n.saturating_mul(item_size) <= self.remaining() => Ok(n),
-            _ => Err(AllocError::corrupt(format!(
-                "{n} {what} cannot fit in the {} bytes left",
-                self.remaining()
-            ))),
-        }
-    }
-
-    /// A non-empty extent inside `[0, capacity)`.
-    fn extent(&mut self, capacity: u64) -> Result<Extent> {
-        let (start, len) = (self.u64()?, self.u64()?);
-        match start.checked_add(len) {
-            Some(end) if len > 0 && end <= capacity => Ok(Extent::new(start, len)),
-            _ => Err(AllocError::corrupt(format!(
-                "extent ({start}, {len}) is empty or outside capacity {capacity}"
-            ))),
-        }
+/// Running out of bytes, or a count that cannot fit them, is a `CorruptSnapshot`.
+impl From<WireError> for AllocError {
+    fn from(e: WireError) -> Self {
+        AllocError::corrupt(e.to_string())
     }
 }
 
@@ -340,17 +275,6 @@ mod tests {
         a.release(1).unwrap();
         a.release(4).unwrap();
         a
-    }
-
-    /// Re-seals a modified body with a valid header and checksum, so the
-    /// structural checks (not the checksum) must catch the damage.
-    fn seal(body: &[u8]) -> Vec<u8> {
-        let mut out = MAGIC.to_vec();
-        out.extend_from_slice(&SNAPSHOT_VERSION.to_le_bytes());
-        put_u64(&mut out, body.len() as u64);
-        out.extend_from_slice(&Sha256::digest(body));
-        out.extend_from_slice(body);
-        out
     }
 
     #[test]

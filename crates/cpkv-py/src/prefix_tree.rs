@@ -310,6 +310,21 @@ impl PrefixTree {
             .collect())
     }
 
+    /// The same eviction as `evict`, its freed device pages as one int64
+    /// array in eviction order: what an engine frees, with no object per
+    /// victim.
+    fn evict_pages<'py>(
+        &self,
+        py: Python<'py>,
+        num_pages: &Bound<'_, PyAny>,
+    ) -> PyResult<Bound<'py, PyArray1<i64>>> {
+        let num_pages = count(num_pages, "num_pages")?;
+        let victims = self.evict_core(py, num_pages)?;
+        // Page ids came in as non-negative int64 values, so they fit.
+        let pages = victims.iter().flat_map(|v| &v.pages).map(|p| *p as i64);
+        Ok(PyArray1::from_vec(py, pages.collect()))
+    }
+
     /// Drops host-only leaves until at least `num_pages` host pages are gone.
     fn evict_host(
         &self,

@@ -3,10 +3,11 @@
 //! The first token is kept inline and the rest of the page boxed, so a
 //! lookup compares an inline word and touches the heap only on a tie (never
 //! with one-token pages, whose rest is empty and allocates nothing). A page
-//! hashes to one word (`page_word`): a one-token page to its token, a longer
-//! one to a hash of all its tokens. Children sit in a hash table of these
-//! keys (one probe where an ordered map walked several nodes, each a cache
-//! miss in a large tree); nothing iterates it in a decision.
+//! stands for one word (`page_word`): a one-token page for its token, a
+//! longer one for a hash of all its tokens. Children sit in a hash table of
+//! these keys (one probe where an ordered map walked several nodes, each a
+//! cache miss in a large tree), spread by `table_word`; nothing iterates it
+//! in a decision.
 
 use std::borrow::Borrow;
 use std::hash::{Hash, Hasher};
@@ -74,8 +75,7 @@ impl Eq for dyn PageKey + '_ {}
 
 /// The one word a page stands for, as `head` and `rest` split it: the token
 /// of a one-token page, else a tagged hash of all its tokens (equal pages
-/// give equal words). Child tables hash pages with it, and the shadow
-/// caches keep it in place of a page's tokens.
+/// give equal words). The shadow caches keep it in place of a page's tokens.
 pub(crate) fn page_word(head: Token, rest: &[Token]) -> u64 {
     if rest.is_empty() {
         return head;
@@ -89,16 +89,26 @@ pub(crate) fn page_word(head: Token, rest: &[Token]) -> u64 {
 
 const PAGE_TAG: u64 = 0x5ad0_0000_0000_0001;
 
+/// Where a page goes in a child table. Only a spread, never an identity
+/// (equal words are compared token by token), so one multiply per token
+/// instead of `page_word`'s full mix: the table's hasher mixes the result
+/// once more. Evicting a leaf re-hashes its first page to leave its parent.
+fn table_word(head: Token, rest: &[Token]) -> u64 {
+    rest.iter().fold(head, |h, &t| {
+        (h.rotate_left(23) ^ t).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+    })
+}
+
 impl Hash for dyn PageKey + '_ {
     fn hash<H: Hasher>(&self, state: &mut H) {
-        state.write_u64(page_word(self.head(), self.rest()));
+        state.write_u64(table_word(self.head(), self.rest()));
     }
 }
 
 // As `dyn PageKey` hashes, so a borrowed page finds its key.
 impl Hash for ChildKey {
     fn hash<H: Hasher>(&self, state: &mut H) {
-        state.write_u64(page_word(self.head, &self.rest));
+        state.write_u64(table_word(self.head, &self.rest));
     }
 }
 

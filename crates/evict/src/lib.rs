@@ -25,7 +25,9 @@ mod shadow;
 mod snapshot;
 mod transplant;
 mod tree;
-mod wire;
+
+// Snapshots and the policy state inside them share the allocator's encoding.
+use cpkv_wire as wire;
 
 pub use clock::Stamp;
 pub use error::EvictError;

@@ -117,9 +117,7 @@ impl PrefixTree {
         }
         let mut header = Reader::new(&data[..HEADER_LEN]);
         if header.bytes(8).map_err(corrupt)? != MAGIC {
-            return Err(corrupt(
-                "bad magic (not a cpkv prefix tree snapshot)".into(),
-            ));
+            return Err(corrupt("bad magic (not a cpkv prefix tree snapshot)"));
         }
         let version = header.u32().map_err(corrupt)?;
         if !(1..=TREE_SNAPSHOT_VERSION).contains(&version) {
@@ -137,7 +135,7 @@ impl PrefixTree {
             )));
         }
         if Sha256::digest(body).as_slice() != checksum {
-            return Err(corrupt("checksum mismatch (corrupted bytes)".into()));
+            return Err(corrupt("checksum mismatch (corrupted bytes)"));
         }
         let policy = policy_name(body).map_err(corrupt)?;
         if !readable(version, policy) {
@@ -149,7 +147,7 @@ impl PrefixTree {
         }
         let decoded = decode(body).map_err(corrupt)?;
         if decoded.fixed_ranking.is_some() {
-            return Err(corrupt("a shadow tree is not a tree to restore".into()));
+            return Err(corrupt("a shadow tree is not a tree to restore"));
         }
         Self::rebuild(decoded).map_err(corrupt)
     }
@@ -209,8 +207,8 @@ fn ranking_index(ranking: Ranking) -> u8 {
         .expect("a candidate") as u8
 }
 
-fn corrupt(why: String) -> EvictError {
-    EvictError::CorruptSnapshot(why)
+fn corrupt(why: impl Into<String>) -> EvictError {
+    EvictError::CorruptSnapshot(why.into())
 }
 
 fn encode_node(w: &mut Writer, n: &Node) {

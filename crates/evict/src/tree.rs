@@ -1,7 +1,8 @@
 //! The replicated prefix tree: page-granular radix tree, two residency tiers,
 //! a logical clock and an incrementally maintained evictable index.
 //!
-//! Invariants (checked by `check_invariants`, exercised by the model tests):
+//! Invariants (checked by `check_invariants` in `invariants`, exercised by
+//! the model tests):
 //! - every non-root node is on device, on host, or both;
 //! - the device set and the host set are each closed towards the root (a
 //!   node's parent is a root or holds the same tier), so evicting a device
@@ -12,6 +13,10 @@
 //!
 //! Every public mutating call validates first and changes nothing when it
 //! fails; when it succeeds it advances the clock by exactly one.
+
+mod following;
+mod invariants;
+mod rebuild;
 
 use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 
@@ -30,7 +35,6 @@ use crate::page_set::PageSet;
 use crate::policy::Policy;
 use crate::queues::{Choice, QueueState, Slot};
 use crate::shadow::{PolicyMemory, Ranking, Shadows};
-use crate::transplant::queue_order;
 
 /// What `match_prefix` found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -121,9 +125,12 @@ pub const MAX_PAGE_SIZE: usize = 1 << 20;
 
 /// Idle namespace roots kept before the longest idle one is dropped.
 pub const IDLE_ROOTS_KEPT: usize = 1024;
-/// Residency events buffered until `take_events` by default; beyond it the
-/// oldest are dropped and counted, so a caller that never drains stays bounded.
-pub const DEFAULT_EVENT_LIMIT: usize = 1 << 16;
+/// Residency events buffered until `take_events` unless a caller asks for
+/// more: none, as nothing in cpkv reads them and each costs a copy of its
+/// pages. A caller that drains them sets a limit (`set_event_limit`); beyond
+/// it the oldest are dropped and counted, so one that stops draining stays
+/// bounded.
+pub const DEFAULT_EVENT_LIMIT: usize = 0;
 
 /// One step of a read-only walk: a node and how many of its pages matched
 /// (fewer than all only for the last step).
@@ -314,16 +321,17 @@ impl PrefixTree {
         self.dropped_events
     }
 
-    fn record(&mut self, event: Event) {
+    /// Records the event `event` builds; with a limit of 0 it is counted as
+    /// dropped and never built.
+    fn record(&mut self, event: impl FnOnce() -> Event) {
         if self.events.len() == self.event_limit {
+            self.dropped_events += 1;
             if self.event_limit == 0 {
-                self.dropped_events += 1;
                 return;
             }
             self.events.pop_front();
-            self.dropped_events += 1;
         }
-        self.events.push_back(event);
+        self.events.push_back(event());
     }
 
     // ---- the engine's calls --------------------------------------------
@@ -433,13 +441,7 @@ impl PrefixTree {
                 now,
             );
         }
-        if let Some(shadows) = self.shadows.as_mut() {
-            let before = shadows.leader();
-            if shadows.mirror(tokens, namespace, self.live_pages.len()) {
-                let (capacity, arc_target) = (shadows.capacity(), shadows.arc_target());
-                self.follow(before, capacity, arc_target);
-            }
-        }
+        self.mirror_in_shadows(tokens, namespace);
         Ok(InsertResult { node: at, cached })
     }
 
@@ -548,7 +550,7 @@ impl PrefixTree {
         self.update(node, |n| n.host = Some(key));
         self.host_refs.insert(key, 1);
         self.host_pages += num_pages;
-        self.record(Event::HostStored {
+        self.record(|| Event::HostStored {
             node,
             start,
             num_pages,
@@ -594,93 +596,10 @@ impl PrefixTree {
         self.ghost.weights()
     }
 
-    /// The ranking `Policy::Ghost` uses now: the shadow leader's.
-    fn ranking(&self) -> Ranking {
-        match (self.fixed_ranking, &self.shadows) {
-            (Some(r), _) => r,
-            (None, Some(s)) => s.leader(),
-            (None, None) => Ranking::Ghost,
-        }
-    }
-
     fn key_of(&self, node: &Node) -> crate::PolicyKey {
         match self.policy {
             Policy::Ghost => self.ranking().key(node),
             policy => policy.key(node),
-        }
-    }
-
-    /// Moves the tree from ranking `before` to the shadows' new leader. A
-    /// queue policy's state is built when it takes over and dropped again
-    /// when a ranking leads. S3-FIFO queues each node as its shadow holds the
-    /// same content, what the shadow let go first (`transplant`). ARC queues
-    /// reused content in T2 and one-shot content in T1, each least recently
-    /// used first, with its shadow's target `arc_target`: queued after its
-    /// shadow too, docqa lost up to 0.03 of hit ratio at 1,255 blocks (not
-    /// established why; likely the target, which ARC steers by ghost lists
-    /// that cannot come along, the shadow's naming the shadow's nodes).
-    /// The ghost priority is recomputed as of each node's last access.
-    fn follow(&mut self, before: Ranking, capacity: usize, arc_target: u64) {
-        let after = self.ranking();
-        if before.queue_policy().is_none() && after.queue_policy().is_none() {
-            return self.rekey();
-        }
-        // Off first: the old priorities leave no books behind.
-        self.queues = QueueState::Off;
-        if let Some(policy) = after.queue_policy() {
-            let mut state = QueueState::new(policy);
-            if policy == Policy::S3fifo {
-                let shadows = self.shadows.as_ref().expect("a following tree has shadows");
-                for (id, held) in queue_order(self, shadows.leader_tree()) {
-                    let slot = state.adopted_as(held);
-                    self.update(id, |n| n.priority = slot);
-                }
-            } else {
-                for id in self.by_last_access() {
-                    let slot = state.adopted(self.node_ref(id).hits);
-                    self.update(id, |n| n.priority = slot);
-                }
-            }
-            let pages = self.pages_per_queue();
-            state.adopt_books(pages, capacity as u64, arc_target, self.ghost.remembered());
-            self.queues = state;
-        } else {
-            let (floor, weights) = (self.floor, self.weights());
-            for id in self.by_last_access() {
-                self.update(id, |n| {
-                    n.priority = Policy::Ghost.priority(n, n.last_access, floor, weights);
-                });
-            }
-        }
-    }
-
-    /// Every node, least recently accessed first (ties by id).
-    fn by_last_access(&self) -> Vec<NodeId> {
-        let mut ids: Vec<(Stamp, NodeId)> = self.nodes().map(|n| (n.last_access, n.id)).collect();
-        ids.sort_unstable();
-        ids.into_iter().map(|(_, id)| id).collect()
-    }
-
-    /// Device pages per queue, counted from the nodes' queue states (only
-    /// while a queue policy keeps state: otherwise priorities are no slots).
-    fn pages_per_queue(&self) -> [u64; 2] {
-        let mut pages = [0u64; 2];
-        for node in self.nodes().filter(|n| n.on_device()) {
-            let queue = Slot::unpack(node.priority).queue as usize;
-            pages[queue] += node.pages(self.page_size) as u64;
-        }
-        pages
-    }
-
-    /// Re-keys every indexed node (the ranking changed).
-    fn rekey(&mut self) {
-        let ids: Vec<NodeId> = self
-            .nodes()
-            .filter(|n| n.indexed.is_some())
-            .map(|n| n.id)
-            .collect();
-        for id in ids {
-            self.update(id, |_| {});
         }
     }
 
@@ -689,11 +608,6 @@ impl PrefixTree {
     /// remembered hits (a third less shadow memory, same decisions).
     fn remembers(&self) -> bool {
         self.policy.remembers_dropped() && self.fixed_ranking != Some(Ranking::Recency)
-    }
-
-    /// Turns a fresh tree into a shadow ranking by `ranking` (no shadows of its own).
-    pub(crate) fn make_shadow(&mut self, ranking: Ranking) {
-        self.fixed_ranking = Some(ranking);
     }
 
     fn node_ref(&self, id: NodeId) -> &Node {
@@ -883,11 +797,11 @@ impl PrefixTree {
             .created(content_key(parent, &tokens[..self.page_size]), pages.len());
         self.update(id, |n| access(n, policy, now, floor, weights, queued));
         self.live_pages.extend(pages.iter().copied());
-        self.update(parent, |p| {
+        self.restructure(parent, |p| {
             p.children.insert(key, id);
             p.device_children += 1;
         });
-        self.record(Event::DeviceStored {
+        self.record(|| Event::DeviceStored {
             node: id,
             start: depth,
             pages: pages.to_vec(),
@@ -939,7 +853,7 @@ impl PrefixTree {
             n.parent = Some(upper);
             n.depth += at;
         });
-        self.update(parent, |p| {
+        self.restructure(parent, |p| {
             p.children.insert(key, upper);
         });
         upper
@@ -949,7 +863,7 @@ impl PrefixTree {
         let node = self.node_ref(id);
         let (parent, start) = (node.parent.expect("non-root"), node.depth);
         self.live_pages.extend(pages.iter().copied());
-        self.record(Event::DeviceStored {
+        self.record(|| Event::DeviceStored {
             node: id,
             start,
             pages: pages.clone(),
@@ -962,7 +876,7 @@ impl PrefixTree {
             n.device = Some(pages);
             access(n, policy, now, floor, weights, queued);
         });
-        self.update(parent, |p| p.device_children += 1);
+        self.restructure(parent, |p| p.device_children += 1);
     }
 
     /// Whether victim `id` keeps its head when it holds more than an eviction
@@ -1014,7 +928,7 @@ impl PrefixTree {
             let cached = self.live_pages.len() + self.host_pages + need;
             self.ghost.record(key, hits, need, cached);
         }
-        self.record(Event::DeviceRemoved {
+        self.record(|| Event::DeviceRemoved {
             node: id,
             start,
             pages: tail.clone(),
@@ -1037,7 +951,7 @@ impl PrefixTree {
         let pages = if has_host {
             let mut pages = None;
             self.update(id, |n| pages = n.device.take());
-            self.update(parent, |p| p.device_children -= 1);
+            self.restructure(parent, |p| p.device_children -= 1);
             pages
         } else {
             debug_assert!(
@@ -1047,7 +961,7 @@ impl PrefixTree {
             self.remove(id).device
         }
         .expect("indexed on device");
-        self.record(Event::DeviceRemoved {
+        self.record(|| Event::DeviceRemoved {
             node: id,
             start,
             pages: pages.clone(),
@@ -1066,7 +980,7 @@ impl PrefixTree {
             self.host_refs.remove(&key);
         }
         self.host_pages -= num_pages;
-        self.record(Event::HostRemoved {
+        self.record(|| Event::HostRemoved {
             node: id,
             start,
             num_pages,
@@ -1100,7 +1014,7 @@ impl PrefixTree {
             self.queues
                 .dropped(content_key(parent, key), node.priority, pages);
         }
-        self.update(parent, |p| {
+        self.restructure(parent, |p| {
             p.children.remove(&Page(key) as &dyn PageKey);
             if on_device {
                 p.device_children -= 1;
@@ -1127,8 +1041,35 @@ impl PrefixTree {
         }
     }
 
+    /// Changes only `id`'s children or its count of device children: they
+    /// are in neither its digest term, its policy key nor its queue pages,
+    /// so only whether it is evictable (and, for a root, idle) can change,
+    /// and the node is not re-hashed.
+    fn restructure(&mut self, id: NodeId, change: impl FnOnce(&mut Node)) {
+        let node = self.nodes.live_mut(id);
+        change(node);
+        debug_assert_eq!(node.digest_term, node_hash(node, node.tokens_hash));
+        let tier = evictable_tier(node);
+        if tier != node.indexed.map(|(tier, _)| tier) {
+            if let Some((tier, key)) = node.indexed.take() {
+                self.index.remove(tier, key, id);
+            }
+            if let Some(tier) = tier {
+                let key = self.key_of(self.node_ref(id));
+                self.nodes.live_mut(id).indexed = Some((tier, key));
+                self.index.insert(tier, key, id);
+            }
+        }
+        self.note_idle_root(id);
+    }
+
     fn reattach(&mut self, id: NodeId) {
         self.index_node(id);
+        self.note_idle_root(id);
+    }
+
+    /// Whether root `id` is idle now (no children, no locks), when it is a root.
+    fn note_idle_root(&mut self, id: NodeId) {
         let now = self.clock.now();
         let node = self.nodes.live_mut(id);
         if node.is_root() {
@@ -1154,266 +1095,6 @@ impl PrefixTree {
             self.index.insert(tier, key, id);
         }
     }
-
-    // ---- snapshots (see `snapshot`) -------------------------------------
-
-    pub(crate) fn floor(&self) -> Stamp {
-        self.floor
-    }
-    pub(crate) fn arena_parts(&self) -> (Vec<(u32, Option<&Node>)>, &[u32]) {
-        self.nodes.parts()
-    }
-    pub(crate) fn roots_map(&self) -> &BTreeMap<Namespace, NodeId> {
-        &self.roots
-    }
-    pub(crate) fn idle_roots_map(&self) -> &BTreeMap<NodeId, Stamp> {
-        &self.idle_roots
-    }
-    pub(crate) fn ghost_history(&self) -> &GhostHistory {
-        &self.ghost
-    }
-    pub(crate) fn queue_state(&self) -> &QueueState {
-        &self.queues
-    }
-    pub(crate) fn shadow_state(&self) -> Option<&Shadows> {
-        self.shadows.as_deref()
-    }
-    pub(crate) fn fixed(&self) -> Option<Ranking> {
-        self.fixed_ranking
-    }
-
-    /// A tree from decoded snapshot state: every derived structure rebuilt,
-    /// every invariant checked; an inconsistency is an error, not a panic.
-    pub(crate) fn rebuild(d: crate::snapshot::Decoded) -> Result<Self, String> {
-        let ps = d.page_size;
-        let mut tree = Self::without_shadows(ps, d.policy).map_err(|e| e.to_string())?;
-        for (slot, (_, node)) in d.slots.iter().enumerate() {
-            let Some(n) = node else { continue };
-            if !d.queues.accepts(n.priority) {
-                return Err(format!("node in slot {slot} has a bad queue state"));
-            }
-            let shape_ok = match n.parent {
-                None => n.tokens.is_empty() && n.device.is_none() && n.host.is_none(),
-                Some(_) => !n.tokens.is_empty() && n.tokens.len() % ps == 0,
-            };
-            let pages_ok = n
-                .device
-                .as_ref()
-                .is_none_or(|d| d.len() == n.tokens.len() / ps);
-            if !shape_ok || !pages_ok {
-                return Err(format!("node in slot {slot} has a malformed shape"));
-            }
-        }
-        // The policy's own state first: the index keys below depend on it.
-        if !d
-            .queues
-            .belongs_to(queue_owner(d.policy, d.shadows.as_deref()))
-            || (d.policy == Policy::Ghost) != (d.shadows.is_some() || d.fixed_ranking.is_some())
-        {
-            return Err(format!(
-                "policy state does not match policy {}",
-                d.policy.name()
-            ));
-        }
-        tree.queues = d.queues;
-        tree.shadows = d.shadows;
-        tree.fixed_ranking = d.fixed_ranking;
-        tree.nodes = NodeArena::from_parts(d.slots, d.free)?;
-        let ids: Vec<NodeId> = tree.nodes().map(|n| n.id).collect();
-        for &id in &ids {
-            let n = tree.nodes.live_mut(id);
-            n.tokens_hash = tokens_hash(&n.tokens);
-            let Some(parent) = n.parent else { continue };
-            let (key, on_device) = (ChildKey::new(&n.tokens[..ps]), n.device.is_some());
-            let p = tree
-                .nodes
-                .get_mut(parent)
-                .ok_or(format!("node {id}: parent {parent} is not live"))?;
-            if p.children.insert(key, id).is_some() {
-                return Err(format!("node {parent}: two children share a first page"));
-            }
-            p.device_children += usize::from(on_device);
-        }
-        for (namespace, &id) in &d.roots {
-            let root = tree
-                .nodes
-                .get_mut(id)
-                .filter(|n| n.is_root())
-                .ok_or(format!("namespace {namespace}: {id} is not a live root"))?;
-            root.tokens_hash = namespace_hash(namespace);
-            tree.root_names.insert(id, namespace.clone());
-        }
-        if tree.nodes().filter(|n| n.is_root()).count() != d.roots.len() {
-            return Err("a root has no namespace".into());
-        }
-        tree.roots = d.roots;
-        for &id in &ids {
-            let n = tree.nodes.live_mut(id);
-            let (device, host, pages) = (n.device.clone(), n.host, n.tokens.len() / ps);
-            for page in device.into_iter().flatten() {
-                if !tree.live_pages.insert(page) {
-                    return Err(format!("device page {page} held twice"));
-                }
-            }
-            if let Some(key) = host {
-                *tree.host_refs.entry(key).or_default() += 1;
-                tree.host_pages += pages;
-            }
-            tree.index_node(id);
-        }
-        for (&id, &since) in &d.idle_roots {
-            if !tree.root_names.contains_key(&id) {
-                return Err(format!("idle root {id} is not a root"));
-            }
-            tree.set_idle(id, Some(since));
-        }
-        tree.clock = LogicalClock::at(d.clock);
-        tree.floor = d.floor;
-        tree.ghost = d.ghost;
-        tree.check_invariants()?;
-        Ok(tree)
-    }
-
-    /// Checks every structural invariant and that the incremental index and
-    /// digest equal their from-scratch recomputation. For tests; O(n).
-    pub fn check_invariants(&self) -> Result<(), String> {
-        let ps = self.page_size;
-        let mut expected: BTreeMap<Tier, Vec<(crate::PolicyKey, NodeId)>> = BTreeMap::new();
-        let mut pages_seen = PageSet::default();
-        let mut host_refs: BTreeMap<HostKey, usize> = BTreeMap::new();
-        let mut host_pages = 0;
-        for node in self.nodes() {
-            let id = node.id;
-            if let Some(tier) = evictable_tier(node) {
-                expected
-                    .entry(tier)
-                    .or_default()
-                    .push((self.key_of(node), id));
-            }
-            if node.tokens_hash != tokens_hash(&node.tokens) && !node.is_root() {
-                return Err(format!("node {id}: stale tokens hash"));
-            }
-            let device_children = node
-                .children()
-                .filter(|c| self.node_ref(*c).on_device())
-                .count();
-            if device_children != node.device_children {
-                return Err(format!(
-                    "node {id}: device_children {} != {device_children}",
-                    node.device_children
-                ));
-            }
-            for (key, child) in &node.children {
-                let c = self
-                    .node(*child)
-                    .ok_or(format!("node {id}: dead child {child}"))?;
-                if c.parent != Some(id) || !key.names(&c.tokens[..ps]) {
-                    return Err(format!("node {id}: child {child} miskeyed"));
-                }
-                if c.depth != node.depth + node.pages(ps) {
-                    return Err(format!("node {child}: wrong depth"));
-                }
-            }
-            if let Some(h) = node.host {
-                *host_refs.entry(h).or_default() += 1;
-                host_pages += node.pages(ps);
-            }
-            let locks_below: u64 = node.children().map(|c| self.node_ref(c).locks).sum();
-            if node.locks != node.pins + locks_below {
-                return Err(format!(
-                    "node {id}: {} locks != {} own + {locks_below} below",
-                    node.locks, node.pins
-                ));
-            }
-            if node.is_root() {
-                continue;
-            }
-            if node.tokens.is_empty() || node.tokens.len() % ps != 0 {
-                return Err(format!("node {id}: {} tokens", node.tokens.len()));
-            }
-            if !node.on_device() && !node.on_host() {
-                return Err(format!("node {id}: in no tier"));
-            }
-            let parent = self.node_ref(node.parent.expect("non-root"));
-            if node.on_device() && !parent.is_root() && !parent.on_device() {
-                return Err(format!("node {id}: on device below a parent that is not"));
-            }
-            if node.on_host() && !parent.is_root() && !parent.on_host() {
-                return Err(format!("node {id}: on host below a parent that is not"));
-            }
-            if let Some(pages) = &node.device {
-                if pages.len() != node.pages(ps) {
-                    return Err(format!(
-                        "node {id}: {} pages for {} tokens",
-                        pages.len(),
-                        node.tokens.len()
-                    ));
-                }
-                for p in pages {
-                    if !pages_seen.insert(*p) {
-                        return Err(format!("page {p} held twice"));
-                    }
-                }
-            }
-        }
-        if pages_seen != self.live_pages {
-            return Err("live page set out of sync".into());
-        }
-        if host_refs != self.host_refs || host_pages != self.host_pages {
-            return Err("host bookkeeping out of sync".into());
-        }
-        for tier in [Tier::Device, Tier::Host] {
-            let mut want = expected.remove(&tier).unwrap_or_default();
-            want.sort();
-            let have: Vec<_> = self.index.iter(tier).copied().collect();
-            if want != have {
-                return Err(format!("{tier:?} index differs from recomputation"));
-            }
-        }
-        if self.queues.is_on() {
-            self.queues.check(self.pages_per_queue())?;
-        }
-        let owner = queue_owner(self.policy, self.shadows.as_deref());
-        if !self.queues.belongs_to(owner) {
-            return Err(format!("queue state is not {}'s", owner.name()));
-        }
-        if let Some(shadows) = &self.shadows {
-            shadows.check()?;
-        }
-        if self.ghost.digest() != self.ghost.digest_from_scratch() {
-            return Err("ghost history digest differs from recomputation".into());
-        }
-        if self.digest() != self.digest_from_scratch() {
-            return Err("incremental digest differs from recomputation".into());
-        }
-        self.nodes.check()?;
-        let idle: BTreeSet<NodeId> = self
-            .nodes()
-            .filter(|n| n.is_root() && n.children.is_empty() && n.locks == 0)
-            .map(|n| n.id)
-            .collect();
-        if idle.iter().ne(self.idle_roots.keys()) || self.idle_order.len() != idle.len() {
-            return Err("idle roots out of sync".into());
-        }
-        let idle_sum = self
-            .idle_roots
-            .iter()
-            .map(|(id, since)| idle_term(*id, *since))
-            .fold(0u64, u64::wrapping_add);
-        if idle_sum != self.idle_digest || self.idle_roots.len() > IDLE_ROOTS_KEPT + 1 {
-            return Err("idle roots digest or bound wrong".into());
-        }
-        let named: Vec<(NodeId, &Namespace)> =
-            self.roots.iter().map(|(ns, id)| (*id, ns)).collect();
-        if named.len() != self.root_names.len()
-            || named
-                .iter()
-                .any(|(id, ns)| self.root_names.get(id) != Some(*ns))
-        {
-            return Err("root names out of sync".into());
-        }
-        Ok(())
-    }
 }
 
 fn idle_term(id: NodeId, since: Stamp) -> u64 {
@@ -1432,15 +1113,6 @@ fn access(
 ) {
     node.last_access = now;
     node.priority = queued.unwrap_or_else(|| policy.priority(node, now, floor, weights));
-}
-
-/// The policy whose queue state a tree keeps: its own, or for a ghost tree
-/// the queue policy its shadows' leader is (`Policy::Ghost`, none, while a
-/// ranking leads).
-fn queue_owner(policy: Policy, shadows: Option<&Shadows>) -> Policy {
-    shadows
-        .and_then(|s| s.leader().queue_policy())
-        .unwrap_or(policy)
 }
 
 /// The tier a node is evictable from, if any.

@@ -180,6 +180,7 @@ fn namespaces_never_share_a_prefix() {
 #[test]
 fn host_tier_round_trip() {
     let mut t = PrefixTree::new(1, Policy::Lru).unwrap();
+    t.set_event_limit(1 << 16); // events are off by default
     let a = t.insert(&[1, 2], &[10, 11], &NS).unwrap().node;
     t.take_events();
     t.set_host(a, 77).unwrap();
@@ -218,6 +219,7 @@ fn host_tier_round_trip() {
 fn replicas_agree_and_one_extra_access_is_visible() {
     let run = |extra: bool| {
         let mut t = PrefixTree::new(1, Policy::Ghost).unwrap();
+        t.set_event_limit(1 << 16); // events are off by default
         let mut next = 0;
         let mut victims = Vec::new();
         for i in 0..300u64 {
@@ -329,6 +331,7 @@ fn replicas_of_every_policy_agree_and_see_one_extra_access() {
     for policy in Policy::ALL {
         let run = |extra: bool| {
             let mut t = PrefixTree::new(1, policy).unwrap();
+            t.set_event_limit(1 << 16); // events are off by default
             let mut next = 0;
             let mut digests = Vec::new();
             for i in 0..300u64 {

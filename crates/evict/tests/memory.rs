@@ -111,6 +111,20 @@ fn the_event_buffer_is_bounded_and_counts_what_it_dropped() {
 }
 
 #[test]
+fn events_are_off_until_a_caller_asks_for_them() {
+    let ns = Namespace::Default;
+    let mut tree = PrefixTree::new(1, Policy::Lru).unwrap();
+    assert_eq!(tree.event_limit(), 0);
+    tree.insert(&[1, 2], &[1, 2], &ns).unwrap();
+    tree.evict(2);
+    assert!(tree.take_events().is_empty());
+    assert_eq!(tree.dropped_events(), 2);
+    tree.set_event_limit(4);
+    tree.insert(&[3], &[3], &ns).unwrap();
+    assert_eq!(tree.take_events().len(), 1);
+}
+
+#[test]
 fn replicas_reuse_the_same_slots() {
     let mut a = PrefixTree::new(1, Policy::Ghost).unwrap();
     let mut b = PrefixTree::new(1, Policy::Ghost).unwrap();

@@ -150,12 +150,14 @@ const GOLDEN: &[(&str, u64, &str)] = &[
 fn a_restored_replica_continues_identically() {
     for policy in Policy::ALL {
         let mut a = PrefixTree::new(2, policy).unwrap();
+        a.set_event_limit(1 << 16); // events are off by default
         let mut d = Driver::new(policy as u64 + 7);
         for _ in 0..800 {
             d.step(&mut a);
         }
         a.take_events(); // events are not replicated state: not in snapshots
         let mut b = PrefixTree::restore(&a.snapshot()).unwrap();
+        b.set_event_limit(1 << 16);
         assert_eq!(b.digest(), a.digest());
         assert_eq!(b.canonical_digest(), a.canonical_digest());
         assert_eq!(b.snapshot(), a.snapshot());
@@ -178,10 +180,12 @@ fn a_restored_replica_continues_identically() {
 fn replicas_restored_at_any_point_continue_identically() {
     for policy in [Policy::Arc, Policy::S3fifo, Policy::Ghost] {
         let mut a = PrefixTree::new(2, policy).unwrap();
+        a.set_event_limit(1 << 16); // events are off by default
         let mut d = Driver::new(0xab + policy as u64);
         for round in 0..12 {
             a.take_events();
             let mut b = PrefixTree::restore(&a.snapshot()).unwrap();
+            b.set_event_limit(1 << 16);
             assert_eq!(b.policy_memory(), a.policy_memory(), "{policy:?}");
             let mut d_b = d.clone();
             for _ in 0..250 {

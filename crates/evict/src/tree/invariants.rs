@@ -1,0 +1,155 @@
+//! The tree's structural invariants, checked against a from-scratch
+//! recomputation of everything the tree maintains incrementally.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::digest::tokens_hash;
+use crate::namespace::Namespace;
+use crate::node::{HostKey, NodeId, Tier};
+use crate::page_set::PageSet;
+
+use super::following::queue_owner;
+use super::{evictable_tier, idle_term, PrefixTree, IDLE_ROOTS_KEPT};
+
+impl PrefixTree {
+    /// Checks every structural invariant and that the incremental index and
+    /// digest equal their from-scratch recomputation. For tests; O(n).
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let ps = self.page_size;
+        let mut expected: BTreeMap<Tier, Vec<(crate::PolicyKey, NodeId)>> = BTreeMap::new();
+        let mut pages_seen = PageSet::default();
+        let mut host_refs: BTreeMap<HostKey, usize> = BTreeMap::new();
+        let mut host_pages = 0;
+        for node in self.nodes() {
+            let id = node.id;
+            if let Some(tier) = evictable_tier(node) {
+                expected
+                    .entry(tier)
+                    .or_default()
+                    .push((self.key_of(node), id));
+            }
+            if node.tokens_hash != tokens_hash(&node.tokens) && !node.is_root() {
+                return Err(format!("node {id}: stale tokens hash"));
+            }
+            let device_children = node
+                .children()
+                .filter(|c| self.node_ref(*c).on_device())
+                .count();
+            if device_children != node.device_children {
+                return Err(format!(
+                    "node {id}: device_children {} != {device_children}",
+                    node.device_children
+                ));
+            }
+            for (key, child) in &node.children {
+                let c = self
+                    .node(*child)
+                    .ok_or(format!("node {id}: dead child {child}"))?;
+                if c.parent != Some(id) || !key.names(&c.tokens[..ps]) {
+                    return Err(format!("node {id}: child {child} miskeyed"));
+                }
+                if c.depth != node.depth + node.pages(ps) {
+                    return Err(format!("node {child}: wrong depth"));
+                }
+            }
+            if let Some(h) = node.host {
+                *host_refs.entry(h).or_default() += 1;
+                host_pages += node.pages(ps);
+            }
+            let locks_below: u64 = node.children().map(|c| self.node_ref(c).locks).sum();
+            if node.locks != node.pins + locks_below {
+                return Err(format!(
+                    "node {id}: {} locks != {} own + {locks_below} below",
+                    node.locks, node.pins
+                ));
+            }
+            if node.is_root() {
+                continue;
+            }
+            if node.tokens.is_empty() || node.tokens.len() % ps != 0 {
+                return Err(format!("node {id}: {} tokens", node.tokens.len()));
+            }
+            if !node.on_device() && !node.on_host() {
+                return Err(format!("node {id}: in no tier"));
+            }
+            let parent = self.node_ref(node.parent.expect("non-root"));
+            if node.on_device() && !parent.is_root() && !parent.on_device() {
+                return Err(format!("node {id}: on device below a parent that is not"));
+            }
+            if node.on_host() && !parent.is_root() && !parent.on_host() {
+                return Err(format!("node {id}: on host below a parent that is not"));
+            }
+            if let Some(pages) = &node.device {
+                if pages.len() != node.pages(ps) {
+                    return Err(format!(
+                        "node {id}: {} pages for {} tokens",
+                        pages.len(),
+                        node.tokens.len()
+                    ));
+                }
+                for p in pages {
+                    if !pages_seen.insert(*p) {
+                        return Err(format!("page {p} held twice"));
+                    }
+                }
+            }
+        }
+        if pages_seen != self.live_pages {
+            return Err("live page set out of sync".into());
+        }
+        if host_refs != self.host_refs || host_pages != self.host_pages {
+            return Err("host bookkeeping out of sync".into());
+        }
+        for tier in [Tier::Device, Tier::Host] {
+            let mut want = expected.remove(&tier).unwrap_or_default();
+            want.sort();
+            let have: Vec<_> = self.index.iter(tier).copied().collect();
+            if want != have {
+                return Err(format!("{tier:?} index differs from recomputation"));
+            }
+        }
+        if self.queues.is_on() {
+            self.queues.check(self.pages_per_queue())?;
+        }
+        let owner = queue_owner(self.policy, self.shadows.as_deref());
+        if !self.queues.belongs_to(owner) {
+            return Err(format!("queue state is not {}'s", owner.name()));
+        }
+        if let Some(shadows) = &self.shadows {
+            shadows.check()?;
+        }
+        if self.ghost.digest() != self.ghost.digest_from_scratch() {
+            return Err("ghost history digest differs from recomputation".into());
+        }
+        if self.digest() != self.digest_from_scratch() {
+            return Err("incremental digest differs from recomputation".into());
+        }
+        self.nodes.check()?;
+        let idle: BTreeSet<NodeId> = self
+            .nodes()
+            .filter(|n| n.is_root() && n.children.is_empty() && n.locks == 0)
+            .map(|n| n.id)
+            .collect();
+        if idle.iter().ne(self.idle_roots.keys()) || self.idle_order.len() != idle.len() {
+            return Err("idle roots out of sync".into());
+        }
+        let idle_sum = self
+            .idle_roots
+            .iter()
+            .map(|(id, since)| idle_term(*id, *since))
+            .fold(0u64, u64::wrapping_add);
+        if idle_sum != self.idle_digest || self.idle_roots.len() > IDLE_ROOTS_KEPT + 1 {
+            return Err("idle roots digest or bound wrong".into());
+        }
+        let named: Vec<(NodeId, &Namespace)> =
+            self.roots.iter().map(|(ns, id)| (*id, ns)).collect();
+        if named.len() != self.root_names.len()
+            || named
+                .iter()
+                .any(|(id, ns)| self.root_names.get(id) != Some(*ns))
+        {
+            return Err("root names out of sync".into());
+        }
+        Ok(())
+    }
+}
