@@ -9,8 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import cpkv
-from cpkv.compose import ComposeConfig, ComposePlan, CpLayout, LocalGroup, PlanCache, SlotSpans, override_config
+from cpkv.compose import ComposeConfig, ComposePlan, LocalGroup, PlanCache, SlotSpans, override_config
 from cpkv.compose import invalidate_config
+from cpkv.runtime.layout import CpLayout
 from cpkv.compose.config import DEBUG_ENV, compose_config
 from cpkv.compose.debug import ComposeCheckError, check_plan
 from cpkv.compose.workload import random_batch

@@ -146,7 +146,8 @@ def test_the_byte_check_sees_a_page_served_for_another_block() -> None:
 def test_expected_rows_tell_every_block_layer_and_payload_apart() -> None:
     import numpy as np
 
-    from cpkv.replay.rank import KV_ROW_MIN_BYTES, kv_rows
+    from cpkv.replay.options import KV_ROW_MIN_BYTES
+    from cpkv.replay.rank import kv_rows
 
     ids = np.array([0, 1, 2, 1 + 2**60, 2**32 + 1, 2**63 - 1, 251, 252, 2**8, 2**16], dtype=np.int64)
     seen = {}

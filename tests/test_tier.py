@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from cpkv.compose import CpLayout
+from cpkv.runtime.layout import CpLayout
 from cpkv.runtime.launch import run_ranks
 from cpkv.config import CpkvConfig
 from cpkv.errors import (

@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from cpkv.compose import CpLayout
+from cpkv.runtime.layout import CpLayout
 from cpkv.runtime.launch import run_ranks
 from cpkv.config import CpkvConfig
 from cpkv.tier import CacheController, SlabSpec

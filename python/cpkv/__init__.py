@@ -34,7 +34,8 @@ from cpkv._cpkv import (
     TreeEvent,
     __version__,
 )
-from cpkv.compose import ComposePlan, CpLayout, CudaIpcGroup, LocalGroup, PlanCache, ShmGroup, SlotSpans
+from cpkv.compose import ComposePlan, CudaIpcGroup, LocalGroup, PlanCache, ShmGroup, SlotSpans
+from cpkv.runtime.layout import CpLayout
 from cpkv.tier import CacheController, HostSlab, SlabSpec
 from cpkv.errors import *  # noqa: F403  (the exception hierarchy is public API)
 from cpkv.errors import __all__ as _error_names

@@ -388,10 +388,6 @@ impl TierCache {
         self.core.with(py, |c| c.pending_tickets())
     }
 
-    fn take_events(&self, py: Python<'_>) -> PyResult<usize> {
-        self.core.with(py, |c| c.take_events())
-    }
-
     fn digest(&self, py: Python<'_>) -> PyResult<u64> {
         self.core.with(py, |c| c.digest())
     }

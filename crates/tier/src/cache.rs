@@ -480,11 +480,6 @@ impl TierCache {
         tickets
     }
 
-    /// Drains the tree's event buffer (it is bounded only by draining).
-    pub fn take_events(&mut self) -> usize {
-        self.tree.take_events().len()
-    }
-
     /// Every invariant, recomputed; returns what is wrong.
     pub fn check_invariants(&self) -> Result<(), String> {
         self.tree.check_invariants()?;

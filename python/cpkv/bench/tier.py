@@ -98,7 +98,7 @@ def _copy_rows(args: argparse.Namespace, label: str, shapes: dict[str, tuple[tup
     import numpy as np
     import torch
 
-    from cpkv.compose import CpLayout
+    from cpkv.runtime.layout import CpLayout
     from cpkv.tier import CacheController, SlabSpec
 
     page, pages, layers = args.page_size, args.pages, args.layers

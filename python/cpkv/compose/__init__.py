@@ -1,18 +1,17 @@
 """The CP compose path: each rank's dense, slot-ordered KV buffer from pages spread over the ranks.
 
-- :mod:`~cpkv.compose.layout`: :class:`CpLayout`, who owns a logical page and where;
 - :mod:`~cpkv.compose.spans`: :class:`SlotSpans`, the one description of a batch's dense buffer;
 - :mod:`~cpkv.compose.plan`: :class:`ComposePlan` (built once per batch) and :class:`PlanCache`;
 - :mod:`~cpkv.compose.groups`: :class:`LocalGroup`, :class:`ShmGroup`, :class:`CudaIpcGroup`;
 - :mod:`~cpkv.compose.config` / :mod:`~cpkv.compose.debug`: ``CPKV_DEBUG_COMPOSE`` and its checks;
 - :mod:`~cpkv.compose.workload`: random and uniform batches (tests, benchmarks);
 - the gather itself lives in :mod:`cpkv.kernels.gather` (torch/numpy on CPU, Triton on a device);
-- ShmGroup's memory, the barrier timeouts and the rank launcher live in :mod:`cpkv.runtime`.
+- page ownership (:class:`~cpkv.runtime.layout.CpLayout`), ShmGroup's memory, the barrier timeouts and
+  the rank launcher live in :mod:`cpkv.runtime`.
 """
 
 from cpkv.compose.config import ComposeConfig, compose_config, invalidate_config, override_config
 from cpkv.compose.groups import ComposeGroup, CudaIpcGroup, GroupStats, LocalGroup, ShmGroup
-from cpkv.compose.layout import CpLayout
 from cpkv.compose.plan import ComposePlan, PlanCache, PlanKey
 from cpkv.compose.spans import SlotSpans
 
@@ -20,7 +19,6 @@ __all__ = [
     "ComposeConfig",
     "ComposeGroup",
     "ComposePlan",
-    "CpLayout",
     "CudaIpcGroup",
     "GroupStats",
     "LocalGroup",

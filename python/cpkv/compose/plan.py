@@ -20,7 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
-from cpkv.compose.layout import CpLayout
+from cpkv.runtime.layout import CpLayout
 from cpkv.compose.spans import SlotSpans, validate_requests
 from cpkv.errors import InvalidArgumentError
 from cpkv.kernels.gather import RUN_COLUMNS, index_groups

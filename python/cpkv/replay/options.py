@@ -80,8 +80,6 @@ def check(options: ReplayOptions, longest_request_pages: int) -> None:
         raise UnknownPolicyError(f"--policy: unknown eviction policy {options.policy!r} "
                                  f"(known: {', '.join(PrefixTree.POLICIES)})")
     if options.payloads is not None:
-        from cpkv.replay.rank import KV_ROW_MIN_BYTES
-
         for name, spec in options.payloads.items():
             if spec.row_bytes < KV_ROW_MIN_BYTES:
                 raise InvalidArgumentError(

@@ -20,15 +20,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-from cpkv.replay.options import ReplayOptions
+from cpkv.replay.options import KV_ROW_MIN_BYTES, ReplayOptions
 from cpkv.traces import block_tokens
 
 # Test hook (set inside a rank process by a test): called with (forward, payload, layer, dense u8 rows)
 # after each compose, before the check, so a test can corrupt one composed byte.
 after_compose: Callable[[int, str, int, Any], None] | None = None
-
-# kv_rows writes (block id, layer, payload) into every row whole: 8 + 4 + 4 bytes.
-KV_ROW_MIN_BYTES = 16
 
 
 def kv_rows(block_ids: np.ndarray, layer: int, payload: int, row_bytes: int) -> np.ndarray:
@@ -67,7 +64,8 @@ class _Running:
 def replay_rank(rank: int, world: int, options: ReplayOptions, requests: list[tuple[int, ...]]) -> dict:
     import torch
 
-    from cpkv.compose import CpLayout, ShmGroup
+    from cpkv.compose import ShmGroup
+    from cpkv.runtime.layout import CpLayout
     from cpkv.config import config, override_config
     from cpkv.scheduling import AffinityPolicy, BudgetConfig, Candidate, ScanState, form_batch
     from cpkv.tier import CacheController

@@ -1,5 +1,7 @@
 """What several rooms share: processes, time and shared memory, none of it a replicated decision.
 
+- :mod:`~cpkv.runtime.layout`: :class:`CpLayout`, which rank owns a logical page and at which row
+  (the rule itself is computed in the Rust core);
 - :mod:`~cpkv.runtime.timeouts`: a failed or stalled collective becomes an error naming rank and layer;
 - :mod:`~cpkv.runtime.shm`: shared-memory hygiene, no /dev/shm name left behind by any exit;
 - :mod:`~cpkv.runtime.segment`: a /dev/shm segment mapped as a tensor (ShmGroup's memory);

@@ -47,7 +47,7 @@ import numpy as np
 
 from cpkv._cpkv import InsertOutcome, Lookup, TierCache
 from cpkv.compose.gloo_group import gloo_group_of
-from cpkv.compose.layout import CpLayout
+from cpkv.runtime.layout import CpLayout
 from cpkv.runtime.timeouts import as_timedelta, guarded
 from cpkv.config import CpkvConfig, config
 from cpkv.errors import ArgumentTypeError, CollectiveTimeoutError, DivergenceError, InvalidArgumentError
@@ -388,7 +388,6 @@ class CacheController:
                                                     if b.ticket in committed_set)
             # Every ticket up to the frontier is committed or released now.
             self._backups = [b for b in self._backups if b.ticket > frontier_min]
-        self.core.take_events()
         self.forwards += 1
         if self.forwards % self.settings.check_every == 0:
             self.check_agreement()
