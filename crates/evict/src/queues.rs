@@ -168,7 +168,7 @@ impl QueueState {
     /// content; S3-FIFO's ghost queue takes all of it (whatever ranking
     /// dropped it, content that comes back soon is reuse the cache missed,
     /// which is what the queue sends to M). Seeded this way, the slow
-    /// workload's one miss and two of docqa's three went (see `Policy::Ghost`).
+    /// workload's one miss and two of docqa's three went (`docs/ghost.md`).
     pub fn adopt_books(
         &mut self,
         pages: [u64; 2],
