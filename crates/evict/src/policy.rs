@@ -92,17 +92,15 @@ impl Policy {
             Self::Fifo => PolicyKey([node.created, 0]),
             Self::Slru => PolicyKey([u64::from(node.hits >= 2), node.last_access]),
             Self::Ghost => Ranking::Ghost.key(node),
-            Self::Arc | Self::S3fifo => Slot::key(node.priority),
+            Self::Arc | Self::S3fifo => Slot::key(node.queue_slot),
         }
     }
 
     /// The priority `Policy::Ghost` gives a node accessed at `now` while
-    /// the cache reaches back to `floor`; stored on the node.
-    /// The queue policies keep their own state there (`queues::Slot`).
+    /// the cache reaches back to `floor`; stored on the node. The queue
+    /// policies rank by the node's queue slot instead (`queues::Slot`).
     pub(crate) fn priority(self, node: &Node, now: Stamp, floor: Stamp, weights: Weights) -> u64 {
-        if self.is_queued() {
-            return node.priority;
-        }
+        debug_assert!(!self.is_queued(), "{} ranks by queue slots", self.name());
         let horizon = now.saturating_sub(floor);
         if node.hits >= 2 {
             let bonus = horizon

@@ -59,7 +59,7 @@ impl Ranking {
             Self::Ghost => PolicyKey([node.priority, node.last_access]),
             Self::Recency => PolicyKey([node.last_access, 0]),
             Self::Segmented => PolicyKey([u64::from(node.hits >= 2), node.last_access]),
-            Self::Arc | Self::S3fifo => crate::queues::Slot::key(node.priority),
+            Self::Arc | Self::S3fifo => crate::queues::Slot::key(node.queue_slot),
         }
     }
 

@@ -237,7 +237,7 @@ fn encode_node(w: &mut Writer, n: &Node) {
         n.hits,
         n.locks,
         n.pins,
-        n.priority,
+        n.order_word(),
     ] {
         w.u64(value);
     }
@@ -392,6 +392,7 @@ fn decode_node(r: &mut Reader<'_>) -> Result<Node, String> {
         locks,
         pins,
         priority,
+        queue_slot: 0, // the tree moves a queue policy's word here on rebuild
         tokens_hash: 0,
         digest_term: 0,
         indexed: None,

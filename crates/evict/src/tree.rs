@@ -347,7 +347,7 @@ impl PrefixTree {
         let remembers = self.remembers();
         for step in &steps {
             let (policy, floor, weights) = (self.policy, self.floor, self.weights());
-            let queued = self.queues.hit(self.node_ref(step.id).priority);
+            let queued = self.queues.hit(self.node_ref(step.id).queue_slot);
             self.update(step.id, |n| {
                 n.hits += 1;
                 access(n, policy, now, floor, weights, queued);
@@ -417,7 +417,10 @@ impl PrefixTree {
                 let (policy, floor, weights) = (self.policy, self.floor, self.weights());
                 // An insert over cached content is no hit: a queue policy's
                 // state stays as it is.
-                let queued = self.queues.is_on().then(|| self.node_ref(step.id).priority);
+                let queued = self
+                    .queues
+                    .is_on()
+                    .then(|| self.node_ref(step.id).queue_slot);
                 self.update(step.id, |n| access(n, policy, now, floor, weights, queued));
             } else {
                 self.attach(step.id, pages[span.clone()].to_vec(), now);
@@ -633,12 +636,12 @@ impl PrefixTree {
                 let shadows = self.shadows.as_ref().expect("a following tree has shadows");
                 for (id, held) in queue_order(self, shadows.leader_tree()) {
                     let slot = state.adopted_as(held);
-                    self.update(id, |n| n.priority = slot);
+                    self.update(id, |n| (n.queue_slot, n.priority) = (slot, 0));
                 }
             } else {
                 for id in self.by_last_access() {
                     let slot = state.adopted(self.node_ref(id).hits);
-                    self.update(id, |n| n.priority = slot);
+                    self.update(id, |n| (n.queue_slot, n.priority) = (slot, 0));
                 }
             }
             let pages = self.pages_per_queue();
@@ -649,6 +652,7 @@ impl PrefixTree {
             for id in self.by_last_access() {
                 self.update(id, |n| {
                     n.priority = Policy::Ghost.priority(n, n.last_access, floor, weights);
+                    n.queue_slot = 0;
                 });
             }
         }
@@ -666,7 +670,7 @@ impl PrefixTree {
     fn pages_per_queue(&self) -> [u64; 2] {
         let mut pages = [0u64; 2];
         for node in self.nodes().filter(|n| n.on_device()) {
-            let queue = Slot::unpack(node.priority).queue as usize;
+            let queue = Slot::unpack(node.queue_slot).queue as usize;
             pages[queue] += node.pages(self.page_size) as u64;
         }
         pages
@@ -793,6 +797,7 @@ impl PrefixTree {
             locks: 0,
             pins: 0,
             priority: 0,
+            queue_slot: 0,
             tokens_hash: namespace_hash(namespace),
             digest_term: 0,
             indexed: None,
@@ -873,6 +878,7 @@ impl PrefixTree {
             locks: 0,
             pins: 0,
             priority: 0,
+            queue_slot: 0,
             tokens_hash: tokens_hash(tokens),
             digest_term: 0,
             indexed: None,
@@ -922,6 +928,7 @@ impl PrefixTree {
             locks: node.locks,
             pins: 0,
             priority: node.priority,
+            queue_slot: node.queue_slot,
             digest_term: 0,
             indexed: None,
         };
@@ -957,7 +964,7 @@ impl PrefixTree {
         let (policy, floor, weights) = (self.policy, self.floor, self.weights());
         let queued = self
             .queues
-            .reloaded(self.node_ref(id).priority, pages.len());
+            .reloaded(self.node_ref(id).queue_slot, pages.len());
         self.update(id, |n| {
             n.device = Some(pages);
             access(n, policy, now, floor, weights, queued);
@@ -969,7 +976,7 @@ impl PrefixTree {
     /// needs: under `Policy::Ghost`, except for one-shot content (ARC's T1)
     /// while the tree follows arc, which leaves whole as in ARC itself.
     fn keeps_head(&self, id: NodeId) -> bool {
-        let one_shot = || Slot::unpack(self.node_ref(id).priority).queue == 0;
+        let one_shot = || Slot::unpack(self.node_ref(id).queue_slot).queue == 0;
         self.policy == Policy::Ghost && !(self.ranking() == Ranking::Arc && one_shot())
     }
 
@@ -978,10 +985,10 @@ impl PrefixTree {
     fn next_device_victim(&mut self) -> Option<NodeId> {
         loop {
             let nodes = &self.nodes;
-            let priority_of = |id: NodeId| nodes.get(id).map_or(0, |n: &Node| n.priority);
-            match self.queues.choose(&self.index, priority_of)? {
+            let slot_of = |id: NodeId| nodes.get(id).map_or(0, |n: &Node| n.queue_slot);
+            match self.queues.choose(&self.index, slot_of)? {
                 Choice::Evict(id) => return Some(id),
-                Choice::Requeue(id, priority) => self.update(id, |n| n.priority = priority),
+                Choice::Requeue(id, slot) => self.update(id, |n| n.queue_slot = slot),
             }
         }
     }
@@ -1000,7 +1007,7 @@ impl PrefixTree {
         let keep = node.pages(ps) - need;
         let (start, hits) = (node.depth + keep, node.hits);
         let key = content_key(id, &node.tokens[keep * ps..(keep + 1) * ps]);
-        self.floor = self.floor.max(node.last_access.min(node.priority));
+        self.floor = self.floor.max(node.last_access.min(node.order_word()));
         let mut tail = Vec::new();
         self.update(id, |n| {
             n.tokens.truncate(keep * ps);
@@ -1026,7 +1033,7 @@ impl PrefixTree {
         let node = self.node_ref(id);
         let (parent, start, has_host) =
             (node.parent.expect("non-root"), node.depth, node.on_host());
-        self.floor = self.floor.max(node.last_access.min(node.priority));
+        self.floor = self.floor.max(node.last_access.min(node.order_word()));
         // Pages leave the live set first: the ghost history sizes itself by
         // what the tree holds once the victim is gone.
         let device = self.nodes.get(id).and_then(|n| n.device.as_ref());
@@ -1098,7 +1105,7 @@ impl PrefixTree {
         if self.queues.is_on() {
             let pages = node.pages(self.page_size);
             self.queues
-                .dropped(content_key(parent, key), node.priority, pages);
+                .dropped(content_key(parent, key), node.queue_slot, pages);
         }
         self.update(parent, |p| {
             p.children.remove(&Page(key) as &dyn PageKey);
@@ -1121,7 +1128,7 @@ impl PrefixTree {
         let node = self.nodes.live_mut(id);
         self.digest_sum = self.digest_sum.wrapping_sub(node.digest_term);
         self.queues
-            .leave(node.priority, node.device.as_ref().map_or(0, Vec::len));
+            .leave(node.queue_slot, node.device.as_ref().map_or(0, Vec::len));
         if let Some((tier, key)) = node.indexed.take() {
             self.index.remove(tier, key, id);
         }
@@ -1148,7 +1155,7 @@ impl PrefixTree {
         node.digest_term = node_hash(node, node.tokens_hash);
         self.digest_sum = self.digest_sum.wrapping_add(node.digest_term);
         self.queues
-            .enter(node.priority, node.device.as_ref().map_or(0, Vec::len));
+            .enter(node.queue_slot, node.device.as_ref().map_or(0, Vec::len));
         if let Some(tier) = evictable_tier(node) {
             node.indexed = Some((tier, key));
             self.index.insert(tier, key, id);
@@ -1223,6 +1230,9 @@ impl PrefixTree {
         for &id in &ids {
             let n = tree.nodes.live_mut(id);
             n.tokens_hash = tokens_hash(&n.tokens);
+            if tree.queues.is_on() {
+                n.queue_slot = std::mem::take(&mut n.priority); // one word in snapshots
+            }
             let Some(parent) = n.parent else { continue };
             let (key, on_device) = (ChildKey::new(&n.tokens[..ps]), n.device.is_some());
             let p = tree
@@ -1370,7 +1380,18 @@ impl PrefixTree {
                 return Err(format!("{tier:?} index differs from recomputation"));
             }
         }
-        if self.queues.is_on() {
+        // Digests and snapshots carry one word per node for both fields.
+        let queued = self.queues.is_on();
+        if let Some(n) = self.nodes().find(|n| {
+            if queued {
+                n.priority != 0
+            } else {
+                n.queue_slot != 0
+            }
+        }) {
+            return Err(format!("node {} has a priority and a queue slot", n.id));
+        }
+        if queued {
             self.queues.check(self.pages_per_queue())?;
         }
         let owner = queue_owner(self.policy, self.shadows.as_deref());
@@ -1420,8 +1441,8 @@ fn idle_term(id: NodeId, since: Stamp) -> u64 {
     Hasher64::default().word(id.0).word(since).finish()
 }
 
-/// Stamps an access: the last-access time and the policy's priority.
-/// `queued` is a queue policy's new state for the node, when it has one.
+/// Stamps an access: the last-access time and the policy's priority, or
+/// `queued`, a queue policy's new state for the node, when it has one.
 fn access(
     node: &mut Node,
     policy: Policy,
@@ -1431,7 +1452,10 @@ fn access(
     queued: Option<u64>,
 ) {
     node.last_access = now;
-    node.priority = queued.unwrap_or_else(|| policy.priority(node, now, floor, weights));
+    match queued {
+        Some(slot) => node.queue_slot = slot,
+        None => node.priority = policy.priority(node, now, floor, weights),
+    }
 }
 
 /// The policy whose queue state a tree keeps: its own, or for a ghost tree
