@@ -28,7 +28,7 @@ pub struct ArcState {
 }
 
 impl ArcState {
-    pub fn hit(&mut self, _priority: u64) -> u64 {
+    pub fn hit(&mut self, _slot: u64) -> u64 {
         self.shared.slot(T2, 0)
     }
 
@@ -42,8 +42,8 @@ impl ArcState {
         }
     }
 
-    pub fn reloaded(&mut self, priority: u64, pages: u64) -> u64 {
-        self.adapt(Slot::unpack(priority).queue, pages);
+    pub fn reloaded(&mut self, packed: u64, pages: u64) -> u64 {
+        self.adapt(Slot::unpack(packed).queue, pages);
         self.shared.slot(T2, 0)
     }
 
@@ -60,8 +60,8 @@ impl ArcState {
         }
     }
 
-    pub fn dropped(&mut self, key: u64, priority: u64, pages: u64) {
-        let queue = Slot::unpack(priority).queue;
+    pub fn dropped(&mut self, key: u64, packed: u64, pages: u64) {
+        let queue = Slot::unpack(packed).queue;
         self.shared.ghosts.record(key, queue as usize, pages);
         self.trim_ghosts();
     }

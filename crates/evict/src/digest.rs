@@ -32,7 +32,7 @@ pub fn node_hash(node: &Node, tokens_hash: u64) -> u64 {
         .word(node.hits)
         .word(node.locks)
         .word(node.pins)
-        .word(node.priority)
+        .word(node.order_word())
         .word(node.host.map_or(0, |k| k.wrapping_add(1)))
         .word(u64::from(node.host.is_some()));
     match &node.device {

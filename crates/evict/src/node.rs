@@ -62,8 +62,12 @@ pub struct Node {
     pub(crate) locks: u64,
     /// `lock` calls on this very node not yet undone by `unlock`.
     pub(crate) pins: u64,
-    /// Priority for `Policy::Ghost`, fixed at the last access.
+    /// `Policy::Ghost`'s priority (`Policy::priority`), fixed at the last
+    /// access; 0 while a queue policy keeps state.
     pub(crate) priority: u64,
+    /// A queue policy's state for the node (`queues::Slot`, packed); 0 while
+    /// no queue policy keeps state.
+    pub(crate) queue_slot: u64,
     // Bookkeeping (not replicated state of its own): the cached hash of
     // `tokens`, this node's current digest term and its index entry.
     pub(crate) tokens_hash: u64,
@@ -115,6 +119,15 @@ impl Node {
     }
     pub fn priority(&self) -> u64 {
         self.priority
+    }
+    pub fn queue_slot(&self) -> u64 {
+        self.queue_slot
+    }
+    /// The one word digests and snapshots carry for the node's place in its
+    /// policy's order: at most one of priority and queue slot is in use,
+    /// the other is 0.
+    pub(crate) fn order_word(&self) -> u64 {
+        self.priority | self.queue_slot
     }
     pub fn is_root(&self) -> bool {
         self.parent.is_none()

@@ -42,60 +42,18 @@ pub enum Policy {
     /// outruns it keeps fewer newcomers, longer.
     ///
     /// That priority is one of five rankings the policy chooses between
-    /// online: it keeps a full-size shadow tree per candidate (the priority
-    /// above; plain recency; one-shot before reused, remembered hits
-    /// counting, then recency; and the arc and s3fifo policies themselves),
-    /// replays every insert into each at the tree's capacity (its high-water
-    /// mark of device pages) and ranks its own leaves as the shadow with the
-    /// most hit pages lately does (scores decay over about a thousand
-    /// inserts; a switch needs a lead of more than 1/128 and 64 inserts
-    /// since the last one). Following arc, the tree builds ARC's queue state
-    /// from its nodes (reused content protected, each queue least recently
-    /// used first); following s3fifo, it queues each node as the s3fifo
-    /// shadow holds the same content, and what the shadow let go first
-    /// (`transplant.rs`). Either takes its ghost lists from the tree's own
-    /// history of dropped content (`QueueState::adopt_books`) and keeps its
-    /// state until a ranking leads again. See `shadow.rs`.
-    ///
-    /// Tuned on: the two Mooncake traces (conversation, synthetic) over the
-    /// 12-point grid of `cpkv hitrate --grid`. The history's constants
-    /// (4x pages, weights) predate the shadows (tuned on the conversation
-    /// trace at four capacities). The switch margin (1/128 of the leader's
-    /// score) was chosen on the conversation trace with three candidates
-    /// (best worst-margin there, -0.0047); on the synthetic trace it gave
-    /// -0.0034, where the setting tuned on it (1/32) gave -0.0028 and,
-    /// carried back, -0.0063 on the conversation trace. With arc and s3fifo
-    /// among the candidates the spacing was tuned again over 16, 64, 128,
-    /// 256 and 1024 inserts: the conversation trace ties 16 and 64 (-0.0006,
-    /// median gap 0.168), the synthetic trace picks 64 (-0.0007; 16 gives
-    /// -0.0008, the old 256 -0.0059), so each trace's choice holds on the
-    /// other. Margins of 1/8 and 1/32 with five candidates missed on both
-    /// traces (down to -0.0059 and -0.0051). The ghost lists a followed
-    /// queue policy starts from were chosen on the slow and docqa generated
-    /// workloads, where starting them empty missed (ARC's B1 and B2 both
-    /// seeded, S3-FIFO's queue with all dropped content: misses 4 -> 2),
-    /// and checked on both shared traces (unchanged worst margins; seeding
-    /// S3-FIFO's queue with one-shot content only missed once on the
-    /// synthetic trace, -0.0013) and an unseen docqa seed (-0.0114 ->
-    /// -0.0087). Queueing after the shadow was chosen on docqa (seed 3:
-    /// worst margin -0.0060 -> -0.0021, misses 2 -> 1) and checked on the
-    /// shared traces and the slow and bursty workloads (worst margins
-    /// unchanged; medians 0.053 -> 0.055 synthetic, 0.220 -> 0.212 bursty)
-    /// and docqa seed 13 (-0.0087 -> -0.0042, misses 2 -> 3); for ARC it
-    /// lost (see `PrefixTree::follow`). A victim holding at least twice
-    /// the pages an eviction still needs loses only its tail (see
-    /// `PrefixTree::evict`); chosen over whole leaves, always splitting and
-    /// evicting at least half of the leaf on both traces (misses 1 -> 0 on
-    /// each; always splitting tied on conversation and missed once on
-    /// synthetic). Following arc, one-shot victims (T1) leave whole: chosen
-    /// on docqa (seed 3: worst margin -0.0021 -> -0.0009, its last miss)
-    /// and checked on the shared traces and the slow and bursty workloads
-    /// (worst margins unchanged; synthetic's median 0.055 -> 0.054) and
-    /// docqa seed 13 (-0.0042 -> -0.0024). Every victim whole while
-    /// following arc missed on synthetic (-0.0012), reused ones (T2) whole
-    /// lost on docqa (-0.0139). The key changes only on access,
-    /// creation or a switch of ranking, so the ordered index stays valid in
-    /// between.
+    /// online: a full-size shadow tree per candidate (the priority above;
+    /// plain recency; one-shot before reused, remembered hits counting,
+    /// then recency; arc; s3fifo) replays every insert at the tree's
+    /// capacity, and the tree ranks its leaves as the shadow with the most
+    /// hit pages lately does (`shadow.rs`). Following arc or s3fifo, it
+    /// builds that policy's queue state from its own nodes
+    /// (`PrefixTree::follow`, `transplant.rs`). A victim holding at least
+    /// twice the pages an eviction still needs loses only its tail
+    /// (`PrefixTree::evict`). The key changes only on
+    /// access, creation or a switch of ranking, so the ordered index stays
+    /// valid in between. Why each part is there, what it costs, and how its
+    /// constants were chosen: `docs/ghost.md`.
     Ghost,
     /// Adaptive replacement: recency and frequency queues whose split
     /// follows ghost hits (see `arc.rs`).
@@ -134,17 +92,15 @@ impl Policy {
             Self::Fifo => PolicyKey([node.created, 0]),
             Self::Slru => PolicyKey([u64::from(node.hits >= 2), node.last_access]),
             Self::Ghost => Ranking::Ghost.key(node),
-            Self::Arc | Self::S3fifo => Slot::key(node.priority),
+            Self::Arc | Self::S3fifo => Slot::key(node.queue_slot),
         }
     }
 
     /// The priority `Policy::Ghost` gives a node accessed at `now` while
-    /// the cache reaches back to `floor`; stored on the node.
-    /// The queue policies keep their own state there (`queues::Slot`).
+    /// the cache reaches back to `floor`; stored on the node. The queue
+    /// policies rank by the node's queue slot instead (`queues::Slot`).
     pub(crate) fn priority(self, node: &Node, now: Stamp, floor: Stamp, weights: Weights) -> u64 {
-        if self.is_queued() {
-            return node.priority;
-        }
+        debug_assert!(!self.is_queued(), "{} ranks by queue slots", self.name());
         let horizon = now.saturating_sub(floor);
         if node.hits >= 2 {
             let bonus = horizon

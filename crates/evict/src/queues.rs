@@ -1,8 +1,8 @@
 //! What the queue policies (`Policy::Arc`, `Policy::S3fifo`) keep beside the
 //! nodes, and the layout of their per-node state.
 //!
-//! A queue policy's node state lives in `Node::priority` (so the node digest
-//! covers it): which queue the node is in, a small access counter and its
+//! A queue policy's node state lives in `Node::queue_slot` (so the node
+//! digest covers it): which queue the node is in, a small access counter and its
 //! position in the queue, a sequence number from this state's own counter
 //! (not the clock: several nodes can enter queues within one call, and the
 //! later one must queue behind). Its eviction key is (queue, position), so
@@ -27,7 +27,7 @@ const SEQ_MASK: u64 = (1 << COUNT_SHIFT) - 1;
 /// The access counter saturates here (two bits).
 pub const MAX_COUNT: u64 = 3;
 
-/// A queue policy's node state, packed into `Node::priority`.
+/// A queue policy's node state, packed into `Node::queue_slot`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Slot {
     pub queue: u64,
@@ -41,17 +41,17 @@ impl Slot {
         (self.queue << QUEUE_SHIFT) | (self.count << COUNT_SHIFT) | self.seq
     }
 
-    pub fn unpack(priority: u64) -> Self {
+    pub fn unpack(packed: u64) -> Self {
         Self {
-            queue: priority >> QUEUE_SHIFT,
-            count: (priority >> COUNT_SHIFT) & MAX_COUNT,
-            seq: priority & SEQ_MASK,
+            queue: packed >> QUEUE_SHIFT,
+            count: (packed >> COUNT_SHIFT) & MAX_COUNT,
+            seq: packed & SEQ_MASK,
         }
     }
 
     /// The eviction key: queue, then position in it.
-    pub fn key(priority: u64) -> PolicyKey {
-        let s = Self::unpack(priority);
+    pub fn key(packed: u64) -> PolicyKey {
+        let s = Self::unpack(packed);
         PolicyKey([s.queue, s.seq])
     }
 }
@@ -168,7 +168,7 @@ impl QueueState {
     /// content; S3-FIFO's ghost queue takes all of it (whatever ranking
     /// dropped it, content that comes back soon is reuse the cache missed,
     /// which is what the queue sends to M). Seeded this way, the slow
-    /// workload's one miss and two of docqa's three went (see `Policy::Ghost`).
+    /// workload's one miss and two of docqa's three went (`docs/ghost.md`).
     pub fn adopt_books(
         &mut self,
         pages: [u64; 2],
@@ -221,17 +221,17 @@ impl QueueState {
         }
     }
 
-    /// A node holding `device_pages` with state `priority` joins the books.
-    pub fn enter(&mut self, priority: u64, device_pages: usize) {
+    /// A node holding `device_pages` with state `packed` joins the books.
+    pub fn enter(&mut self, packed: u64, device_pages: usize) {
         if let Some(s) = self.shared_mut() {
-            s.queue_pages[Slot::unpack(priority).queue as usize] += device_pages as u64;
+            s.queue_pages[Slot::unpack(packed).queue as usize] += device_pages as u64;
         }
     }
 
     /// The node leaves the books (to change, or for good).
-    pub fn leave(&mut self, priority: u64, device_pages: usize) {
+    pub fn leave(&mut self, packed: u64, device_pages: usize) {
         if let Some(s) = self.shared_mut() {
-            s.queue_pages[Slot::unpack(priority).queue as usize] -= device_pages as u64;
+            s.queue_pages[Slot::unpack(packed).queue as usize] -= device_pages as u64;
         }
     }
 
@@ -242,12 +242,12 @@ impl QueueState {
     }
 
     /// A match passed through a node: its new state.
-    pub fn hit(&mut self, priority: u64) -> Option<u64> {
+    pub fn hit(&mut self, packed: u64) -> Option<u64> {
         self.observe();
         match self {
             Self::Off => None,
-            Self::Arc(s) => Some(s.hit(priority)),
-            Self::S3fifo(s) => Some(s.hit(priority)),
+            Self::Arc(s) => Some(s.hit(packed)),
+            Self::S3fifo(s) => Some(s.hit(packed)),
         }
     }
 
@@ -263,22 +263,22 @@ impl QueueState {
 
     /// A host-only node got device pages back (it had been evicted while
     /// its state stayed on the node): its new state.
-    pub fn reloaded(&mut self, priority: u64, pages: usize) -> Option<u64> {
+    pub fn reloaded(&mut self, packed: u64, pages: usize) -> Option<u64> {
         self.observe();
         match self {
             Self::Off => None,
-            Self::Arc(s) => Some(s.reloaded(priority, pages as u64)),
+            Self::Arc(s) => Some(s.reloaded(packed, pages as u64)),
             Self::S3fifo(s) => Some(s.reloaded()),
         }
     }
 
     /// A node with content `key` left the tree.
-    pub fn dropped(&mut self, key: u64, priority: u64, pages: usize) {
+    pub fn dropped(&mut self, key: u64, packed: u64, pages: usize) {
         self.observe();
         match self {
             Self::Off => {}
-            Self::Arc(s) => s.dropped(key, priority, pages as u64),
-            Self::S3fifo(s) => s.dropped(key, priority, pages as u64),
+            Self::Arc(s) => s.dropped(key, packed, pages as u64),
+            Self::S3fifo(s) => s.dropped(key, packed, pages as u64),
         }
     }
 
@@ -287,13 +287,13 @@ impl QueueState {
     pub fn choose(
         &mut self,
         index: &EvictableIndex,
-        priority_of: impl Fn(NodeId) -> u64,
+        slot_of: impl Fn(NodeId) -> u64,
     ) -> Option<Choice> {
         self.observe();
         match self {
             Self::Off => index.first(Tier::Device).map(Choice::Evict),
             Self::Arc(s) => s.choose(index),
-            Self::S3fifo(s) => s.choose(index, priority_of),
+            Self::S3fifo(s) => s.choose(index, slot_of),
         }
     }
 
@@ -367,14 +367,14 @@ impl QueueState {
         )
     }
 
-    /// Whether node state `priority` can belong to this policy's books
+    /// Whether node state `packed` can belong to this policy's books
     /// (a queue it has, a position already handed out).
-    pub(crate) fn accepts(&self, priority: u64) -> bool {
+    pub(crate) fn accepts(&self, packed: u64) -> bool {
         let Some(s) = self.shared() else {
             return true;
         };
-        let slot = Slot::unpack(priority);
-        slot.queue < 2 && (slot.seq < s.next_seq || priority == 0)
+        let slot = Slot::unpack(packed);
+        slot.queue < 2 && (slot.seq < s.next_seq || packed == 0)
     }
 
     /// Checks the books against a recount of the nodes' device pages per

@@ -28,8 +28,8 @@ pub struct S3fifoState {
 }
 
 impl S3fifoState {
-    pub fn hit(&mut self, priority: u64) -> u64 {
-        let mut slot = Slot::unpack(priority);
+    pub fn hit(&mut self, packed: u64) -> u64 {
+        let mut slot = Slot::unpack(packed);
         slot.count = (slot.count + 1).min(MAX_COUNT);
         slot.pack()
     }
@@ -47,8 +47,8 @@ impl S3fifoState {
         self.shared.slot(MAIN, 0)
     }
 
-    pub fn dropped(&mut self, key: u64, priority: u64, pages: u64) {
-        if Slot::unpack(priority).queue == SMALL {
+    pub fn dropped(&mut self, key: u64, packed: u64, pages: u64) {
+        if Slot::unpack(packed).queue == SMALL {
             self.shared.ghosts.record(key, 0, pages);
             self.trim_ghosts();
         }
@@ -62,7 +62,7 @@ impl S3fifoState {
     pub fn choose(
         &mut self,
         index: &EvictableIndex,
-        priority_of: impl Fn(NodeId) -> u64,
+        slot_of: impl Fn(NodeId) -> u64,
     ) -> Option<Choice> {
         let small_over = self.shared.queue_pages[0] * SMALL_SHARE > self.shared.device_pages();
         let (first, second) = if small_over {
@@ -73,7 +73,7 @@ impl S3fifoState {
         let (queue, id) = Shared::head(index, first)
             .map(|id| (first, id))
             .or_else(|| Shared::head(index, second).map(|id| (second, id)))?;
-        let slot = Slot::unpack(priority_of(id));
+        let slot = Slot::unpack(slot_of(id));
         Some(match (queue, slot.count) {
             (_, 0) => Choice::Evict(id),
             (SMALL, _) => Choice::Requeue(id, self.shared.slot(MAIN, 0)),

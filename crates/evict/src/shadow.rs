@@ -19,7 +19,7 @@
 //! mirrored inserts since the last switch: a switch re-keys every node
 //! (O(n log n)), and a ranking needs time to shape the cache before it is
 //! judged. Chosen on the conversation trace and checked on the
-//! synthetic one (and the other way round), see the policy's doc comment.
+//! synthetic one (and the other way round), see `docs/ghost.md`.
 //!
 //! Memory: a shadow keeps one word per page, not the page's tokens (see
 //! `page_words`), and holds at most the tree's peak device pages plus its
@@ -59,7 +59,7 @@ impl Ranking {
             Self::Ghost => PolicyKey([node.priority, node.last_access]),
             Self::Recency => PolicyKey([node.last_access, 0]),
             Self::Segmented => PolicyKey([u64::from(node.hits >= 2), node.last_access]),
-            Self::Arc | Self::S3fifo => crate::queues::Slot::key(node.priority),
+            Self::Arc | Self::S3fifo => crate::queues::Slot::key(node.queue_slot),
         }
     }
 

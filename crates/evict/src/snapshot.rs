@@ -235,7 +235,7 @@ fn encode_node(w: &mut Writer, n: &Node) {
         n.hits,
         n.locks,
         n.pins,
-        n.priority,
+        n.order_word(),
     ] {
         w.u64(value);
     }
@@ -390,6 +390,7 @@ fn decode_node(r: &mut Reader<'_>) -> Result<Node, String> {
         locks,
         pins,
         priority,
+        queue_slot: 0, // the tree moves a queue policy's word here on rebuild
         tokens_hash: 0,
         digest_term: 0,
         indexed: None,

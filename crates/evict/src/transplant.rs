@@ -67,7 +67,7 @@ pub fn queue_order(tree: &PrefixTree, shadow: &PrefixTree) -> Vec<(NodeId, Slot)
         let node = tree.node(id).expect("a live node");
         let held = at.filter(|_| !node.is_root()).map(|c| {
             let s = shadow.node(c.node).expect("a live shadow node");
-            Slot::unpack(s.priority())
+            Slot::unpack(s.queue_slot())
         });
         let access = node.last_access();
         let first_out = Slot {
@@ -97,7 +97,7 @@ mod tests {
     const NS: Namespace = Namespace::Default;
 
     fn slot_of(tree: &PrefixTree, id: NodeId) -> Slot {
-        Slot::unpack(tree.node(id).unwrap().priority())
+        Slot::unpack(tree.node(id).unwrap().queue_slot())
     }
 
     /// A main tree with pages of 2 tokens against an s3fifo shadow holding

@@ -355,7 +355,7 @@ impl PrefixTree {
         let remembers = self.remembers();
         for step in &steps {
             let (policy, floor, weights) = (self.policy, self.floor, self.weights());
-            let queued = self.queues.hit(self.node_ref(step.id).priority);
+            let queued = self.queues.hit(self.node_ref(step.id).queue_slot);
             self.update(step.id, |n| {
                 n.hits += 1;
                 access(n, policy, now, floor, weights, queued);
@@ -425,7 +425,10 @@ impl PrefixTree {
                 let (policy, floor, weights) = (self.policy, self.floor, self.weights());
                 // An insert over cached content is no hit: a queue policy's
                 // state stays as it is.
-                let queued = self.queues.is_on().then(|| self.node_ref(step.id).priority);
+                let queued = self
+                    .queues
+                    .is_on()
+                    .then(|| self.node_ref(step.id).queue_slot);
                 self.update(step.id, |n| access(n, policy, now, floor, weights, queued));
             } else {
                 self.attach(step.id, pages[span.clone()].to_vec(), now);
@@ -707,6 +710,7 @@ impl PrefixTree {
             locks: 0,
             pins: 0,
             priority: 0,
+            queue_slot: 0,
             tokens_hash: namespace_hash(namespace),
             digest_term: 0,
             indexed: None,
@@ -787,6 +791,7 @@ impl PrefixTree {
             locks: 0,
             pins: 0,
             priority: 0,
+            queue_slot: 0,
             tokens_hash: tokens_hash(tokens),
             digest_term: 0,
             indexed: None,
@@ -836,6 +841,7 @@ impl PrefixTree {
             locks: node.locks,
             pins: 0,
             priority: node.priority,
+            queue_slot: node.queue_slot,
             digest_term: 0,
             indexed: None,
         };
@@ -871,7 +877,7 @@ impl PrefixTree {
         let (policy, floor, weights) = (self.policy, self.floor, self.weights());
         let queued = self
             .queues
-            .reloaded(self.node_ref(id).priority, pages.len());
+            .reloaded(self.node_ref(id).queue_slot, pages.len());
         self.update(id, |n| {
             n.device = Some(pages);
             access(n, policy, now, floor, weights, queued);
@@ -883,7 +889,7 @@ impl PrefixTree {
     /// needs: under `Policy::Ghost`, except for one-shot content (ARC's T1)
     /// while the tree follows arc, which leaves whole as in ARC itself.
     fn keeps_head(&self, id: NodeId) -> bool {
-        let one_shot = || Slot::unpack(self.node_ref(id).priority).queue == 0;
+        let one_shot = || Slot::unpack(self.node_ref(id).queue_slot).queue == 0;
         self.policy == Policy::Ghost && !(self.ranking() == Ranking::Arc && one_shot())
     }
 
@@ -892,10 +898,10 @@ impl PrefixTree {
     fn next_device_victim(&mut self) -> Option<NodeId> {
         loop {
             let nodes = &self.nodes;
-            let priority_of = |id: NodeId| nodes.get(id).map_or(0, |n: &Node| n.priority);
-            match self.queues.choose(&self.index, priority_of)? {
+            let slot_of = |id: NodeId| nodes.get(id).map_or(0, |n: &Node| n.queue_slot);
+            match self.queues.choose(&self.index, slot_of)? {
                 Choice::Evict(id) => return Some(id),
-                Choice::Requeue(id, priority) => self.update(id, |n| n.priority = priority),
+                Choice::Requeue(id, slot) => self.update(id, |n| n.queue_slot = slot),
             }
         }
     }
@@ -914,7 +920,7 @@ impl PrefixTree {
         let keep = node.pages(ps) - need;
         let (start, hits) = (node.depth + keep, node.hits);
         let key = content_key(id, &node.tokens[keep * ps..(keep + 1) * ps]);
-        self.floor = self.floor.max(node.last_access.min(node.priority));
+        self.floor = self.floor.max(node.last_access.min(node.order_word()));
         let mut tail = Vec::new();
         self.update(id, |n| {
             n.tokens.truncate(keep * ps);
@@ -940,7 +946,7 @@ impl PrefixTree {
         let node = self.node_ref(id);
         let (parent, start, has_host) =
             (node.parent.expect("non-root"), node.depth, node.on_host());
-        self.floor = self.floor.max(node.last_access.min(node.priority));
+        self.floor = self.floor.max(node.last_access.min(node.order_word()));
         // Pages leave the live set first: the ghost history sizes itself by
         // what the tree holds once the victim is gone.
         let device = self.nodes.get(id).and_then(|n| n.device.as_ref());
@@ -1012,7 +1018,7 @@ impl PrefixTree {
         if self.queues.is_on() {
             let pages = node.pages(self.page_size);
             self.queues
-                .dropped(content_key(parent, key), node.priority, pages);
+                .dropped(content_key(parent, key), node.queue_slot, pages);
         }
         self.restructure(parent, |p| {
             p.children.remove(&Page(key) as &dyn PageKey);
@@ -1035,7 +1041,7 @@ impl PrefixTree {
         let node = self.nodes.live_mut(id);
         self.digest_sum = self.digest_sum.wrapping_sub(node.digest_term);
         self.queues
-            .leave(node.priority, node.device.as_ref().map_or(0, Vec::len));
+            .leave(node.queue_slot, node.device.as_ref().map_or(0, Vec::len));
         if let Some((tier, key)) = node.indexed.take() {
             self.index.remove(tier, key, id);
         }
@@ -1089,7 +1095,7 @@ impl PrefixTree {
         node.digest_term = node_hash(node, node.tokens_hash);
         self.digest_sum = self.digest_sum.wrapping_add(node.digest_term);
         self.queues
-            .enter(node.priority, node.device.as_ref().map_or(0, Vec::len));
+            .enter(node.queue_slot, node.device.as_ref().map_or(0, Vec::len));
         if let Some(tier) = evictable_tier(node) {
             node.indexed = Some((tier, key));
             self.index.insert(tier, key, id);
@@ -1101,8 +1107,8 @@ fn idle_term(id: NodeId, since: Stamp) -> u64 {
     Hasher64::default().word(id.0).word(since).finish()
 }
 
-/// Stamps an access: the last-access time and the policy's priority.
-/// `queued` is a queue policy's new state for the node, when it has one.
+/// Stamps an access: the last-access time and the policy's priority, or
+/// `queued`, a queue policy's new state for the node, when it has one.
 fn access(
     node: &mut Node,
     policy: Policy,
@@ -1112,7 +1118,10 @@ fn access(
     queued: Option<u64>,
 ) {
     node.last_access = now;
-    node.priority = queued.unwrap_or_else(|| policy.priority(node, now, floor, weights));
+    match queued {
+        Some(slot) => node.queue_slot = slot,
+        None => node.priority = policy.priority(node, now, floor, weights),
+    }
 }
 
 /// The tier a node is evictable from, if any.

@@ -862,7 +862,7 @@ impl Harness {
             for node in self.tree.nodes().filter(|n| !n.is_root()) {
                 let (p, pages) = self.node_prefix(node.id()).unwrap();
                 let want = q.pages[&self.page_prefixes(&p, pages)[0]];
-                let packed = node.priority();
+                let packed = node.queue_slot();
                 let have = QPage {
                     queue: packed >> 62,
                     count: (packed >> 60) & 3,

@@ -56,12 +56,12 @@ impl PrefixTree {
                 let shadows = self.shadows.as_ref().expect("a following tree has shadows");
                 for (id, held) in queue_order(self, shadows.leader_tree()) {
                     let slot = state.adopted_as(held);
-                    self.update(id, |n| n.priority = slot);
+                    self.update(id, |n| (n.queue_slot, n.priority) = (slot, 0));
                 }
             } else {
                 for id in self.by_last_access() {
                     let slot = state.adopted(self.node_ref(id).hits);
-                    self.update(id, |n| n.priority = slot);
+                    self.update(id, |n| (n.queue_slot, n.priority) = (slot, 0));
                 }
             }
             let pages = self.pages_per_queue();
@@ -72,6 +72,7 @@ impl PrefixTree {
             for id in self.by_last_access() {
                 self.update(id, |n| {
                     n.priority = Policy::Ghost.priority(n, n.last_access, floor, weights);
+                    n.queue_slot = 0;
                 });
             }
         }
@@ -89,7 +90,7 @@ impl PrefixTree {
     pub(super) fn pages_per_queue(&self) -> [u64; 2] {
         let mut pages = [0u64; 2];
         for node in self.nodes().filter(|n| n.on_device()) {
-            let queue = Slot::unpack(node.priority).queue as usize;
+            let queue = Slot::unpack(node.queue_slot).queue as usize;
             pages[queue] += node.pages(self.page_size) as u64;
         }
         pages

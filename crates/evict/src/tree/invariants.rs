@@ -108,7 +108,18 @@ impl PrefixTree {
                 return Err(format!("{tier:?} index differs from recomputation"));
             }
         }
-        if self.queues.is_on() {
+        // Digests and snapshots carry one word per node for both fields.
+        let queued = self.queues.is_on();
+        if let Some(n) = self.nodes().find(|n| {
+            if queued {
+                n.priority != 0
+            } else {
+                n.queue_slot != 0
+            }
+        }) {
+            return Err(format!("node {} has a priority and a queue slot", n.id));
+        }
+        if queued {
             self.queues.check(self.pages_per_queue())?;
         }
         let owner = queue_owner(self.policy, self.shadows.as_deref());

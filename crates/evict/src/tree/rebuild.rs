@@ -84,6 +84,9 @@ impl PrefixTree {
         for &id in &ids {
             let n = tree.nodes.live_mut(id);
             n.tokens_hash = tokens_hash(&n.tokens);
+            if tree.queues.is_on() {
+                n.queue_slot = std::mem::take(&mut n.priority); // one word in snapshots
+            }
             let Some(parent) = n.parent else { continue };
             let (key, on_device) = (ChildKey::new(&n.tokens[..ps]), n.device.is_some());
             let p = tree
