@@ -41,7 +41,6 @@ class _Engine:
         self.next_page += len(fresh)
         t.insert(list(blocks[:keep]), np.concatenate([m.device_pages, fresh]))
         t.unlock(m.node)
-        t.take_events()
         return victims
 
 

@@ -128,7 +128,6 @@ def replay(requests: list[tuple[int, ...]], capacity: int, policy: str) -> tuple
         next_page += len(fresh)
         tree.insert(blocks[:keep], np.concatenate([m.device_pages, fresh]))
         tree.unlock(m.node)
-        tree.take_events()
     return hits, total
 
 

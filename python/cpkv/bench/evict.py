@@ -48,9 +48,6 @@ def access_order(leaves: int) -> list[int]:
     return [(i * 7919) % leaves for i in range(leaves)]
 
 
-EVENTS_DRAINED_EVERY = 64
-
-
 def build_tree(leaves: int, page_size: int):
     """cpkv's tree: ``leaves`` two-page leaves under 64 shared one-page prefixes, each leaf
     accessed once in ``access_order``; pages numbered in insertion order."""
@@ -58,19 +55,13 @@ def build_tree(leaves: int, page_size: int):
 
     tree = PrefixTree(page_size, "lru")
     next_page = 0
-    for i, j in enumerate(access_order(leaves)):
+    for j in access_order(leaves):
         tokens = [j % PREFIXES] * page_size + [1_000 + j] * page_size + [2_000_000 + j] * page_size
         m = tree.match(tokens)
         new = 3 - m.length // page_size
         pages = list(m.device_pages) + list(range(next_page, next_page + new))
         next_page += new
         tree.insert(tokens, pages)
-        if i % EVENTS_DRAINED_EVERY == 0:
-            # As an engine drains them every step. Drained once at the end, the build's events
-            # would be freed all at once, and glibc would consolidate those frees inside the first
-            # timed calls (hundreds of microseconds at 4, 8 and 16 victims).
-            tree.take_events()
-    tree.take_events()
     return tree
 
 

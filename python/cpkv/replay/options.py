@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from cpkv._cpkv import DEFAULT_POLICY
-
 import math
 from dataclasses import dataclass
 from typing import Any
 
+from cpkv._cpkv import DEFAULT_POLICY
 from cpkv.errors import InvalidArgumentError
+
+# A verified row spells (block id, layer, payload) out whole: 8 + 4 + 4 bytes (rank.kv_rows).
+KV_ROW_MIN_BYTES = 16
 
 DEFAULT_PAYLOADS = "kv:8x16:float8_e4m3fn,index:32:bfloat16"
 
