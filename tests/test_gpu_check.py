@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import wait_for
 from cpkv import gpu_check
 from cpkv.gpu_check import FAIL, NA, PASS, SKIP, Ran
 
@@ -136,12 +137,9 @@ def test_a_command_past_its_limit_is_killed_with_its_children(tmp_path):
     ran = gpu_check.run_command(["sh", "-c", script], 3.0)
     assert ran.rc is None and time.monotonic() - started < 30
     child = int(pid_file.read_text())
-    try:
-        state = Path(f"/proc/{child}/status").read_text()
-        assert "State:\tZ" in state  # killed, waiting to be reaped by whoever adopted it
-    except FileNotFoundError:
-        pass  # gone
-    assert not _alive(child)
+    # The kill was sent before run_command returned; a loaded machine may run the child once more
+    # before it acts on it. Dead means a zombie waiting for whoever adopted it, or gone.
+    wait_for(lambda: not _alive(child), 10, f"the command's child {child} to die")
 
 
 def _alive(pid: int) -> bool:
