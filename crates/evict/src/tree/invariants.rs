@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use crate::child_key::child_word;
 use crate::digest::tokens_hash;
 use crate::namespace::Namespace;
 use crate::node::{HostKey, NodeId, Tier};
@@ -41,11 +42,16 @@ impl PrefixTree {
                     node.device_children
                 ));
             }
-            for (key, child) in &node.children {
+            for (word, child) in node.children.entries() {
                 let c = self
-                    .node(*child)
+                    .node(child)
                     .ok_or(format!("node {id}: dead child {child}"))?;
-                if c.parent != Some(id) || !key.names(&c.tokens[..ps]) {
+                let first_page = &c.tokens[..ps];
+                if c.parent != Some(id)
+                    || word != c.child_word
+                    || word != child_word(first_page)
+                    || self.child(id, first_page) != Some(child)
+                {
                     return Err(format!("node {id}: child {child} miskeyed"));
                 }
                 if c.depth != node.depth + node.pages(ps) {
