@@ -90,10 +90,6 @@ impl Node {
     pub fn tokens(&self) -> &[Token] {
         &self.tokens
     }
-    /// The children's ids, in no particular order.
-    pub fn children(&self) -> impl Iterator<Item = NodeId> + '_ {
-        self.children.entries().map(|(_, id)| id)
-    }
     pub fn device_pages(&self) -> Option<&[PageId]> {
         self.device.as_deref()
     }

@@ -76,7 +76,7 @@ pub fn queue_order(tree: &PrefixTree, shadow: &PrefixTree) -> Vec<(NodeId, Slot)
             Some(slot) => ((1, slot.seq, access), id, slot),
             None => ((0, 0, access), id, first_out),
         });
-        for child in node.children() {
+        for child in tree.children(node.id()) {
             let words = page_words(tree.node(child).expect("live").tokens(), page_size);
             stack.push((child, at.and_then(|c| advance(shadow, c, &words))));
         }

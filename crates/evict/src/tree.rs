@@ -248,6 +248,16 @@ impl PrefixTree {
     pub(crate) fn roots(&self) -> impl Iterator<Item = (&Namespace, NodeId)> + '_ {
         self.roots.iter().map(|(ns, id)| (ns, *id))
     }
+    /// The children of `id` (none if it is not live), in no particular order.
+    pub fn children(&self, id: NodeId) -> impl Iterator<Item = NodeId> + '_ {
+        let entries = self.node(id).map(|n| n.children.entries());
+        entries
+            .into_iter()
+            .flatten()
+            .map(|(_, child)| child)
+            .filter(|&child| self.nodes.is_live(child))
+    }
+
     /// Live nodes in slot order (the same on every replica).
     pub fn nodes(&self) -> impl Iterator<Item = &Node> + '_ {
         self.nodes.iter()
@@ -619,7 +629,8 @@ impl PrefixTree {
 
     /// The child of `parent` whose first page is `page`.
     pub(crate) fn child(&self, parent: NodeId, page: &[Token]) -> Option<NodeId> {
-        let first_page = |id| &self.node_ref(id).tokens[..page.len()] == page;
+        let first_page =
+            |id| self.nodes.is_live(id) && &self.node_ref(id).tokens[..page.len()] == page;
         self.node_ref(parent)
             .children
             .find(child_word(page), first_page)
@@ -811,10 +822,9 @@ impl PrefixTree {
             .created(content_key(parent, &tokens[..self.page_size]), pages.len());
         self.update(id, |n| access(n, policy, now, floor, weights, queued));
         self.live_pages.extend(pages.iter().copied());
-        self.restructure(parent, |p| {
-            p.children.insert(word, id);
-            p.device_children += 1;
-        });
+        let (p, is_live) = self.nodes.live_mut_and_liveness(parent);
+        p.children.insert(word, id, is_live);
+        self.restructure(parent, |p| p.device_children += 1);
         self.record(|| Event::DeviceStored {
             node: id,
             start: depth,
@@ -872,10 +882,10 @@ impl PrefixTree {
             n.depth += at;
         });
         // The upper part takes the node's place under the same first page.
-        self.restructure(parent, |p| {
-            p.children.remove(word, id);
-            p.children.insert(word, upper);
-        });
+        let (p, is_live) = self.nodes.live_mut_and_liveness(parent);
+        p.children.remove(word, id);
+        p.children.insert(word, upper, is_live);
+        self.restructure(parent, |_| {});
         upper
     }
 
@@ -1034,8 +1044,10 @@ impl PrefixTree {
             self.queues
                 .dropped(content_key(parent, key), node.queue_slot, pages);
         }
+        // `id` is dead now: it only counts itself out of its parent's children.
+        let (p, is_live) = self.nodes.live_mut_and_liveness(parent);
+        p.children.depart(is_live);
         self.restructure(parent, |p| {
-            p.children.remove(node.child_word, id);
             if on_device {
                 p.device_children -= 1;
             }

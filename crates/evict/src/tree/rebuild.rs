@@ -99,8 +99,8 @@ impl PrefixTree {
             {
                 return Err(format!("node {parent}: two children share a first page"));
             }
-            let p = tree.nodes.live_mut(parent);
-            p.children.insert(word, id);
+            let (p, is_live) = tree.nodes.live_mut_and_liveness(parent);
+            p.children.insert(word, id, is_live);
             p.device_children += usize::from(on_device);
         }
         for (namespace, &id) in &d.roots {
