@@ -46,7 +46,8 @@ pub struct Node {
     /// Children keyed by the tokens of their first page.
     pub(crate) children: Children,
     /// `child_word` of this node's first page: its key in its parent's
-    /// children, kept so that leaving them reads no token (0 for roots).
+    /// children, kept so that a split moves it under the new upper node
+    /// without reading a token again (0 for roots).
     pub(crate) child_word: u64,
     /// Device page ids, one per page, when the node is on device.
     pub(crate) device: Option<Vec<PageId>>,
