@@ -35,6 +35,12 @@ fn free_term(position: usize, slot: u32, generation: u32) -> u64 {
         .finish()
 }
 
+fn live_in(generations: &[u32], id: NodeId) -> bool {
+    generations
+        .get(NodeArena::slot(id))
+        .is_some_and(|&g| u64::from(g) == id.0 >> SLOT_BITS)
+}
+
 impl NodeArena {
     fn slot(id: NodeId) -> usize {
         (id.0 & SLOT_MASK) as usize
@@ -53,6 +59,26 @@ impl NodeArena {
             .as_mut()
             .filter(|n| n.id == id)
             .expect("internal ids are live")
+    }
+
+    /// Whether `id` names a live node, from the generations alone (a slot's
+    /// generation moves on when its node leaves, so it matches only the
+    /// id of the node there now).
+    pub(crate) fn is_live(&self, id: NodeId) -> bool {
+        live_in(&self.generations, id)
+    }
+
+    /// The live node `id` (as `live_mut`) beside `is_live` for any id.
+    pub(crate) fn live_mut_and_liveness(
+        &mut self,
+        id: NodeId,
+    ) -> (&mut Node, impl Fn(NodeId) -> bool + '_) {
+        let generations = &self.generations;
+        let node = self.slots[Self::slot(id)]
+            .as_mut()
+            .filter(|n| n.id == id)
+            .expect("internal ids are live");
+        (node, move |other| live_in(generations, other))
     }
 
     /// Stores `node` under a fresh id (written into it) and returns the id.

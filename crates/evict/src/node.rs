@@ -1,15 +1,13 @@
 //! One node of the radix tree: a run of whole pages and its residency.
 
-use std::collections::HashMap;
 use std::fmt;
 
-use crate::child_key::ChildKey;
+use crate::child_key::ChildTable;
 use crate::clock::Stamp;
-use crate::digest::WordHashing;
 
 /// A node's children by the tokens of their first page: looked up, counted
 /// and checked, never iterated in a decision (its order is the table's).
-pub(crate) type Children = HashMap<ChildKey, NodeId, WordHashing>;
+pub(crate) type Children = ChildTable;
 
 /// A token id.
 pub type Token = u64;
@@ -47,6 +45,10 @@ pub struct Node {
     pub(crate) tokens: Vec<Token>,
     /// Children keyed by the tokens of their first page.
     pub(crate) children: Children,
+    /// `child_word` of this node's first page: its key in its parent's
+    /// children, kept so that a split moves it under the new upper node
+    /// without reading a token again (0 for roots).
+    pub(crate) child_word: u64,
     /// Device page ids, one per page, when the node is on device.
     pub(crate) device: Option<Vec<PageId>>,
     /// Host object key, when the node has a host copy.
@@ -88,10 +90,6 @@ impl Node {
     }
     pub fn tokens(&self) -> &[Token] {
         &self.tokens
-    }
-    /// The children's ids, in no particular order.
-    pub fn children(&self) -> impl Iterator<Item = NodeId> + '_ {
-        self.children.values().copied()
     }
     pub fn device_pages(&self) -> Option<&[PageId]> {
         self.device.as_deref()

@@ -380,6 +380,7 @@ fn decode_node(r: &mut Reader<'_>) -> Result<Node, String> {
         parent,
         tokens,
         children: Children::default(),
+        child_word: 0, // the tree sets it on rebuild
         device,
         host,
         device_children: 0,

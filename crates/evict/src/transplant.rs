@@ -9,7 +9,6 @@
 //! beside the tree, one pass over the pages), in the shadow's queue order,
 //! and content the shadow no longer holds goes first in line to leave.
 
-use crate::child_key::{Page, PageKey};
 use crate::node::{NodeId, Token};
 use crate::queues::Slot;
 use crate::shadow::page_words;
@@ -29,9 +28,7 @@ fn advance(shadow: &PrefixTree, mut at: Cursor, words: &[Token]) -> Option<Curso
         let node = shadow.node(at.node).expect("a live shadow node");
         let held = &node.tokens()[at.used..];
         if held.is_empty() {
-            let child = *node
-                .children
-                .get(&Page(&words[done..=done]) as &dyn PageKey)?;
+            let child = shadow.child(at.node, &words[done..=done])?;
             at = Cursor {
                 node: child,
                 used: 0,
@@ -79,7 +76,7 @@ pub fn queue_order(tree: &PrefixTree, shadow: &PrefixTree) -> Vec<(NodeId, Slot)
             Some(slot) => ((1, slot.seq, access), id, slot),
             None => ((0, 0, access), id, first_out),
         });
-        for child in node.children() {
+        for child in tree.children(node.id()) {
             let words = page_words(tree.node(child).expect("live").tokens(), page_size);
             stack.push((child, at.and_then(|c| advance(shadow, c, &words))));
         }

@@ -22,7 +22,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 
 use crate::arena::NodeArena;
 
-use crate::child_key::{ChildKey, Page, PageKey};
+use crate::child_key::child_word;
 use crate::clock::{LogicalClock, Stamp};
 use crate::digest::{namespace_hash, node_hash, tokens_hash, Hasher64};
 use crate::error::EvictError;
@@ -248,6 +248,16 @@ impl PrefixTree {
     pub(crate) fn roots(&self) -> impl Iterator<Item = (&Namespace, NodeId)> + '_ {
         self.roots.iter().map(|(ns, id)| (ns, *id))
     }
+    /// The children of `id` (none if it is not live), in no particular order.
+    pub fn children(&self, id: NodeId) -> impl Iterator<Item = NodeId> + '_ {
+        let entries = self.node(id).map(|n| n.children.entries());
+        entries
+            .into_iter()
+            .flatten()
+            .map(|(_, child)| child)
+            .filter(|&child| self.nodes.is_live(child))
+    }
+
     /// Live nodes in slot order (the same on every replica).
     pub fn nodes(&self) -> impl Iterator<Item = &Node> + '_ {
         self.nodes.iter()
@@ -617,6 +627,15 @@ impl PrefixTree {
         self.node(id).expect("internal ids are live")
     }
 
+    /// The child of `parent` whose first page is `page`.
+    pub(crate) fn child(&self, parent: NodeId, page: &[Token]) -> Option<NodeId> {
+        let first_page =
+            |id| self.nodes.is_live(id) && &self.node_ref(id).tokens[..page.len()] == page;
+        self.node_ref(parent)
+            .children
+            .find(child_word(page), first_page)
+    }
+
     fn live_non_root(&self, id: NodeId) -> Result<&Node, EvictError> {
         let node = self.node(id).ok_or(EvictError::UnknownNode(id))?;
         if node.is_root() {
@@ -654,8 +673,7 @@ impl PrefixTree {
         let mut steps = Vec::new();
         let (mut at, mut done) = (root, 0);
         while done < total {
-            let key = &tokens[done * ps..(done + 1) * ps];
-            let Some(&child) = self.node_ref(at).children.get(&Page(key) as &dyn PageKey) else {
+            let Some(child) = self.child(at, &tokens[done * ps..(done + 1) * ps]) else {
                 break;
             };
             let node = self.node_ref(child);
@@ -700,6 +718,7 @@ impl PrefixTree {
             parent: None,
             tokens: Vec::new(),
             children: Children::default(),
+            child_word: 0,
             device: None,
             host: None,
             device_children: 0,
@@ -767,7 +786,7 @@ impl PrefixTree {
     ) -> NodeId {
         let p = self.node_ref(parent);
         let depth = p.depth + p.pages(self.page_size);
-        let key = ChildKey::new(&tokens[..self.page_size]);
+        let word = child_word(&tokens[..self.page_size]);
         // Content back from the ghost history resumes its hit count.
         let returned = if self.remembers() {
             self.ghost
@@ -781,6 +800,7 @@ impl PrefixTree {
             parent: Some(parent),
             tokens: tokens.to_vec(),
             children: Children::default(),
+            child_word: word,
             device: Some(pages.to_vec()),
             host: None,
             device_children: 0,
@@ -802,10 +822,9 @@ impl PrefixTree {
             .created(content_key(parent, &tokens[..self.page_size]), pages.len());
         self.update(id, |n| access(n, policy, now, floor, weights, queued));
         self.live_pages.extend(pages.iter().copied());
-        self.restructure(parent, |p| {
-            p.children.insert(key, id);
-            p.device_children += 1;
-        });
+        let (p, is_live) = self.nodes.live_mut_and_liveness(parent);
+        p.children.insert(word, id, is_live);
+        self.restructure(parent, |p| p.device_children += 1);
         self.record(|| Event::DeviceStored {
             node: id,
             start: depth,
@@ -823,12 +842,14 @@ impl PrefixTree {
         let parent = node.parent.expect("roots are never split");
         let cut = at * ps;
         let upper_tokens = node.tokens[..cut].to_vec();
+        let lower_word = child_word(&node.tokens[cut..cut + ps]);
         let upper = Node {
             id: NodeId(0),
             parent: Some(parent),
             tokens_hash: tokens_hash(&upper_tokens),
             tokens: upper_tokens,
-            children: Children::from_iter([(ChildKey::new(&node.tokens[cut..cut + ps]), id)]),
+            children: Children::one(lower_word, id),
+            child_word: node.child_word,
             device: node.device.as_ref().map(|d| d[..at].to_vec()),
             host: node.host,
             device_children: usize::from(node.device.is_some()),
@@ -845,7 +866,7 @@ impl PrefixTree {
             digest_term: 0,
             indexed: None,
         };
-        let key = ChildKey::new(&node.tokens[..ps]);
+        let word = node.child_word;
         if let Some(host) = node.host {
             *self.host_refs.get_mut(&host).expect("recorded") += 1;
         }
@@ -853,15 +874,18 @@ impl PrefixTree {
         self.update(id, |n| {
             n.tokens.drain(..cut);
             n.tokens_hash = tokens_hash(&n.tokens);
+            n.child_word = lower_word;
             if let Some(d) = n.device.as_mut() {
                 d.drain(..at);
             }
             n.parent = Some(upper);
             n.depth += at;
         });
-        self.restructure(parent, |p| {
-            p.children.insert(key, upper);
-        });
+        // The upper part takes the node's place under the same first page.
+        let (p, is_live) = self.nodes.live_mut_and_liveness(parent);
+        p.children.remove(word, id);
+        p.children.insert(word, upper, is_live);
+        self.restructure(parent, |_| {});
         upper
     }
 
@@ -1020,8 +1044,10 @@ impl PrefixTree {
             self.queues
                 .dropped(content_key(parent, key), node.queue_slot, pages);
         }
+        // `id` is dead now: it only counts itself out of its parent's children.
+        let (p, is_live) = self.nodes.live_mut_and_liveness(parent);
+        p.children.depart(is_live);
         self.restructure(parent, |p| {
-            p.children.remove(&Page(key) as &dyn PageKey);
             if on_device {
                 p.device_children -= 1;
             }

@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use crate::child_key::{child_word, DEPARTED_KEPT};
 use crate::digest::tokens_hash;
 use crate::namespace::Namespace;
 use crate::node::{HostKey, NodeId, Tier};
@@ -31,8 +32,8 @@ impl PrefixTree {
             if node.tokens_hash != tokens_hash(&node.tokens) && !node.is_root() {
                 return Err(format!("node {id}: stale tokens hash"));
             }
-            let device_children = node
-                .children()
+            let device_children = self
+                .children(id)
                 .filter(|c| self.node_ref(*c).on_device())
                 .count();
             if device_children != node.device_children {
@@ -41,22 +42,36 @@ impl PrefixTree {
                     node.device_children
                 ));
             }
-            for (key, child) in &node.children {
-                let c = self
-                    .node(*child)
-                    .ok_or(format!("node {id}: dead child {child}"))?;
-                if c.parent != Some(id) || !key.names(&c.tokens[..ps]) {
+            let (mut live, mut departed) = (0, 0);
+            for (word, child) in node.children.entries() {
+                let Some(c) = self.node(child) else {
+                    departed += 1;
+                    continue;
+                };
+                live += 1;
+                let first_page = &c.tokens[..ps];
+                if c.parent != Some(id)
+                    || word != c.child_word
+                    || word != child_word(first_page)
+                    || self.child(id, first_page) != Some(child)
+                {
                     return Err(format!("node {id}: child {child} miskeyed"));
                 }
                 if c.depth != node.depth + node.pages(ps) {
                     return Err(format!("node {child}: wrong depth"));
                 }
             }
+            if departed != node.children.departed() || departed > live.max(DEPARTED_KEPT) {
+                return Err(format!(
+                    "node {id}: {departed} departed children's entries, counted {}, beside {live} children",
+                    node.children.departed()
+                ));
+            }
             if let Some(h) = node.host {
                 *host_refs.entry(h).or_default() += 1;
                 host_pages += node.pages(ps);
             }
-            let locks_below: u64 = node.children().map(|c| self.node_ref(c).locks).sum();
+            let locks_below: u64 = self.children(id).map(|c| self.node_ref(c).locks).sum();
             if node.locks != node.pins + locks_below {
                 return Err(format!(
                     "node {id}: {} locks != {} own + {locks_below} below",

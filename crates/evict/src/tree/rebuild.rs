@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use crate::arena::NodeArena;
-use crate::child_key::ChildKey;
+use crate::child_key::child_word;
 use crate::clock::{LogicalClock, Stamp};
 use crate::digest::{namespace_hash, tokens_hash};
 use crate::ghost::GhostHistory;
@@ -88,14 +88,19 @@ impl PrefixTree {
                 n.queue_slot = std::mem::take(&mut n.priority); // one word in snapshots
             }
             let Some(parent) = n.parent else { continue };
-            let (key, on_device) = (ChildKey::new(&n.tokens[..ps]), n.device.is_some());
-            let p = tree
-                .nodes
-                .get_mut(parent)
-                .ok_or(format!("node {id}: parent {parent} is not live"))?;
-            if p.children.insert(key, id).is_some() {
+            n.child_word = child_word(&n.tokens[..ps]);
+            let (word, on_device) = (n.child_word, n.device.is_some());
+            if tree.nodes.get(parent).is_none() {
+                return Err(format!("node {id}: parent {parent} is not live"));
+            }
+            if tree
+                .child(parent, &tree.node_ref(id).tokens[..ps])
+                .is_some()
+            {
                 return Err(format!("node {parent}: two children share a first page"));
             }
+            let (p, is_live) = tree.nodes.live_mut_and_liveness(parent);
+            p.children.insert(word, id, is_live);
             p.device_children += usize::from(on_device);
         }
         for (namespace, &id) in &d.roots {
