@@ -9,8 +9,9 @@
 //! inserts and removals, so replicas that replay the same calls hand out the
 //! same ids; the free list is part of the digest.
 
-use crate::digest::Hasher64;
-use crate::node::{Node, NodeId};
+use crate::ids::NodeId;
+use crate::node::Node;
+use cpkv_hash::Hasher64;
 
 const SLOT_BITS: u32 = 32;
 const SLOT_MASK: u64 = (1 << SLOT_BITS) - 1;

@@ -17,8 +17,8 @@
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 
-use crate::digest::{Hasher64, WordHashing};
-use crate::node::{NodeId, Token};
+use crate::ids::{NodeId, Token};
+use cpkv_hash::{Hasher64, WordHashing};
 
 /// The one word a page stands for, as `head` and `rest` split it: the token
 /// of a one-token page, else a tagged hash of all its tokens (equal pages

@@ -5,10 +5,10 @@
 //! a node changes, so reading it is O(1) and two ranks agree iff (with
 //! overwhelming probability) their trees, clocks, stamps, counts and tiers do.
 
+use cpkv_hash::Hasher64;
+
 use crate::namespace::Namespace;
 use crate::node::Node;
-
-pub use cpkv_hash::{Hasher64, WordHashing};
 
 pub fn namespace_hash(namespace: &Namespace) -> u64 {
     let h = Hasher64::default();

@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use crate::node::NodeId;
+use crate::ids::NodeId;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EvictError {

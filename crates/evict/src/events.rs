@@ -1,7 +1,7 @@
 //! Residency events for the engine: what entered or left each tier, as page
 //! ranges (page offsets from the namespace root). Drained by `take_events`.
 
-use crate::node::{HostKey, NodeId, PageId};
+use crate::ids::{HostKey, NodeId, PageId};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {

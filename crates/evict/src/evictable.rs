@@ -4,8 +4,11 @@
 
 use std::collections::BTreeSet;
 
-use crate::node::{NodeId, Tier};
-use crate::policy::PolicyKey;
+use crate::ids::{NodeId, Tier};
+
+/// The policy part of an eviction key; the index appends the node id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PolicyKey(pub [u64; 2]);
 
 #[derive(Debug, Clone, Default)]
 pub struct EvictableIndex {

@@ -21,9 +21,9 @@
 use std::collections::hash_map::Entry as Slot;
 use std::collections::{HashMap, VecDeque};
 
-use crate::digest::{Hasher64, WordHashing};
-use crate::node::{NodeId, Token};
+use crate::ids::{NodeId, Token};
 use crate::wire::{Reader, Writer};
+use cpkv_hash::{Hasher64, WordHashing};
 
 /// `Policy::Ghost`'s weights, in sixteenths of the horizon: how far behind
 /// its access one-shot content goes, and how far ahead each reuse puts it.

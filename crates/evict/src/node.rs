@@ -1,40 +1,13 @@
 //! One node of the radix tree: a run of whole pages and its residency.
 
-use std::fmt;
-
 use crate::child_key::ChildTable;
 use crate::clock::Stamp;
+use crate::evictable::PolicyKey;
+use crate::ids::{HostKey, NodeId, PageId, Tier, Token};
 
 /// A node's children by the tokens of their first page: looked up, counted
 /// and checked, never iterated in a decision (its order is the table's).
 pub(crate) type Children = ChildTable;
-
-/// A token id.
-pub type Token = u64;
-/// An engine's device (L1) page id.
-pub type PageId = u64;
-/// The host allocator's key of a node's backup object (L2).
-pub type HostKey = u64;
-
-/// A node's slot in the tree's arena (low 32 bits) and that slot's
-/// generation (high 32 bits). Slots are reused, ids are not: every rank that
-/// replays the same calls names the same node with the same id, and an id
-/// kept past its node's removal names nothing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct NodeId(pub u64);
-
-impl fmt::Display for NodeId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)
-    }
-}
-
-/// The residency tiers a node can be evicted from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Tier {
-    Device,
-    Host,
-}
 
 #[derive(Debug, Clone)]
 pub struct Node {
@@ -74,7 +47,7 @@ pub struct Node {
     // `tokens`, this node's current digest term and its index entry.
     pub(crate) tokens_hash: u64,
     pub(crate) digest_term: u64,
-    pub(crate) indexed: Option<(Tier, crate::policy::PolicyKey)>,
+    pub(crate) indexed: Option<(Tier, PolicyKey)>,
 }
 
 impl Node {

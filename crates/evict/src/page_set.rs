@@ -13,8 +13,8 @@
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 
-use crate::digest::WordHashing;
-use crate::node::PageId;
+use crate::ids::PageId;
+use cpkv_hash::WordHashing;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PageSet {

@@ -5,14 +5,11 @@ use std::str::FromStr;
 
 use crate::clock::Stamp;
 use crate::error::EvictError;
+use crate::evictable::PolicyKey;
 use crate::ghost::{Weights, SIXTEENTHS};
 use crate::node::Node;
 use crate::queues::Slot;
 use crate::shadow::Ranking;
-
-/// The policy part of an eviction key; the index appends the node id.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct PolicyKey(pub [u64; 2]);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Policy {

@@ -13,13 +13,14 @@
 //! it is replicated state, in the digest, integers only.
 
 use crate::arc::ArcState;
-use crate::digest::Hasher64;
 use crate::evictable::EvictableIndex;
+use crate::evictable::PolicyKey;
 use crate::ghost_list::GhostLists;
-use crate::node::{NodeId, Tier};
-use crate::policy::{Policy, PolicyKey};
+use crate::ids::{NodeId, Tier};
+use crate::policy::Policy;
 use crate::s3fifo::S3fifoState;
 use crate::wire::{Reader, Writer};
+use cpkv_hash::Hasher64;
 
 const QUEUE_SHIFT: u32 = 62;
 const COUNT_SHIFT: u32 = 60;

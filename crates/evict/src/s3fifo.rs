@@ -14,7 +14,7 @@
 //! host-only node reloaded onto the device enters M.
 
 use crate::evictable::EvictableIndex;
-use crate::node::NodeId;
+use crate::ids::NodeId;
 use crate::queues::{Choice, Shared, Slot, MAX_COUNT};
 
 const SMALL: u64 = 0;

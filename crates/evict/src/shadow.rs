@@ -30,12 +30,14 @@
 use std::borrow::Cow;
 
 use crate::child_key::page_word;
-use crate::digest::Hasher64;
+use crate::evictable::PolicyKey;
+use crate::ids::Token;
 use crate::namespace::Namespace;
-use crate::node::{Node, Token};
-use crate::policy::{Policy, PolicyKey};
+use crate::node::Node;
+use crate::policy::Policy;
 use crate::tree::PrefixTree;
 use crate::wire::{Reader, Writer};
+use cpkv_hash::Hasher64;
 
 /// A way to order leaves that `Policy::Ghost` can follow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

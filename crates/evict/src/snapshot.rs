@@ -31,8 +31,9 @@ use std::collections::BTreeMap;
 use sha2::{Digest, Sha256};
 
 use crate::error::EvictError;
+use crate::ids::NodeId;
 use crate::namespace::Namespace;
-use crate::node::{Children, Node, NodeId};
+use crate::node::{Children, Node};
 use crate::policy::Policy;
 use crate::queues::QueueState;
 use crate::shadow::{Ranking, Shadows, CANDIDATES};
@@ -406,7 +407,7 @@ mod tests {
     //! rebuilds; a variant the rebuild refuses as inconsistent proves nothing,
     //! so the test also requires the plain fields to be accepted.
     use super::*;
-    use crate::node::Tier;
+    use crate::ids::Tier;
 
     fn busy_tree() -> PrefixTree {
         busy_tree_of(Policy::Ghost)

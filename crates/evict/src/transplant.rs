@@ -9,7 +9,7 @@
 //! beside the tree, one pass over the pages), in the shadow's queue order,
 //! and content the shadow no longer holds goes first in line to leave.
 
-use crate::node::{NodeId, Token};
+use crate::ids::{NodeId, Token};
 use crate::queues::Slot;
 use crate::shadow::page_words;
 use crate::tree::PrefixTree;

@@ -24,17 +24,19 @@ use crate::arena::NodeArena;
 
 use crate::child_key::child_word;
 use crate::clock::{LogicalClock, Stamp};
-use crate::digest::{namespace_hash, node_hash, tokens_hash, Hasher64};
+use crate::digest::{namespace_hash, node_hash, tokens_hash};
 use crate::error::EvictError;
 use crate::events::Event;
 use crate::evictable::EvictableIndex;
 use crate::ghost::{content_key, GhostHistory, Weights};
+use crate::ids::{HostKey, NodeId, PageId, Tier, Token};
 use crate::namespace::Namespace;
-use crate::node::{Children, HostKey, Node, NodeId, PageId, Tier, Token};
+use crate::node::{Children, Node};
 use crate::page_set::PageSet;
 use crate::policy::Policy;
 use crate::queues::{Choice, QueueState, Slot};
 use crate::shadow::{PolicyMemory, Ranking, Shadows};
+use cpkv_hash::Hasher64;
 
 /// What `match_prefix` found.
 #[derive(Debug, Clone, PartialEq, Eq)]

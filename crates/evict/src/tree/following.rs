@@ -2,8 +2,8 @@
 //! the shadow leader's, and when the leader changes the tree re-keys its
 //! nodes or builds the new leader's queue state from them.
 
+use crate::ids::{NodeId, Token};
 use crate::namespace::Namespace;
-use crate::node::{NodeId, Token};
 use crate::policy::Policy;
 use crate::queues::{QueueState, Slot};
 use crate::shadow::{Ranking, Shadows};

@@ -5,8 +5,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::child_key::{child_word, DEPARTED_KEPT};
 use crate::digest::tokens_hash;
+use crate::ids::{HostKey, NodeId, Tier};
 use crate::namespace::Namespace;
-use crate::node::{HostKey, NodeId, Tier};
 use crate::page_set::PageSet;
 
 use super::following::queue_owner;
