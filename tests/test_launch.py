@@ -109,9 +109,11 @@ INTERRUPTED_DRIVER = textwrap.dedent(
 
 
 @pytest.mark.timeout(300)
-def test_an_interrupted_launch_ends_its_ranks_silently(tmp_path: Path) -> None:
+@pytest.mark.parametrize("to_group", [False, True], ids=["launcher", "terminal"])
+def test_an_interrupted_launch_ends_its_ranks_silently(tmp_path: Path, to_group: bool) -> None:
     """Rank 0 waits inside a gloo barrier for rank 1, which runs Python: stopped one by one, rank 1
-    would end first and rank 0 would log the broken barrier from C++."""
+    would end first and rank 0 would log the broken barrier from C++. A Ctrl-C at a terminal goes
+    to the whole process group, ranks included."""
     script = tmp_path / "driver.py"
     script.write_text(INTERRUPTED_DRIVER)
     err_path = tmp_path / "stderr.txt"
@@ -122,7 +124,10 @@ def test_an_interrupted_launch_ends_its_ranks_silently(tmp_path: Path) -> None:
         pid_files = wait_for(lambda: len(list(tmp_path.glob("rank*.pid"))) == 2
                              and sorted(tmp_path.glob("rank*.pid")), 180, "both ranks to start")
         ranks = [int(p.read_text()) for p in pid_files]
-        driver.send_signal(signal.SIGINT)
+        if to_group:
+            os.killpg(driver.pid, signal.SIGINT)
+        else:
+            driver.send_signal(signal.SIGINT)
         assert driver.wait(timeout=60) == 130
         wait_for(lambda: not any(process_alive(pid) for pid in ranks), 10, f"ranks {ranks} to exit")
     finally:

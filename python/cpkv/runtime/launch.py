@@ -281,6 +281,9 @@ def _rank_main(fn: Callable[..., Any], rank: int, world: int, port: int, timeout
     from cpkv.config import invalidate_config
 
     signal.signal(signal.SIGTERM, _stop_on_sigterm)  # a stop runs the context managers' cleanup
+    # A Ctrl-C at a terminal reaches the whole process group; the launcher alone acts on it (it
+    # freezes and ends every rank at once), so a rank never ends on its own before its peers.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ.update(env)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     invalidate_config()
