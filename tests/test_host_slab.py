@@ -403,7 +403,7 @@ def test_slab_spec_sizes():
 def test_a_failed_pin_is_a_fallback_error_not_a_silent_slow_path(no_huge_pages, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # CUDA seems present; registering fails
     created: list[str] = []
-    monkeypatch.setattr(slab_module, "unlink_at_exit", lambda path: (created.append(path), shm.unlink_at_exit(path)))
+    monkeypatch.setattr(slab_module, "create_owned", lambda path: (created.append(path), shm.create_owned(path))[1])
     with pytest.raises(FallbackError, match=r"payload 'k': cudaHostRegister of 4096 bytes failed: .*pin=False"):
         HostSlab.create({"k": PAYLOADS["k"]}, num_pages=2, num_layers=1, pin=True)
     assert len(created) == 1 and not os.path.exists(created[0]) and created[0] not in shm._owned

@@ -27,10 +27,14 @@ DRIVER = textwrap.dedent(
     """
     import os, sys, threading
     from cpkv.runtime.launch import run_ranks
+    from cpkv.runtime.segment import SharedSegment
 
     def rank_main(rank, world, out):
         import torch.distributed as dist
 
+        # A registration window: a segment whose run id carries another process's pid, as every
+        # rank but 0 creates them (pid 1: no rank's pid, so only the creator's own record can remove it).
+        segment = SharedSegment(f"cpkv-1-{os.path.basename(out)}-r{rank}", 4096, create=True)
         with open(os.path.join(out, f"rank{rank}.pid.tmp"), "w") as f:
             f.write(str(os.getpid()))
         os.rename(os.path.join(out, f"rank{rank}.pid.tmp"), os.path.join(out, f"rank{rank}.pid"))
@@ -73,6 +77,8 @@ def test_ranks_die_with_their_launcher_quietly(tmp_path: Path, sig: int) -> None
         except ProcessLookupError:
             pass
     assert gone_after < 10
+    left = [name for name in os.listdir("/dev/shm") if name.startswith(f"cpkv-1-{tmp_path.name}-")]
+    assert left == []  # each rank removed the names it created before it exited
     text = err_path.read_text()
     assert text == "", text  # no BrokenPipeError, no traceback, nothing
 

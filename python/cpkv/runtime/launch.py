@@ -38,7 +38,7 @@ import time
 import traceback
 from typing import Any, Callable, Iterator, cast
 
-from cpkv.runtime.shm import unlink_created_by
+from cpkv.runtime.shm import unlink_created_by, unlink_owned_and_stop
 from cpkv.runtime.timeouts import as_timedelta
 
 _context: Any = None
@@ -250,14 +250,15 @@ def _watch_launcher(lifeline: Any) -> None:
 
 def _leave_quietly() -> None:
     """Exits this rank now, printing nothing: the launcher is gone, so stdout/stderr may be a closed
-    pipe and there is no one to report to. Removes the /dev/shm names this rank still owns (only
-    inside a registration window; afterwards every name is already gone)."""
+    pipe and there is no one to report to. Removes the /dev/shm names this rank created and still
+    owns (only inside a registration window; afterwards every name is already gone), and no other
+    thread of it can create one after that."""
     _leaving.acquire()  # the watcher and a signal handler may both get here; the first one exits
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)
         os.dup2(devnull, 2)
-        unlink_created_by([os.getpid()])
+        unlink_owned_and_stop()
     finally:
         os._exit(1)
 

@@ -10,7 +10,7 @@ import mmap
 import os
 from typing import Any
 
-from cpkv.runtime.shm import SHM_DIR, shm_room, unlink_at_exit, unlink_now
+from cpkv.runtime.shm import SHM_DIR, create_owned, shm_room, unlink_now
 
 _fallocate = os.posix_fallocate  # a module global, so a test can make reservation fail
 
@@ -28,11 +28,9 @@ class SharedSegment:
         self.path = os.path.join(SHM_DIR, name)
         self.nbytes = nbytes
         self.owner = create
-        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
-        fd = os.open(self.path, flags, 0o600)
+        fd = create_owned(self.path) if create else os.open(self.path, os.O_RDWR)
         try:
             if create:
-                unlink_at_exit(self.path)
                 try:
                     # Zero-filled, and every byte reserved now: staging dummy rows start (and stay) zero.
                     _fallocate(fd, 0, max(nbytes, 1))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import multiprocessing.util
 import os
+import threading
 
 SHM_DIR = "/dev/shm"
 
@@ -24,6 +25,10 @@ SHM_DIR = "/dev/shm"
 # parent's segments.
 _owned: set[str] = set()
 _owner_pid: int | None = None
+# Held while a name is created and tracked, and for good by a process that is about to leave
+# (:func:`unlink_owned_and_stop`), so no name can appear untracked or after the last cleanup.
+# Reentrant: a signal handler may leave while its own thread is creating a name.
+_creating = threading.RLock()
 
 
 def _track(path: str) -> None:
@@ -46,10 +51,25 @@ def _unlink_owned() -> None:
     _owned.clear()
 
 
-def unlink_at_exit(path: str) -> None:
-    """Remembers a file this process just created, so that a normal exit (atexit or a
-    multiprocessing child's finalizers) unlinks it if :func:`unlink_now` never ran."""
-    _track(path)
+def create_owned(path: str) -> int:
+    """Creates the file ``path`` (it must not exist) and returns its fd, read-write. This process
+    owns the name until :func:`unlink_now`: a normal exit (atexit or a multiprocessing child's
+    finalizers) and :func:`unlink_owned_and_stop` remove it. The name is tracked before it exists,
+    so no moment leaves it untracked."""
+    with _creating:
+        _track(path)
+        try:
+            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        except BaseException:
+            _owned.discard(path)  # not created: the name may be someone else's
+            raise
+
+
+def unlink_owned_and_stop() -> None:
+    """For a process about to ``os._exit``: removes every name it created and still owns, and
+    blocks its other threads from creating any more (a thread mid-creation finishes first)."""
+    _creating.acquire()  # never released: the caller exits
+    _unlink_owned()
 
 
 def unlink_now(path: str) -> None:

@@ -45,7 +45,7 @@ from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
 from cpkv.errors import CpkvError, FallbackError, InvalidArgumentError, UnknownPayloadError
-from cpkv.runtime.shm import SHM_DIR, shm_room, unlink_at_exit, unlink_now
+from cpkv.runtime.shm import SHM_DIR, create_owned, shm_room, unlink_now
 from cpkv.runtime.timeouts import DEFAULT_TIMEOUT_S, as_timedelta, guarded
 
 __all__ = ["HostSlab", "SlabSpec"]
@@ -353,10 +353,9 @@ def _reserve(file_name: str, payload: str, data_bytes: int) -> _Reservation:
     map_bytes = _round_up(data_bytes, mmap.PAGESIZE)
     path = os.path.join(SHM_DIR, file_name)
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = create_owned(path)
     except OSError as err:
         raise InvalidArgumentError(f"payload {payload!r}: cannot create {path}: {err.strerror or err}") from err
-    unlink_at_exit(path)
     try:
         _fallocate(fd, 0, map_bytes)
     except (OSError, OverflowError) as err:
