@@ -39,8 +39,9 @@ pub(crate) struct OffloadIndex {
 }
 
 /// The items of a call's key collection, in order: a list, tuple or other
-/// iterable (never one `str` or `bytes`), of at most `MAX_KEYS_PER_CALL`.
-fn key_items<'py>(keys: &Bound<'py, PyAny>) -> PyResult<Vec<Bound<'py, PyAny>>> {
+/// iterable (never one `str` or `bytes`), of at most `MAX_KEYS_PER_CALL`;
+/// `kind` says what the keys must be.
+fn key_items<'py>(keys: &Bound<'py, PyAny>, kind: &str) -> PyResult<Vec<Bound<'py, PyAny>>> {
     let too_many = |n: usize| invalid(format!("keys: {n} is more than {MAX_KEYS_PER_CALL} keys"));
     if let Ok(list) = keys.cast::<PyList>() {
         if list.len() > MAX_KEYS_PER_CALL {
@@ -56,7 +57,7 @@ fn key_items<'py>(keys: &Bound<'py, PyAny>) -> PyResult<Vec<Bound<'py, PyAny>>> 
     }
     let not_keys = || {
         wrong_type(format!(
-            "keys must be a collection of keys, got {}",
+            "keys must be a collection of {kind} keys, got {}",
             describe(keys)
         ))
     };
@@ -75,7 +76,7 @@ fn key_items<'py>(keys: &Bound<'py, PyAny>) -> PyResult<Vec<Bound<'py, PyAny>>> 
 
 /// The `bytes` keys of a call, in order.
 fn key_objects<'py>(keys: &Bound<'py, PyAny>) -> PyResult<Vec<Bound<'py, PyBytes>>> {
-    key_items(keys)?
+    key_items(keys, "bytes")?
         .into_iter()
         .enumerate()
         .map(|(i, item)| match item.cast_into::<PyBytes>() {
@@ -116,7 +117,7 @@ fn engine_key(item: &Bound<'_, PyAny>, what: &dyn Fn() -> String) -> PyResult<Ve
 }
 
 fn engine_keys(keys: &Bound<'_, PyAny>) -> PyResult<Vec<Vec<u8>>> {
-    key_items(keys)?
+    key_items(keys, "str or bytes")?
         .iter()
         .enumerate()
         .map(|(i, item)| engine_key(item, &|| format!("keys[{i}]")))
