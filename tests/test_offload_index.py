@@ -3,6 +3,8 @@ tests_vllm/): the flow of one request, and every bad argument refused with a typ
 it, changing nothing."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import cpkv
 from cpkv._cpkv import OffloadIndex
@@ -102,3 +104,103 @@ def test_same_calls_same_digest():
         return ix.digest()
 
     assert drive(1) == drive(1) != drive(2)
+
+
+# -- store / locate / readable: the synchronous calls (SGLang's HiCache backend) ----------------------
+
+STORE = "\0store"  # the request store() runs as
+
+
+def composed(ix: OffloadIndex, ks: list[bytes], prefix: bytes | None) -> list[tuple[int, int]]:
+    """store() spelled out as the engine calls it is documented to be (one chunk per position)."""
+    anchor = prefix if prefix is not None and ix.lookup(prefix) == HIT else None
+    if anchor is not None:
+        ix.prepare_load([anchor], STORE, {anchor: 0})
+    out = ix.prepare_store(ks, STORE, {k: i + 1 for i, k in enumerate(ks)})
+    if out is not None:
+        ix.complete_store(out[0])
+    if anchor is not None:
+        ix.complete_load([anchor], STORE)
+    ix.request_finished(STORE)
+    found = {int(i): (int(r), int(s)) for i, r, s in ix.locate(ks).tolist()}
+    return [found.get(i, (-1, 0)) for i in range(len(ks))]
+
+
+def sglang_keys(chain: list[int]) -> list[str]:
+    return ["/".join(map(str, chain[: i + 1])) for i in range(len(chain))]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.integers(0, 3), min_size=1, max_size=8), st.integers(0, 7)),
+                min_size=1, max_size=40),
+       st.integers(1, 12), st.sampled_from(sorted(cpkv.PrefixTree.POLICIES)))
+def test_store_is_the_engine_calls_it_is_made_of(stream, capacity, policy):
+    """str keys through store() against bytes keys (UTF-8 then group 0) through the engine calls, on
+    a twin: the same rows and serials, the same digest, after every call."""
+    ix = OffloadIndex(capacity, policy, [1], (MISS, HIT, PENDING))
+    twin = OffloadIndex(capacity, policy, [1], (MISS, HIT, PENDING))
+    for chain, split in stream:
+        strs = sglang_keys(chain)
+        split %= len(strs)
+        prefix = strs[split - 1] if split else None
+        got = ix.store(strs[split:], prefix)
+        as_bytes = [s.encode() + bytes(4) for s in strs]
+        want = composed(twin, as_bytes[split:], as_bytes[split - 1] if split else None)
+        assert got.dtype.name == "int64" and got.shape == (len(strs) - split, 2)
+        assert [tuple(r) for r in got.tolist()] == want
+        assert ix.digest() == twin.digest() and ix.num_pins == 0
+    ix.check()
+    everything = ix.readable()
+    assert sorted(everything[:, 0].tolist()) == sorted(ix.row_of(k) for k in ix.resident_keys())
+
+
+def test_store_touches_places_evicts_and_refuses_from_the_end():
+    ix = OffloadIndex(4, "lru", [1], (MISS, HIT, PENDING))
+    a = sglang_keys([1, 2, 3])
+    # One page per call, each continuing the one before: serials count from 1, paths chain.
+    assert [ix.store([k], p)[0, 1] for k, p in zip(a, [None, *a])] == [1, 2, 3]
+    assert ix.parent_of(a[2].encode() + bytes(4)) == a[1].encode() + bytes(4)
+    assert ix.store(a[1:], a[0])[:, 1].tolist() == [2, 3], "a resident page is touched, not placed again"
+    b = sglang_keys([5, 6, 7])
+    # b continues nothing and needs two rows: leaves go first, so a's tail leaves and its head stays.
+    placed = ix.store(b)
+    assert placed[:, 1].tolist() == [4, 5, 6]
+    assert ix.locate(a).tolist() == [[0, *ix.locate(a[:1])[0, 1:].tolist()]]
+    # Continuing a[0] pins it; the call's own keys stay; what does not fit is refused from the end.
+    c = [a[0] + "/9", a[0] + "/9/9", a[0] + "/9/9/9", a[0] + "/9/9/9/9"]
+    placed = ix.store(c, a[0])
+    assert placed[:, 0].tolist()[3] == -1 and (placed[:3, 0] >= 0).all()
+    assert len(ix.locate([a[0]])) == 1 and len(ix) == 4
+    ix.reset()
+    assert ix.store(a[:1])[:, 1].tolist() == [10], "serials survive reset"
+
+
+def test_reads_change_nothing():
+    ix = OffloadIndex(3, "lru", [1], (MISS, HIT, PENDING))
+    ix.store(sglang_keys([1, 2]))
+    before = ix.digest()
+    for _ in range(3):
+        ix.locate(sglang_keys([1, 2, 3]))
+        ix.readable()
+        ix.lookup(sglang_keys([1])[0].encode() + bytes(4))
+    assert ix.digest() == before
+
+
+@pytest.mark.parametrize("call, error, words", [
+    (lambda ix: ix.store("abc"), ArgumentTypeError, "keys"),
+    (lambda ix: ix.store(["abc", 7]), ArgumentTypeError, "keys[1]"),
+    (lambda ix: ix.store(["abc"], 7), ArgumentTypeError, "prefix"),
+    (lambda ix: ix.store([b"ab"]), InvalidArgumentError, "6162"),
+    (lambda ix: ix.store(["abc"], b"ab"), InvalidArgumentError, "6162"),
+    (lambda ix: ix.store(["\ud800"]), InvalidArgumentError, "keys[0]"),
+    (lambda ix: ix.locate([None]), ArgumentTypeError, "keys[0]"),
+    (lambda ix: ix.locate(b"abcd"), ArgumentTypeError, "keys"),
+])
+def test_bad_synchronous_calls_are_typed_errors_and_change_nothing(call, error, words):
+    ix = index()
+    ix.store(["x", "x/y"])
+    before = (ix.digest(), ix.resident_keys(), ix.num_pins)
+    with pytest.raises(error) as caught:
+        call(ix)
+    assert words in str(caught.value)
+    assert (ix.digest(), ix.resident_keys(), ix.num_pins) == before

@@ -23,6 +23,7 @@ def _config(extra: dict) -> HiCacheStorageConfig:
     ({}, InvalidArgumentError, "cpkv_pages"),
     ({"cpkv_pages": 0}, InvalidArgumentError, "cpkv_pages"),
     ({"cpkv_pages": True}, InvalidArgumentError, "cpkv_pages"),
+    ({"cpkv_pages": 1 << 31}, InvalidArgumentError, "cpkv_pages"),
     ({"cpkv_pages": 8, "cpkv_page": 8}, InvalidArgumentError, "cpkv_page"),
     ({"cpkv_pages": 8, "cpkv_policy": "mru"}, UnknownPolicyError, "cpkv_policy"),
     ({"cpkv_pages": 8, "cpkv_layout": "striped2"}, InvalidArgumentError, "cpkv_layout"),

@@ -434,7 +434,8 @@ def row_runs(
 
 @final
 class OffloadIndex:
-    """vLLM's scheduler-side host tier, one call per engine call: keys are the engine's ``bytes``
+    """An engine's host tier (vLLM's scheduler-side manager; SGLang's HiCache storage through
+    ``store``/``locate``), one call per engine call: keys are the engine's ``bytes``
     (the last four bytes name the KV cache group), chained into a prefix tree by their end
     positions in the request, placed in rows, pinned as tree locks, evicted leaf-first in the
     policy's order. Keys of the wrong type raise ``ArgumentTypeError``; a key shorter than four
@@ -456,6 +457,17 @@ class OffloadIndex:
     def complete_store(self, keys: Iterable[bytes], success: bool = True, report: bool = False) -> list[bytes] | None: ...
     def request_finished(self, request: str) -> None: ...
     def evict(self, num: int) -> list[bytes]: ...
+    def store(self, keys: Iterable[str | bytes], prefix: str | bytes | None = None) -> npt.NDArray[np.int64]:
+        """One synchronous store (SGLang's ``batch_set``): exactly ``prepare_load`` of a readable
+        ``prefix``, ``prepare_store``, ``complete_store``, ``complete_load``, ``request_finished``
+        of one request whose keys continue ``prefix`` and each other. int64 ``[n, 2]``: each key's
+        (row, serial), (-1, 0) where refused. A ``str`` key is its UTF-8 bytes then group 0's four
+        bytes."""
+    def locate(self, keys: Iterable[str | bytes]) -> npt.NDArray[np.int64]:
+        """int64 ``[m, 3]``: (index into ``keys``, row, serial) of each readable key; changes
+        nothing. A serial (from 1) is never reused, not even after ``reset``."""
+    def readable(self) -> npt.NDArray[np.int64]:
+        """int64 ``[m, 2]``: (row, serial) of every readable key, in the order they were placed."""
     def reset(self) -> None: ...
     def digest(self) -> int: ...
     def resident_keys(self) -> list[bytes]: ...

@@ -6,11 +6,15 @@
 //! the engine's own dict, in Rust. `lookup` returns one of three objects
 //! given at construction (the engine's enum members), so the adapter can
 //! expose it as its own method with no Python frame in between.
+//!
+//! The synchronous calls (`store`, `locate`, `readable`: SGLang's HiCache
+//! backend) take `str` keys too, and answer in int64 arrays the backend
+//! indexes its row stamps with directly.
 
-use cpkv_tier::{KeyState, OffloadIndex as Core, MAX_OFFLOAD_ROWS};
-use numpy::PyArray1;
+use cpkv_tier::{KeyState, OffloadIndex as Core, Placed, GROUP_BYTES, MAX_OFFLOAD_ROWS};
+use numpy::{PyArray1, PyArray2, PyArrayMethods};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
 use crate::convert::{count, describe, int_vector, invalid, uint, wrong_type, PolicyArg};
 use crate::errors::cpkv_error;
@@ -34,66 +38,102 @@ pub(crate) struct OffloadIndex {
     results: [Py<PyAny>; 3],
 }
 
+/// The items of a call's key collection, in order: a list, tuple or other
+/// iterable (never one `str` or `bytes`), of at most `MAX_KEYS_PER_CALL`;
+/// `kind` says what the keys must be.
+fn key_items<'py>(keys: &Bound<'py, PyAny>, kind: &str) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    let too_many = |n: usize| invalid(format!("keys: {n} is more than {MAX_KEYS_PER_CALL} keys"));
+    if let Ok(list) = keys.cast::<PyList>() {
+        if list.len() > MAX_KEYS_PER_CALL {
+            return Err(too_many(list.len()));
+        }
+        return Ok(list.iter().collect());
+    }
+    if let Ok(tuple) = keys.cast::<PyTuple>() {
+        if tuple.len() > MAX_KEYS_PER_CALL {
+            return Err(too_many(tuple.len()));
+        }
+        return Ok(tuple.iter().collect());
+    }
+    let not_keys = || {
+        wrong_type(format!(
+            "keys must be a collection of {kind} keys, got {}",
+            describe(keys)
+        ))
+    };
+    if keys.is_instance_of::<PyBytes>() || keys.is_instance_of::<PyString>() {
+        return Err(not_keys());
+    }
+    let mut out = Vec::new();
+    for (i, item) in keys.try_iter().map_err(|_| not_keys())?.enumerate() {
+        if i >= MAX_KEYS_PER_CALL {
+            return Err(invalid(format!("keys: more than {MAX_KEYS_PER_CALL} keys")));
+        }
+        out.push(item?);
+    }
+    Ok(out)
+}
+
 /// The `bytes` keys of a call, in order.
 fn key_objects<'py>(keys: &Bound<'py, PyAny>) -> PyResult<Vec<Bound<'py, PyBytes>>> {
-    let convert = |i: usize, item: Bound<'py, PyAny>| -> PyResult<Bound<'py, PyBytes>> {
-        match item.cast_into::<PyBytes>() {
+    key_items(keys, "bytes")?
+        .into_iter()
+        .enumerate()
+        .map(|(i, item)| match item.cast_into::<PyBytes>() {
             Ok(b) => Ok(b),
             Err(e) => Err(wrong_type(format!(
                 "keys[{i}] must be bytes, got {}",
                 describe(&e.into_inner())
             ))),
-        }
-    };
-    if let Ok(list) = keys.cast::<PyList>() {
-        if list.len() > MAX_KEYS_PER_CALL {
-            return Err(invalid(format!(
-                "keys: {} is more than {MAX_KEYS_PER_CALL} keys",
-                list.len()
-            )));
-        }
-        return list
-            .iter()
-            .enumerate()
-            .map(|(i, k)| convert(i, k))
-            .collect();
-    }
-    if let Ok(tuple) = keys.cast::<PyTuple>() {
-        if tuple.len() > MAX_KEYS_PER_CALL {
-            return Err(invalid(format!(
-                "keys: {} is more than {MAX_KEYS_PER_CALL} keys",
-                tuple.len()
-            )));
-        }
-        return tuple
-            .iter()
-            .enumerate()
-            .map(|(i, k)| convert(i, k))
-            .collect();
-    }
-    if keys.is_instance_of::<PyBytes>() || keys.is_instance_of::<pyo3::types::PyString>() {
-        return Err(wrong_type(format!(
-            "keys must be a collection of bytes keys, got {}",
-            describe(keys)
-        )));
-    }
-    let mut out = Vec::new();
-    for (i, item) in keys
-        .try_iter()
-        .map_err(|_| {
-            wrong_type(format!(
-                "keys must be a collection of bytes keys, got {}",
-                describe(keys)
+        })
+        .collect()
+}
+
+/// A key of the synchronous calls: `bytes` as they are; a `str` (SGLang's
+/// page hash) is its UTF-8 bytes then group 0's four bytes, the same on
+/// every rank. `what` names the argument in errors.
+fn engine_key(item: &Bound<'_, PyAny>, what: &dyn Fn() -> String) -> PyResult<Vec<u8>> {
+    if let Ok(text) = item.cast::<PyString>() {
+        let text = text.to_str().map_err(|_| {
+            invalid(format!(
+                "{} is a str that is not valid UTF-8: {}",
+                what(),
+                describe(item)
             ))
-        })?
-        .enumerate()
-    {
-        if i >= MAX_KEYS_PER_CALL {
-            return Err(invalid(format!("keys: more than {MAX_KEYS_PER_CALL} keys")));
-        }
-        out.push(convert(i, item?)?);
+        })?;
+        let mut key = Vec::with_capacity(text.len() + GROUP_BYTES);
+        key.extend_from_slice(text.as_bytes());
+        key.extend_from_slice(&[0; GROUP_BYTES]);
+        return Ok(key);
     }
-    Ok(out)
+    match item.cast::<PyBytes>() {
+        Ok(b) => Ok(b.as_bytes().to_vec()),
+        Err(_) => Err(wrong_type(format!(
+            "{} must be str or bytes, got {}",
+            what(),
+            describe(item)
+        ))),
+    }
+}
+
+fn engine_keys(keys: &Bound<'_, PyAny>) -> PyResult<Vec<Vec<u8>>> {
+    key_items(keys, "str or bytes")?
+        .iter()
+        .enumerate()
+        .map(|(i, item)| engine_key(item, &|| format!("keys[{i}]")))
+        .collect()
+}
+
+/// Rows of `columns` int64 values as a 2-D array.
+fn table(py: Python<'_>, flat: Vec<i64>, columns: usize) -> PyResult<Bound<'_, PyArray2<i64>>> {
+    let n = flat.len() / columns;
+    PyArray1::from_vec(py, flat).reshape([n, columns])
+}
+
+/// (row, serial) as int64: rows are below 2**31, serials count from 1 and
+/// never reach 2**63.
+fn placed_words(p: Placed) -> [i64; 2] {
+    [i64::from(p.row), p.serial as i64]
 }
 
 fn slices<'a>(keys: &'a [Bound<'_, PyBytes>]) -> Vec<&'a [u8]> {
@@ -312,6 +352,60 @@ impl OffloadIndex {
             .detached(py, |c| c.evict(num))?
             .map_err(tier_error)?;
         bytes_list(py, &keys)
+    }
+
+    /// One synchronous store (SGLang's `batch_set`): int64 `[n, 2]`, each
+    /// key's (row, serial), (-1, 0) where refused.
+    #[pyo3(signature = (keys, prefix = None))]
+    fn store<'py>(
+        &self,
+        py: Python<'py>,
+        keys: &Bound<'py, PyAny>,
+        prefix: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyArray2<i64>>> {
+        let keys = engine_keys(keys)?;
+        let prefix = match prefix.filter(|p| !p.is_none()) {
+            Some(p) => Some(engine_key(p, &|| "prefix".to_owned())?),
+            None => None,
+        };
+        let refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+        let placed = self
+            .core
+            .with(py, |c| c.store(&refs, prefix.as_deref()))?
+            .map_err(tier_error)?;
+        let flat = placed
+            .into_iter()
+            .flat_map(|p| p.map_or([-1, 0], placed_words))
+            .collect();
+        table(py, flat, 2)
+    }
+
+    /// int64 `[m, 3]`: (index into `keys`, row, serial) of each readable
+    /// key, in key order; changes nothing.
+    fn locate<'py>(
+        &self,
+        py: Python<'py>,
+        keys: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyArray2<i64>>> {
+        let keys = engine_keys(keys)?;
+        let found = self.core.with(py, |c| {
+            let mut flat = Vec::new();
+            for (i, key) in keys.iter().enumerate() {
+                if let Some(p) = c.locate(key) {
+                    let [row, serial] = placed_words(p);
+                    flat.extend([i as i64, row, serial]);
+                }
+            }
+            flat
+        })?;
+        table(py, found, 3)
+    }
+
+    /// int64 `[m, 2]`: (row, serial) of every readable key, in the order
+    /// they were placed.
+    fn readable<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<i64>>> {
+        let placed = self.core.detached(py, |c| c.readable())?;
+        table(py, placed.into_iter().flat_map(placed_words).collect(), 2)
     }
 
     fn reset(&self, py: Python<'_>) -> PyResult<()> {

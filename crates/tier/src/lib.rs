@@ -53,7 +53,9 @@ pub use config::{TierConfig, MAX_CP_SIZE, MAX_PAGES};
 pub use cpkv_evict::{Namespace, NodeId, PageId, Policy};
 pub use device_pool::DevicePool;
 pub use error::{Result, TierError};
-pub use offload::{KeyState, OffloadIndex, OffloadStats, StorePlan, GROUP_BYTES, MAX_OFFLOAD_ROWS};
+pub use offload::{
+    KeyState, OffloadIndex, OffloadStats, Placed, StorePlan, GROUP_BYTES, MAX_OFFLOAD_ROWS,
+};
 pub use ownership::{owned_rows, OwnedRows};
 pub use plan::{Backup, CommitOutcome, InsertOutcome, LoadPlan, LoadRun, Lookup};
 pub use stats::TierStats;

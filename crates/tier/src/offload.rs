@@ -19,6 +19,13 @@
 //! Every decision is a function of the calls alone (the key map is only
 //! looked up, never iterated in a decision), so two indexes fed the same
 //! calls report the same `digest`.
+//!
+//! An engine whose stores are synchronous (SGLang's HiCache `batch_set`:
+//! keys continue a prefix key and each other, and are written before the
+//! call returns) makes one `store` call, which is exactly those calls in a
+//! row. Its reads (`locate`) change nothing. Each chunk's `serial` (from 1,
+//! never reused, not even across `reset`) names one content of its row: the
+//! engine stamps a written row with it, so a reused row is never read torn.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
@@ -37,6 +44,10 @@ const TOKEN_TAG: u64 = 0x6f66_6c64_746f_6b6e; // "ofldtokn"
 const CHUNK_TAG: u64 = 0x6f66_6c64_6368_6e6b; // "ofldchnk"
 const DIGEST_TAG: u64 = 0x6f66_6c64_6467_7374; // "oflddgst"
 const NO_SLOT: u32 = u32::MAX;
+
+/// The request `store` runs as; an engine's own request ids never start
+/// with a NUL.
+const STORE_REQUEST: &str = "\0store";
 
 /// What `lookup` says of a key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,7 +84,7 @@ struct Chunk {
     group: u32,
     parent: u32, // slot of the chunk before it on its path, or NO_SLOT
     row: u32,
-    serial: u64, // unique per chunk ever made: a request's record of it outlives nothing
+    serial: u64, // unique per chunk ever made (from 1): a stale record or row stamp matches nothing
     state: State,
     store_pin: Option<u64>,
     mark: u64, // lock walks: covered in the walk with this epoch
@@ -109,6 +120,14 @@ pub struct StorePlan {
     pub rows: Vec<u32>,
     /// Keys evicted to make room, in eviction order.
     pub evicted: Vec<Box<[u8]>>,
+}
+
+/// A readable chunk: its row, and its serial (unique per chunk ever
+/// placed, from 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placed {
+    pub row: u32,
+    pub serial: u64,
 }
 
 /// Counters.
@@ -205,7 +224,7 @@ impl OffloadIndex {
             next_pin: 0,
             loads: HashMap::new(),
             requests: HashMap::new(),
-            next_serial: 0,
+            next_serial: 1,
             epoch: 0,
             evicted: 0,
             chunk_digest: 0,
@@ -530,18 +549,91 @@ impl OffloadIndex {
     }
 
     /// Drops everything; completions of earlier transfers are then ignored.
+    /// Serials keep counting, so no row stamped before the reset matches a
+    /// chunk placed after it.
     pub fn reset(&mut self) -> Result<()> {
+        let serial = self.next_serial;
         *self = Self::new(
             self.capacity(),
             self.policy,
             std::mem::take(&mut self.tokens_per_chunk),
         )?;
+        self.next_serial = serial;
         Ok(())
+    }
+
+    /// One synchronous store: `keys` continue `prefix` (the key before
+    /// `keys[0]` in the sequence, when known) and each other, and are
+    /// written when the call returns. Exactly `prepare_load` of a readable
+    /// prefix (which pins the path the call continues and names it as the
+    /// first key's parent), `prepare_store`, `complete_store` (success),
+    /// `complete_load`, `request_finished`, as one request whose positions
+    /// are the prefix's 0 and then one chunk per key. So resident keys are
+    /// touched, new ones placed (evicting unpinned leaves in policy order,
+    /// never the call's own keys or its prefix path), and what does not fit
+    /// is refused from the end of the call. Returns each key's row and
+    /// serial when readable, `None` when refused.
+    pub fn store(&mut self, keys: &[&[u8]], prefix: Option<&[u8]>) -> Result<Vec<Option<Placed>>> {
+        Self::check_keys(keys)?;
+        Self::check_keys(prefix.as_slice())?;
+        let step = |k: &[u8]| {
+            self.tokens_per_chunk
+                .get(group_of(k) as usize)
+                .copied()
+                .unwrap_or(1)
+        };
+        let positions: Vec<Option<u64>> = keys
+            .iter()
+            .zip(1u64..)
+            .map(|(k, i)| i.checked_mul(step(k))) // past u64: no parent, still exact
+            .collect();
+        let anchor = prefix.filter(|p| self.lookup(p) == KeyState::Ready);
+        if let Some(p) = anchor {
+            self.prepare_load(STORE_REQUEST, &[p], &[Some(0)])?;
+        }
+        let plan = self.prepare_store(STORE_REQUEST, keys, &positions);
+        if let Ok(Some(plan)) = &plan {
+            let stored: Vec<&[u8]> = plan.store.iter().map(|&i| keys[i]).collect();
+            self.complete_store(&stored, true);
+        }
+        if let Some(p) = anchor {
+            self.complete_load(STORE_REQUEST, &[p]);
+        }
+        self.request_finished(STORE_REQUEST);
+        plan?;
+        Ok(keys.iter().map(|k| self.locate(k)).collect())
     }
 
     // ---- views ----------------------------------------------------------
 
-    /// One digest of the tree, the chunks and their rows.
+    /// A readable key's row and serial; reads nothing else and changes
+    /// nothing.
+    pub fn locate(&self, key: &[u8]) -> Option<Placed> {
+        let c = self.chunk(*self.by_key.get(key)?);
+        (c.state == State::Ready).then_some(Placed {
+            row: c.row,
+            serial: c.serial,
+        })
+    }
+
+    /// Every readable chunk, in the order they were placed.
+    pub fn readable(&self) -> Vec<Placed> {
+        let mut live: Vec<Placed> = self
+            .slots
+            .iter()
+            .flatten()
+            .filter(|c| c.state == State::Ready)
+            .map(|c| Placed {
+                row: c.row,
+                serial: c.serial,
+            })
+            .collect();
+        live.sort_unstable_by_key(|p| p.serial);
+        live
+    }
+
+    /// One digest of the tree, the chunks and their rows, and the next
+    /// serial (an engine stamps rows with serials).
     pub fn digest(&self) -> u64 {
         hash_words(
             DIGEST_TAG,
@@ -550,6 +642,7 @@ impl OffloadIndex {
                 self.chunk_digest,
                 self.tree.clock(),
                 u64::from(self.used_rows),
+                self.next_serial,
             ],
         )
     }

@@ -360,14 +360,15 @@ class CpkvHiCacheStorage(HiCacheStorage):
     def _read_part(self) -> int:
         return 0 if self.parts == 1 else self.topology.local_rank
 
-    def _store(self, keys: list[str], prefix_keys: list[str] | None) -> list:
+    def _store(self, keys: list[str], prefix_keys: list[str] | None) -> np.ndarray:
+        """int64 ``[n, 2]``: each key's (row, handle), row -1 where refused."""
         self._check_usable()
-        entries = self.index.store(keys, prefix_keys)
+        placed = self.index.store(keys, prefix_keys)
         with self._counters_lock:
             self.counters["stores"] += 1
             self.counters["pages_offered"] += len(keys)
-            self.counters["pages_refused"] += sum(e is None for e in entries)
-        return entries
+            self.counters["pages_refused"] += int((placed[:, 0] < 0).sum())
+        return placed
 
     def _after_store(self) -> None:
         """Every ``cpkv_check_every`` stores, queues this point's digest for the checker thread.
@@ -425,13 +426,13 @@ class CpkvHiCacheStorage(HiCacheStorage):
                                    timeout=timeout_s)
         self._check_usable()
 
-    def _write(self, pool: _PoolSlab, entries: list, host_indices: Any) -> int:
-        """Writes the pages of ``entries`` this rank owns and that are not already there; returns pages written."""
-        placed = [(i, e.row, e.handle) for i, e in enumerate(entries) if e is not None]
-        if not placed:
+    def _write(self, pool: _PoolSlab, placed: np.ndarray, host_indices: Any) -> int:
+        """Writes the placed pages (``_store``'s answer) this rank owns and that are not already
+        there; returns pages written."""
+        positions = np.flatnonzero(placed[:, 0] >= 0)
+        if not len(positions):
             return 0
-        at = np.array(placed, dtype=np.int64)
-        positions, rows, handles = at[:, 0], at[:, 1], at[:, 2]
+        rows, handles = placed[positions, 0], placed[positions, 1]
         topo = self.topology
         if self.parts == 1:
             parts = np.zeros(len(rows), dtype=np.int64)
@@ -443,7 +444,7 @@ class CpkvHiCacheStorage(HiCacheStorage):
         if not mine.any():
             return 0
         positions, rows, handles, parts = positions[mine], rows[mine], handles[mine], parts[mine]
-        ptrs = pool.page_meta(host_indices, len(entries))
+        ptrs = pool.page_meta(host_indices, len(placed))
         pool.stamps[rows, parts] = -handles  # invalid while the bytes change
         pool.copy(positions, ptrs, rows, int(parts[0]), to_slab=True)  # one part per rank and row
         pool.stamps[rows, parts] = handles
@@ -451,15 +452,9 @@ class CpkvHiCacheStorage(HiCacheStorage):
 
     # -- reads (no replicated state changes) ------------------------------------------------------
 
-    def _lookup(self, keys: list[str]) -> np.ndarray:
-        """int64 ``[n, 3]``: (position in ``keys``, row, handle) of each key in the index."""
-        get = self.index.get
-        found = [(i, e.row, e.handle) for i, e in enumerate(map(get, keys)) if e is not None]
-        return np.array(found, dtype=np.int64).reshape(-1, 3)
-
     def _present(self, pool: _PoolSlab, keys: list[str]) -> int:
         """Length of the leading run of keys whose every part is written in ``pool``."""
-        found = self._lookup(keys)
+        found = self.index.locate(keys)
         complete = np.zeros(len(keys), dtype=bool)
         if len(found):
             complete[found[:, 0]] = (pool.stamps[found[:, 1]] == found[:, 2:3]).all(axis=1)
@@ -467,7 +462,7 @@ class CpkvHiCacheStorage(HiCacheStorage):
         return int(missing[0]) if len(missing) else len(keys)
 
     def _read(self, pool: _PoolSlab, keys: list[str], host_indices: Any) -> list[bool]:
-        found = self._lookup(keys)
+        found = self.index.locate(keys)
         ok = np.zeros(len(keys), dtype=bool)
         if len(found) == 0:
             return ok.tolist()
@@ -504,12 +499,12 @@ class CpkvHiCacheStorage(HiCacheStorage):
                      extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
         started = time.perf_counter()
         prefix = extra_info.prefix_keys if extra_info is not None else None
-        entries = self._store(keys, prefix)
+        placed = self._store(keys, prefix)
         pool = self._pool(KV)
-        written = self._write(pool, entries, host_indices)
+        written = self._write(pool, placed, host_indices)
         self._account_write(pool, written, started)
         self._after_store()
-        return [e is not None for e in entries]
+        return (placed[:, 0] >= 0).tolist()
 
     def batch_get_v1(self, keys: list[str], host_indices: torch.Tensor,
                      extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
@@ -591,11 +586,11 @@ class CpkvHiCacheStorage(HiCacheStorage):
         for transfer in transfers:
             keys = list(transfer.keys or [])
             started = time.perf_counter()
-            entries = self._store(keys, prefix)
+            placed = self._store(keys, prefix)
             pool = self._pool(transfer.name)
             if self._indices_fit(pool, transfer, keys):
-                self._account_write(pool, self._write(pool, entries, transfer.host_indices), started)
-                results[transfer.name] = [e is not None for e in entries]
+                self._account_write(pool, self._write(pool, placed, transfer.host_indices), started)
+                results[transfer.name] = (placed[:, 0] >= 0).tolist()
             else:
                 results[transfer.name] = [False] * len(keys)
             self._after_store()
@@ -643,27 +638,27 @@ class CpkvHiCacheStorage(HiCacheStorage):
 
     def batch_set(self, keys: list[str], values: Any | None = None, target_locations: Any | None = None,
                   target_sizes: Any | None = None) -> bool:
-        entries = self._store(keys, None)
+        placed = self._store(keys, None)
         pool = self._pool(KV)
         written = 0
-        for e, value in zip(entries, values or []):
-            if e is None or value is None:
+        for (row, handle), value in zip(placed.tolist(), values or []):
+            if row < 0 or value is None:
                 continue
-            part = self._writer_part(e.row)
-            if part is None or pool.stamps[e.row, part] == e.handle:
+            part = self._writer_part(row)
+            if part is None or pool.stamps[row, part] == handle:
                 continue
             data = value.reshape(-1).view(torch.uint8)
             if data.numel() != pool.part_bytes:
                 raise InvalidArgumentError(f"set: a value has {data.numel()} bytes, a page has {pool.part_bytes}")
-            pool.stamps[e.row, part] = -e.handle
-            pool.part_view(e.row, part).copy_(data)
-            pool.stamps[e.row, part] = e.handle
+            pool.stamps[row, part] = -handle
+            pool.part_view(row, part).copy_(data)
+            pool.stamps[row, part] = handle
             written += 1
         with self._counters_lock:
             self.counters["pages_written"] += written
             self.counters["bytes_written"] += written * pool.part_bytes
         self._after_store()
-        return all(e is not None for e in entries)
+        return bool((placed[:, 0] >= 0).all())
 
     # -- housekeeping -----------------------------------------------------------------------------
 
@@ -678,10 +673,9 @@ class CpkvHiCacheStorage(HiCacheStorage):
         """Bytes of this node's slab that hold a fully written page of a key in the index (counted
         from the shared stamps, so every rank of a node sees the same number once stores are done)."""
         pool = self._pool(name)
-        rows = [(e.row, e.handle) for e in list(self.index._entries.values())]
-        if not rows:
+        r = self.index.readable()
+        if not len(r):
             return 0
-        r = np.array(rows, dtype=np.int64)
         full = (pool.stamps[r[:, 0]] == r[:, 1:2]).all(axis=1)
         return int(full.sum()) * pool.row_bytes
 
