@@ -211,6 +211,7 @@ impl Shadows {
             let keep = matched + new.min(cap.saturating_sub(t.device_pages()));
             let fresh = (keep - matched) as u64;
             let mut ids = m.device_pages;
+            ids.reserve_exact(keep - matched);
             ids.extend(self.next_page..self.next_page + fresh);
             self.next_page += fresh;
             t.insert(&pages[..keep], &ids, namespace)

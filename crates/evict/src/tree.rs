@@ -18,7 +18,7 @@ mod following;
 mod invariants;
 mod rebuild;
 
-use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use crate::arena::NodeArena;
 
@@ -356,9 +356,10 @@ impl PrefixTree {
         let root = self.ensure_root(namespace, now);
         let mut steps = self.walk(root, tokens);
         self.split_last(&mut steps);
+        let matched = steps.iter().map(|s| s.matched).sum();
         let mut result = MatchResult {
             length: 0,
-            device_pages: Vec::new(),
+            device_pages: Vec::with_capacity(matched),
             host_length: 0,
             node: root,
             host_node: root,
@@ -413,7 +414,7 @@ impl PrefixTree {
             None => Vec::new(),
         };
         // Validate the pages the tree would adopt before touching anything.
-        let mut adopted = Vec::new();
+        let mut adopted = Vec::with_capacity(pages.len());
         let mut offset = 0;
         for step in &steps {
             if !self.node_ref(step.id).on_device() {
@@ -658,10 +659,14 @@ impl PrefixTree {
     }
 
     fn check_new_pages(&self, pages: &[PageId]) -> Result<(), EvictError> {
-        let mut seen = HashSet::with_capacity(pages.len());
+        // Ascending ids (what pools and the shadows hand out) cannot repeat;
+        // otherwise a `PageSet` finds repeats: the ids of one call are mostly
+        // neighbours, which share a word, and it hashes without SipHash.
+        let ascending = pages.windows(2).all(|w| w[0] < w[1]);
+        let mut seen = PageSet::default();
         match pages
             .iter()
-            .find(|p| self.live_pages.contains(**p) || !seen.insert(**p))
+            .find(|p| self.live_pages.contains(**p) || (!ascending && !seen.insert(**p)))
         {
             Some(&page) => Err(EvictError::PageInUse(page)),
             None => Ok(()),
