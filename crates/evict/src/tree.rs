@@ -497,7 +497,9 @@ impl PrefixTree {
     /// the host copy with the tail.
     pub fn evict(&mut self, num_pages: usize) -> Vec<DeviceVictim> {
         self.clock.tick();
-        let mut victims = Vec::new();
+        // Every victim frees a page at least: growing the list as it filled
+        // cost a sixth of a large call.
+        let mut victims = Vec::with_capacity(num_pages.min(self.index.len(Tier::Device)));
         let mut freed = 0;
         while freed < num_pages {
             let Some(id) = self.next_device_victim() else {
