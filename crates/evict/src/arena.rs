@@ -105,13 +105,20 @@ impl NodeArena {
         id
     }
 
-    /// Takes the live node `id` out and frees its slot for a later id.
-    pub(crate) fn remove(&mut self, id: NodeId) -> Node {
+    /// Frees the live node `id`'s slot for a later id. `keep` takes what the
+    /// caller needs out of the node, which is then dropped where it lies:
+    /// moving a whole node out of its slot cost more than the rest of a
+    /// removal.
+    pub(crate) fn remove<R>(&mut self, id: NodeId, keep: impl FnOnce(&mut Node) -> R) -> R {
         let slot = Self::slot(id);
-        let node = self.slots[slot]
-            .take()
-            .filter(|n| n.id == id)
-            .expect("internal ids are live");
+        let entry = &mut self.slots[slot];
+        let kept = keep(
+            entry
+                .as_mut()
+                .filter(|n| n.id == id)
+                .expect("internal ids are live"),
+        );
+        *entry = None;
         let generation = self.generations[slot].wrapping_add(1);
         self.generations[slot] = generation;
         let slot = slot as u32;
@@ -120,7 +127,7 @@ impl NodeArena {
                 .wrapping_add(free_term(self.free.len(), slot, generation));
         self.free.push(slot);
         self.live -= 1;
-        node
+        kept
     }
 
     /// An arena from a snapshot's slots (generation, node) and free list;

@@ -24,6 +24,7 @@ mod queues;
 mod s3fifo;
 mod shadow;
 mod snapshot;
+mod token_pool;
 mod transplant;
 mod tree;
 

@@ -36,6 +36,7 @@ use crate::page_set::PageSet;
 use crate::policy::Policy;
 use crate::queues::{Choice, QueueState, Slot};
 use crate::shadow::{PolicyMemory, Ranking, Shadows};
+use crate::token_pool::TokenPool;
 use cpkv_hash::Hasher64;
 
 /// What `match_prefix` found.
@@ -86,6 +87,8 @@ pub struct PrefixTree {
     policy: Policy,
     clock: LogicalClock,
     nodes: NodeArena,
+    /// Token buffers of removed nodes for new ones (not replicated state).
+    token_pool: TokenPool,
     roots: BTreeMap<Namespace, NodeId>,
     root_names: BTreeMap<NodeId, Namespace>,
     /// Roots without children or locks, with the clock when they became so;
@@ -163,6 +166,7 @@ impl PrefixTree {
             policy,
             clock: LogicalClock::default(),
             nodes: NodeArena::default(),
+            token_pool: TokenPool::default(),
             roots: BTreeMap::new(),
             root_names: BTreeMap::new(),
             idle_roots: BTreeMap::new(),
@@ -760,7 +764,7 @@ impl PrefixTree {
             self.set_idle(oldest, None);
             debug_assert!(since <= self.clock.now());
             self.detach(oldest);
-            self.nodes.remove(oldest);
+            self.nodes.remove(oldest, |_| ());
             let namespace = self.root_names.remove(&oldest).expect("named root");
             self.roots.remove(&namespace);
         }
@@ -804,10 +808,11 @@ impl PrefixTree {
         } else {
             0
         };
+        let buffer = self.token_pool.take(tokens);
         let id = self.alloc(Node {
             id: NodeId(0),
             parent: Some(parent),
-            tokens: tokens.to_vec(),
+            tokens: buffer,
             children: Children::default(),
             child_word: word,
             device: Some(pages.to_vec()),
@@ -847,10 +852,10 @@ impl PrefixTree {
     /// held by callers (locks, match results) keep naming the same suffix.
     fn split(&mut self, id: NodeId, at: usize) -> NodeId {
         let ps = self.page_size;
-        let node = self.node_ref(id);
-        let parent = node.parent.expect("roots are never split");
         let cut = at * ps;
-        let upper_tokens = node.tokens[..cut].to_vec();
+        let node = self.nodes.get(id).expect("internal ids are live");
+        let upper_tokens = self.token_pool.take(&node.tokens[..cut]);
+        let parent = node.parent.expect("roots are never split");
         let lower_word = child_word(&node.tokens[cut..cut + ps]);
         let upper = Node {
             id: NodeId(0),
@@ -997,7 +1002,7 @@ impl PrefixTree {
                 self.node_ref(id).children.is_empty(),
                 "host set is closed to the root"
             );
-            self.remove(id).device
+            self.remove(id)
         }
         .expect("indexed on device");
         self.record(|| Event::DeviceRemoved {
@@ -1035,23 +1040,32 @@ impl PrefixTree {
     }
 
     /// Takes a childless node out of the tree (into the ghost history, for
-    /// policies that keep one) and hands it back.
-    fn remove(&mut self, id: NodeId) -> Node {
+    /// policies that keep one) and hands back its device pages.
+    fn remove(&mut self, id: NodeId) -> Option<Vec<PageId>> {
         self.detach(id);
-        let node = self.nodes.remove(id);
-        let parent = node.parent.expect("roots are never removed");
-        let on_device = node.device.is_some();
-        let key = &node.tokens[..self.page_size];
-        if self.remembers() {
-            let pages = node.pages(self.page_size);
+        let ps = self.page_size;
+        let (remembers, queued) = (self.remembers(), self.queues.is_on());
+        let (parent, device, pages, hits, queue_slot, content, tokens) =
+            self.nodes.remove(id, |n| {
+                let parent = n.parent.expect("roots are never removed");
+                // Hashed only for the histories that keep it.
+                let content = (remembers || queued).then(|| content_key(parent, &n.tokens[..ps]));
+                let (pages, tokens) = (n.pages(ps), std::mem::take(&mut n.tokens));
+                let device = n.device.take();
+                (parent, device, pages, n.hits, n.queue_slot, content, tokens)
+            });
+        // Every live node holds its pages on device or on host (or both).
+        let held = (self.live_pages.len() + self.host_pages) * ps;
+        self.token_pool.give(tokens, held);
+        let on_device = device.is_some();
+        if remembers {
             let cached = self.live_pages.len() + self.host_pages + pages;
-            self.ghost
-                .record(content_key(parent, key), node.hits, pages, cached);
+            let key = content.expect("hashed");
+            self.ghost.record(key, hits, pages, cached);
         }
-        if self.queues.is_on() {
-            let pages = node.pages(self.page_size);
-            self.queues
-                .dropped(content_key(parent, key), node.queue_slot, pages);
+        if queued {
+            let key = content.expect("hashed");
+            self.queues.dropped(key, queue_slot, pages);
         }
         // `id` is dead now: it only counts itself out of its parent's children.
         let (p, is_live) = self.nodes.live_mut_and_liveness(parent);
@@ -1061,7 +1075,7 @@ impl PrefixTree {
                 p.device_children -= 1;
             }
         });
-        node
+        device
     }
 
     /// The one way nodes change: take the node out of the digest and the
