@@ -14,6 +14,7 @@
 //! Every public mutating call validates first and changes nothing when it
 //! fails; when it succeeds it advances the clock by exactly one.
 
+mod deferred_terms;
 mod following;
 mod invariants;
 mod rebuild;
@@ -101,6 +102,9 @@ pub struct PrefixTree {
     index: EvictableIndex,
     /// Wrapping sum of the live nodes' digest terms.
     digest_sum: u64,
+    /// In a tree that defers its digest terms (a shadow), the nodes whose
+    /// terms are out of the sum until `settle_terms` (`deferred_terms.rs`).
+    stale_terms: Option<Vec<NodeId>>,
     /// Device pages held by the tree.
     live_pages: PageSet,
     /// Nodes referring to each host object.
@@ -174,6 +178,7 @@ impl PrefixTree {
             idle_digest: 0,
             index: EvictableIndex::default(),
             digest_sum: 0,
+            stale_terms: None,
             live_pages: PageSet::default(),
             host_refs: BTreeMap::new(),
             host_pages: 0,
@@ -745,6 +750,7 @@ impl PrefixTree {
             queue_slot: 0,
             tokens_hash: namespace_hash(namespace),
             digest_term: 0,
+            term_stale: false,
             indexed: None,
         });
         self.roots.insert(namespace.clone(), id);
@@ -828,6 +834,7 @@ impl PrefixTree {
             queue_slot: 0,
             tokens_hash: tokens_hash(tokens),
             digest_term: 0,
+            term_stale: false,
             indexed: None,
         });
         let (policy, floor, weights) = (self.policy, self.floor, self.weights());
@@ -878,6 +885,7 @@ impl PrefixTree {
             priority: node.priority,
             queue_slot: node.queue_slot,
             digest_term: 0,
+            term_stale: false,
             indexed: None,
         };
         let word = node.child_word;
@@ -1088,7 +1096,9 @@ impl PrefixTree {
 
     fn detach(&mut self, id: NodeId) {
         let node = self.nodes.live_mut(id);
-        self.digest_sum = self.digest_sum.wrapping_sub(node.digest_term);
+        if !node.term_stale {
+            self.digest_sum = self.digest_sum.wrapping_sub(node.digest_term);
+        }
         self.queues
             .leave(node.queue_slot, node.device.as_ref().map_or(0, Vec::len));
         if let Some((tier, key)) = node.indexed.take() {
@@ -1103,7 +1113,7 @@ impl PrefixTree {
     fn restructure(&mut self, id: NodeId, change: impl FnOnce(&mut Node)) {
         let node = self.nodes.live_mut(id);
         change(node);
-        debug_assert_eq!(node.digest_term, node_hash(node, node.tokens_hash));
+        debug_assert!(node.term_stale || node.digest_term == node_hash(node, node.tokens_hash));
         let tier = evictable_tier(node);
         if tier != node.indexed.map(|(tier, _)| tier) {
             if let Some((tier, key)) = node.indexed.take() {
@@ -1140,9 +1150,8 @@ impl PrefixTree {
     /// Puts a detached node's digest term, queue pages and index entry back.
     fn index_node(&mut self, id: NodeId) {
         let key = self.key_of(self.nodes.get(id).expect("internal ids are live"));
+        self.renew_term(id);
         let node = self.nodes.live_mut(id);
-        node.digest_term = node_hash(node, node.tokens_hash);
-        self.digest_sum = self.digest_sum.wrapping_add(node.digest_term);
         self.queues
             .enter(node.queue_slot, node.device.as_ref().map_or(0, Vec::len));
         if let Some(tier) = evictable_tier(node) {
