@@ -670,16 +670,18 @@ impl PrefixTree {
     }
 
     fn check_new_pages(&self, pages: &[PageId]) -> Result<(), EvictError> {
-        // Ascending ids (what pools and the shadows hand out) cannot repeat;
-        // otherwise a `PageSet` finds repeats: the ids of one call are mostly
-        // neighbours, which share a word, and it hashes without SipHash.
-        let ascending = pages.windows(2).all(|w| w[0] < w[1]);
-        let mut seen = PageSet::default();
-        match pages
-            .iter()
-            .find(|p| self.live_pages.contains(**p) || (!ascending && !seen.insert(**p)))
-        {
-            Some(&page) => Err(EvictError::PageInUse(page)),
+        // Ascending ids (what pools and the shadows hand out) cannot repeat,
+        // and neighbours are looked up a word at a time; otherwise a
+        // `PageSet` (no SipHash) finds repeats page by page.
+        let offender = if pages.windows(2).all(|w| w[0] < w[1]) {
+            self.live_pages.first_held(pages)
+        } else {
+            let mut seen = PageSet::default();
+            let mut fresh = |p: PageId| !self.live_pages.contains(p) && seen.insert(p);
+            pages.iter().copied().find(|&p| !fresh(p))
+        };
+        match offender {
+            Some(page) => Err(EvictError::PageInUse(page)),
             None => Ok(()),
         }
     }
@@ -842,7 +844,7 @@ impl PrefixTree {
             .queues
             .created(content_key(parent, &tokens[..self.page_size]), pages.len());
         self.update(id, |n| access(n, policy, now, floor, weights, queued));
-        self.live_pages.extend(pages.iter().copied());
+        self.live_pages.insert_all(pages);
         let (p, is_live) = self.nodes.live_mut_and_liveness(parent);
         p.children.insert(word, id, is_live);
         self.restructure(parent, |p| p.device_children += 1);
@@ -914,7 +916,7 @@ impl PrefixTree {
     fn attach(&mut self, id: NodeId, pages: Vec<PageId>, now: Stamp) {
         let node = self.node_ref(id);
         let (parent, start) = (node.parent.expect("non-root"), node.depth);
-        self.live_pages.extend(pages.iter().copied());
+        self.live_pages.insert_all(&pages);
         self.record(|| Event::DeviceStored {
             node: id,
             start,
@@ -973,9 +975,7 @@ impl PrefixTree {
             n.tokens_hash = tokens_hash(&n.tokens);
             tail = n.device.as_mut().expect("a device leaf").split_off(keep);
         });
-        for page in &tail {
-            self.live_pages.remove(*page);
-        }
+        self.live_pages.remove_all(&tail);
         if self.remembers() {
             let cached = self.live_pages.len() + self.host_pages + need;
             self.ghost.record(key, hits, need, cached);
@@ -996,9 +996,8 @@ impl PrefixTree {
         // Pages leave the live set first: the ghost history sizes itself by
         // what the tree holds once the victim is gone.
         let device = self.nodes.get(id).and_then(|n| n.device.as_ref());
-        for page in device.expect("indexed on device") {
-            self.live_pages.remove(*page);
-        }
+        self.live_pages
+            .remove_all(device.expect("indexed on device"));
         // The node's own page list becomes the victim's (no copy).
         let pages = if has_host {
             let mut pages = None;
