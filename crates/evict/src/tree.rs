@@ -472,27 +472,23 @@ impl PrefixTree {
 
     /// Locks `node` and its ancestors against eviction.
     pub fn lock(&mut self, node: NodeId) -> Result<(), EvictError> {
-        let path = self.path_to_root(node)?;
+        self.node(node).ok_or(EvictError::UnknownNode(node))?;
         self.clock.tick();
         self.update(node, |n| n.pins += 1);
-        for id in path {
-            self.update(id, |n| n.locks += 1);
-        }
+        self.update_path(node, |n| n.locks += 1);
         Ok(())
     }
 
     /// Undoes one `lock(node)`; fails (changing nothing) if `node` itself
     /// holds no lock, even when a lock below it covers its path.
     pub fn unlock(&mut self, node: NodeId) -> Result<(), EvictError> {
-        let path = self.path_to_root(node)?;
-        if self.node_ref(node).pins == 0 {
+        let n = self.node(node).ok_or(EvictError::UnknownNode(node))?;
+        if n.pins == 0 {
             return Err(EvictError::LockUnderflow(node));
         }
         self.clock.tick();
         self.update(node, |n| n.pins -= 1);
-        for id in path {
-            self.update(id, |n| n.locks -= 1);
-        }
+        self.update_path(node, |n| n.locks -= 1);
         Ok(())
     }
 
@@ -658,15 +654,14 @@ impl PrefixTree {
         Ok(node)
     }
 
-    /// The nodes from `id` up to its root, both included.
-    fn path_to_root(&self, id: NodeId) -> Result<Vec<NodeId>, EvictError> {
-        let mut node = self.node(id).ok_or(EvictError::UnknownNode(id))?;
-        let mut path = vec![id];
-        while let Some(parent) = node.parent {
-            path.push(parent);
-            node = self.node_ref(parent);
+    /// Applies `change` (through `update`) to `id` and each of its
+    /// ancestors, from `id` up: no list of the path is built.
+    fn update_path(&mut self, id: NodeId, change: impl Fn(&mut Node)) {
+        let mut at = Some(id);
+        while let Some(id) = at {
+            self.update(id, &change);
+            at = self.node_ref(id).parent;
         }
-        Ok(path)
     }
 
     fn check_new_pages(&self, pages: &[PageId]) -> Result<(), EvictError> {
