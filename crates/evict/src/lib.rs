@@ -24,7 +24,6 @@ mod queues;
 mod s3fifo;
 mod shadow;
 mod snapshot;
-mod token_pool;
 mod transplant;
 mod tree;
 

@@ -37,7 +37,6 @@ use crate::page_set::PageSet;
 use crate::policy::Policy;
 use crate::queues::{Choice, QueueState, Slot};
 use crate::shadow::{PolicyMemory, Ranking, Shadows};
-use crate::token_pool::TokenPool;
 use cpkv_hash::Hasher64;
 
 /// What `match_prefix` found.
@@ -88,8 +87,6 @@ pub struct PrefixTree {
     policy: Policy,
     clock: LogicalClock,
     nodes: NodeArena,
-    /// Token buffers of removed nodes for new ones (not replicated state).
-    token_pool: TokenPool,
     roots: BTreeMap<Namespace, NodeId>,
     root_names: BTreeMap<NodeId, Namespace>,
     /// Roots without children or locks, with the clock when they became so;
@@ -170,7 +167,6 @@ impl PrefixTree {
             policy,
             clock: LogicalClock::default(),
             nodes: NodeArena::default(),
-            token_pool: TokenPool::default(),
             roots: BTreeMap::new(),
             root_names: BTreeMap::new(),
             idle_roots: BTreeMap::new(),
@@ -767,7 +763,7 @@ impl PrefixTree {
             self.set_idle(oldest, None);
             debug_assert!(since <= self.clock.now());
             self.detach(oldest);
-            self.nodes.remove(oldest, |_| ());
+            self.nodes.remove(oldest, 0, |_| ());
             let namespace = self.root_names.remove(&oldest).expect("named root");
             self.roots.remove(&namespace);
         }
@@ -811,7 +807,7 @@ impl PrefixTree {
         } else {
             0
         };
-        let buffer = self.token_pool.take(tokens);
+        let buffer = self.nodes.token_buffer(tokens);
         let id = self.alloc(Node {
             id: NodeId(0),
             parent: Some(parent),
@@ -857,8 +853,8 @@ impl PrefixTree {
     fn split(&mut self, id: NodeId, at: usize) -> NodeId {
         let ps = self.page_size;
         let cut = at * ps;
-        let node = self.nodes.get(id).expect("internal ids are live");
-        let upper_tokens = self.token_pool.take(&node.tokens[..cut]);
+        let upper_tokens = self.nodes.head_buffer(id, cut);
+        let node = self.node_ref(id);
         let parent = node.parent.expect("roots are never split");
         let lower_word = child_word(&node.tokens[cut..cut + ps]);
         let upper = Node {
@@ -1047,18 +1043,15 @@ impl PrefixTree {
         self.detach(id);
         let ps = self.page_size;
         let (remembers, queued) = (self.remembers(), self.queues.is_on());
-        let (parent, device, pages, hits, queue_slot, content, tokens) =
-            self.nodes.remove(id, |n| {
-                let parent = n.parent.expect("roots are never removed");
-                // Hashed only for the histories that keep it.
-                let content = (remembers || queued).then(|| content_key(parent, &n.tokens[..ps]));
-                let (pages, tokens) = (n.pages(ps), std::mem::take(&mut n.tokens));
-                let device = n.device.take();
-                (parent, device, pages, n.hits, n.queue_slot, content, tokens)
-            });
         // Every live node holds its pages on device or on host (or both).
         let held = (self.live_pages.len() + self.host_pages) * ps;
-        self.token_pool.give(tokens, held);
+        let (parent, device, pages, hits, queue_slot, content) = self.nodes.remove(id, held, |n| {
+            let parent = n.parent.expect("roots are never removed");
+            // Hashed only for the histories that keep it.
+            let content = (remembers || queued).then(|| content_key(parent, &n.tokens[..ps]));
+            let device = n.device.take();
+            (parent, device, n.pages(ps), n.hits, n.queue_slot, content)
+        });
         let on_device = device.is_some();
         if remembers {
             let cached = self.live_pages.len() + self.host_pages + pages;
