@@ -320,12 +320,10 @@ impl PrefixTree {
     ) -> PyResult<Bound<'py, PyArray1<i64>>> {
         let num_pages = count(num_pages, "num_pages")?;
         let victims = self.evict_core(py, num_pages)?;
-        // Page ids came in as non-negative int64 values, so they fit.
-        let pages: Vec<i64> = victims
-            .iter()
-            .flat_map(|v| &v.pages)
-            .map(|p| *p as i64)
-            .collect();
+        // Page ids came in as non-negative int64 values, so they fit. Sized
+        // first: a flattening collect cannot know its length and grows.
+        let mut pages = Vec::with_capacity(victims.iter().map(|v| v.pages.len()).sum());
+        pages.extend(victims.iter().flat_map(|v| &v.pages).map(|p| *p as i64));
         // Copied into an array numpy allocates: cheaper than handing numpy
         // the vector, which takes a Python object to own it.
         Ok(PyArray1::from_slice(py, &pages))

@@ -8,17 +8,55 @@
 //! a stranger. Which slot is reused next depends only on the sequence of
 //! inserts and removals, so replicas that replay the same calls hand out the
 //! same ids; the free list is part of the digest.
+//!
+//! A free slot keeps the token buffer of the node removed from it, and the
+//! next node placed there reuses it when it fits (`token_buffer`): freeing
+//! a node's token buffer was the largest single cost of an eviction (the
+//! allocator coalesces the chunk with its neighbours), and an insert
+//! allocated one again, so a tree churning at a steady size now does
+//! neither. The buffer lives in the free slot itself, so keeping it costs
+//! no memory of its own and no allocation while evicting; the spare
+//! capacity stays within the tokens the tree held at the last removal, so
+//! memory still follows the live contents. Which buffer a node gets changes
+//! nothing but where its tokens live.
 
-use crate::ids::NodeId;
+use crate::ids::{NodeId, Token};
 use crate::node::Node;
 use cpkv_hash::Hasher64;
 
 const SLOT_BITS: u32 = 32;
 const SLOT_MASK: u64 = (1 << SLOT_BITS) - 1;
 
+/// A live node, or a free slot with a token buffer kept for the next one
+/// (empty when none is kept).
+// A free slot is as large as a live one on purpose, as `Option<Node>` was:
+// slots are reused, and the buffer sits in room the slot has anyway.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone)]
+enum Slot {
+    Live(Node),
+    Free(Vec<Token>),
+}
+
+impl Slot {
+    fn node(&self) -> Option<&Node> {
+        match self {
+            Self::Live(node) => Some(node),
+            Self::Free(_) => None,
+        }
+    }
+
+    fn node_mut(&mut self) -> Option<&mut Node> {
+        match self {
+            Self::Live(node) => Some(node),
+            Self::Free(_) => None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Default)]
 pub(crate) struct NodeArena {
-    slots: Vec<Option<Node>>,
+    slots: Vec<Slot>,
     /// Generation of each slot's current (or next) occupant.
     generations: Vec<u32>,
     /// Free slots, reused last-freed first.
@@ -26,6 +64,8 @@ pub(crate) struct NodeArena {
     /// Wrapping sum of `free_term` over the free list.
     free_digest: u64,
     live: usize,
+    /// Capacity of the token buffers free slots keep, in tokens.
+    spare_tokens: usize,
 }
 
 fn free_term(position: usize, slot: u32, generation: u32) -> u64 {
@@ -50,14 +90,14 @@ impl NodeArena {
     pub(crate) fn get(&self, id: NodeId) -> Option<&Node> {
         self.slots
             .get(Self::slot(id))?
-            .as_ref()
+            .node()
             .filter(|n| n.id == id)
     }
 
     /// The live node `id`; panics on a dead id (internal ids are live).
     pub(crate) fn live_mut(&mut self, id: NodeId) -> &mut Node {
         self.slots[Self::slot(id)]
-            .as_mut()
+            .node_mut()
             .filter(|n| n.id == id)
             .expect("internal ids are live")
     }
@@ -76,7 +116,7 @@ impl NodeArena {
     ) -> (&mut Node, impl Fn(NodeId) -> bool + '_) {
         let generations = &self.generations;
         let node = self.slots[Self::slot(id)]
-            .as_mut()
+            .node_mut()
             .filter(|n| n.id == id)
             .expect("internal ids are live");
         (node, move |other| live_in(generations, other))
@@ -93,25 +133,78 @@ impl NodeArena {
             }
             None => {
                 let slot = u32::try_from(self.slots.len()).expect("fewer than 2^32 live nodes");
-                self.slots.push(None);
+                self.slots.push(Slot::Free(Vec::new()));
                 self.generations.push(0);
                 slot
             }
         };
         let id = NodeId(u64::from(self.generations[slot as usize]) << SLOT_BITS | u64::from(slot));
         node.id = id;
-        self.slots[slot as usize] = Some(node);
+        let entry = &mut self.slots[slot as usize];
+        if let Slot::Free(spare) = entry {
+            self.spare_tokens -= spare.capacity();
+        }
+        *entry = Slot::Live(node);
         self.live += 1;
         id
     }
 
-    /// Takes the live node `id` out and frees its slot for a later id.
-    pub(crate) fn remove(&mut self, id: NodeId) -> Node {
+    /// An empty buffer for `len` tokens of the node stored next: the one the
+    /// slot it will take keeps, if that fits without wasting more than its
+    /// size, else a new one.
+    fn spare_buffer(&mut self, len: usize) -> Vec<Token> {
+        let next = self.free.last().map(|&s| &mut self.slots[s as usize]);
+        match next {
+            Some(Slot::Free(spare)) if (len..=2 * len).contains(&spare.capacity()) => {
+                self.spare_tokens -= spare.capacity();
+                std::mem::take(spare)
+            }
+            _ => Vec::with_capacity(len),
+        }
+    }
+
+    /// A buffer holding `tokens` for the node stored next (`spare_buffer`).
+    pub(crate) fn token_buffer(&mut self, tokens: &[Token]) -> Vec<Token> {
+        let mut buffer = self.spare_buffer(tokens.len());
+        buffer.extend_from_slice(tokens);
+        buffer
+    }
+
+    /// A buffer holding the first `len` tokens of the live node `id`, for
+    /// the node stored next (a split's head).
+    pub(crate) fn head_buffer(&mut self, id: NodeId, len: usize) -> Vec<Token> {
+        let mut buffer = self.spare_buffer(len);
+        let node = self.get(id).expect("internal ids are live");
+        buffer.extend_from_slice(&node.tokens[..len]);
+        buffer
+    }
+
+    /// Frees the live node `id`'s slot for a later id. `keep` takes what the
+    /// caller needs out of the node, which is then dropped where it lies:
+    /// moving a whole node out of its slot cost more than the rest of a
+    /// removal. The slot keeps the node's token buffer while the spare
+    /// capacity stays within `held` tokens (what the tree still holds).
+    pub(crate) fn remove<R>(
+        &mut self,
+        id: NodeId,
+        held: usize,
+        keep: impl FnOnce(&mut Node) -> R,
+    ) -> R {
         let slot = Self::slot(id);
-        let node = self.slots[slot]
-            .take()
+        let entry = &mut self.slots[slot];
+        let node = entry
+            .node_mut()
             .filter(|n| n.id == id)
             .expect("internal ids are live");
+        let kept = keep(node);
+        let mut tokens = std::mem::take(&mut node.tokens);
+        if self.spare_tokens + tokens.capacity() <= held {
+            tokens.clear();
+            self.spare_tokens += tokens.capacity();
+        } else {
+            tokens = Vec::new();
+        }
+        *entry = Slot::Free(tokens);
         let generation = self.generations[slot].wrapping_add(1);
         self.generations[slot] = generation;
         let slot = slot as u32;
@@ -120,7 +213,7 @@ impl NodeArena {
                 .wrapping_add(free_term(self.free.len(), slot, generation));
         self.free.push(slot);
         self.live -= 1;
-        node
+        kept
     }
 
     /// An arena from a snapshot's slots (generation, node) and free list;
@@ -135,11 +228,14 @@ impl NodeArena {
         let mut arena = Self::default();
         for (slot, (generation, node)) in slots.into_iter().enumerate() {
             arena.generations.push(generation);
-            arena.slots.push(node.map(|mut n| {
-                n.id = NodeId(u64::from(generation) << SLOT_BITS | slot as u64);
-                arena.live += 1;
-                n
-            }));
+            arena.slots.push(match node {
+                Some(mut n) => {
+                    n.id = NodeId(u64::from(generation) << SLOT_BITS | slot as u64);
+                    arena.live += 1;
+                    Slot::Live(n)
+                }
+                None => Slot::Free(Vec::new()),
+            });
         }
         for (position, &slot) in free.iter().enumerate() {
             let generation = *arena
@@ -161,7 +257,7 @@ impl NodeArena {
             .generations
             .iter()
             .zip(&self.slots)
-            .map(|(g, n)| (*g, n.as_ref()))
+            .map(|(g, n)| (*g, n.node()))
             .collect();
         (slots, &self.free)
     }
@@ -170,13 +266,13 @@ impl NodeArena {
     pub(crate) fn get_mut(&mut self, id: NodeId) -> Option<&mut Node> {
         self.slots
             .get_mut(Self::slot(id))?
-            .as_mut()
+            .node_mut()
             .filter(|n| n.id == id)
     }
 
     /// Live nodes in slot order.
     pub(crate) fn iter(&self) -> impl Iterator<Item = &Node> + '_ {
-        self.slots.iter().flatten()
+        self.slots.iter().filter_map(Slot::node)
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -215,13 +311,13 @@ impl NodeArena {
         let mut free = vec![false; self.slots.len()];
         for &slot in &self.free {
             let s = slot as usize;
-            if s >= self.slots.len() || free[s] || self.slots[s].is_some() {
+            if s >= self.slots.len() || free[s] || self.slots[s].node().is_some() {
                 return Err(format!("slot {slot} wrongly on the free list"));
             }
             free[s] = true;
         }
         for (s, node) in self.slots.iter().enumerate() {
-            match node {
+            match node.node() {
                 Some(n)
                     if Self::slot(n.id) != s
                         || n.id.0 >> SLOT_BITS != u64::from(self.generations[s]) =>
@@ -231,6 +327,19 @@ impl NodeArena {
                 None if !free[s] => return Err(format!("slot {s} is neither live nor free")),
                 _ => {}
             }
+        }
+        let mut spare = 0;
+        for slot in &self.slots {
+            if let Slot::Free(buffer) = slot {
+                if !buffer.is_empty() {
+                    return Err("a free slot keeps tokens".into());
+                }
+                spare += buffer.capacity();
+            }
+        }
+        // At most the count: a clone's free slots come back with no buffers.
+        if spare > self.spare_tokens {
+            return Err("free slots keep more token buffer than counted".into());
         }
         if self.iter().count() != self.live {
             return Err("live node count out of sync".into());

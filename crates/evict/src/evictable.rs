@@ -30,7 +30,14 @@ impl EvictableIndex {
     }
 
     pub fn remove(&mut self, tier: Tier, key: PolicyKey, id: NodeId) {
-        let found = self.set(tier).remove(&(key, id));
+        let set = self.set(tier);
+        // A victim is the first entry: popping it walks the left edge down
+        // instead of comparing keys on the way.
+        let found = if set.first() == Some(&(key, id)) {
+            set.pop_first().is_some()
+        } else {
+            set.remove(&(key, id))
+        };
         debug_assert!(found, "node {id} missing from the {tier:?} index");
     }
 

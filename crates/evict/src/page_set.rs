@@ -47,7 +47,9 @@ impl PageSet {
         fresh
     }
 
-    /// True when `page` was in the set.
+    /// True when `page` was in the set (the tree removes a node's pages
+    /// together, `remove_all`).
+    #[cfg(test)]
     pub fn remove(&mut self, page: PageId) -> bool {
         let (word, bit) = split(page);
         let Entry::Occupied(mut slot) = self.words.entry(word) else {
@@ -64,11 +66,59 @@ impl PageSet {
         true
     }
 
+    /// Inserts every page of `pages`, one table lookup per run of
+    /// neighbours (a node's pages, usually).
+    pub fn insert_all(&mut self, pages: &[PageId]) {
+        for (word, bits, _) in runs(pages) {
+            let w = self.words.entry(word).or_insert(0);
+            self.len += (bits & !*w).count_ones() as usize;
+            *w |= bits;
+        }
+    }
+
+    /// Removes every page of `pages` that is in the set, one table lookup
+    /// per run of neighbours.
+    pub fn remove_all(&mut self, pages: &[PageId]) {
+        for (word, bits, _) in runs(pages) {
+            if let Entry::Occupied(mut slot) = self.words.entry(word) {
+                self.len -= (*slot.get() & bits).count_ones() as usize;
+                *slot.get_mut() &= !bits;
+                if *slot.get() == 0 {
+                    slot.remove();
+                }
+            }
+        }
+    }
+
+    /// The first page of `pages` (in their order) that is in the set.
+    pub fn first_held(&self, pages: &[PageId]) -> Option<PageId> {
+        runs(pages).find_map(|(word, bits, run)| {
+            let held = self.words.get(&word).map_or(0, |w| w & bits);
+            (held != 0).then(|| {
+                let page = run.iter().find(|&&p| held & split(p).1 != 0);
+                *page.expect("a held bit is one of the run's")
+            })
+        })
+    }
+
     /// Table entries in use.
     #[cfg(test)]
     pub fn words(&self) -> usize {
         self.words.len()
     }
+}
+
+/// `pages` cut into maximal runs that share a word: (word, their bits, the run).
+fn runs(pages: &[PageId]) -> impl Iterator<Item = (u64, u64, &[PageId])> + '_ {
+    let mut rest = pages;
+    std::iter::from_fn(move || {
+        let word = split(*rest.first()?).0;
+        let len = rest.iter().take_while(|&&p| split(p).0 == word).count();
+        let (run, after) = rest.split_at(len);
+        rest = after;
+        let bits = run.iter().fold(0, |bits, &p| bits | split(p).1);
+        Some((word, bits, run))
+    })
 }
 
 impl Extend<PageId> for PageSet {
@@ -91,6 +141,9 @@ mod tests {
     enum Op {
         Insert(PageId),
         Remove(PageId),
+        InsertAll(Vec<PageId>),
+        RemoveAll(Vec<PageId>),
+        FirstHeld(Vec<PageId>),
     }
 
     /// Ids near zero (shared words), near a word edge and near u64::MAX.
@@ -99,7 +152,14 @@ mod tests {
     }
 
     fn op() -> impl Strategy<Value = Op> {
-        prop_oneof![page().prop_map(Op::Insert), page().prop_map(Op::Remove)]
+        let pages = || proptest::collection::vec(page(), 0..8);
+        prop_oneof![
+            page().prop_map(Op::Insert),
+            page().prop_map(Op::Remove),
+            pages().prop_map(Op::InsertAll),
+            pages().prop_map(Op::RemoveAll),
+            pages().prop_map(Op::FirstHeld),
+        ]
     }
 
     proptest! {
@@ -110,6 +170,18 @@ mod tests {
                 match op {
                     Op::Insert(p) => prop_assert_eq!(set.insert(p), model.insert(p)),
                     Op::Remove(p) => prop_assert_eq!(set.remove(p), model.remove(&p)),
+                    Op::InsertAll(pages) => {
+                        set.insert_all(&pages);
+                        model.extend(pages);
+                    }
+                    Op::RemoveAll(pages) => {
+                        set.remove_all(&pages);
+                        pages.iter().for_each(|p| { model.remove(p); });
+                    }
+                    Op::FirstHeld(pages) => {
+                        let want = pages.iter().copied().find(|p| model.contains(p));
+                        prop_assert_eq!(set.first_held(&pages), want);
+                    }
                 }
                 prop_assert_eq!(set.len(), model.len());
                 let words: BTreeSet<u64> = model.iter().map(|p| p >> 6).collect();

@@ -156,6 +156,7 @@ impl Shadows {
                     let policy = r.queue_policy().unwrap_or(Policy::Ghost);
                     let mut t = PrefixTree::without_shadows(1, policy).expect("page size 1");
                     t.set_event_limit(0); // no one reads a shadow's residency events
+                    t.defer_terms(); // settled once per mirrored insert
                     if policy == Policy::Ghost {
                         t.make_shadow(r);
                     }
@@ -211,11 +212,13 @@ impl Shadows {
             let keep = matched + new.min(cap.saturating_sub(t.device_pages()));
             let fresh = (keep - matched) as u64;
             let mut ids = m.device_pages;
+            ids.reserve_exact(keep - matched);
             ids.extend(self.next_page..self.next_page + fresh);
             self.next_page += fresh;
             t.insert(&pages[..keep], &ids, namespace)
                 .expect("fresh page ids");
             t.unlock(m.node).expect("locked above");
+            t.settle_terms();
             self.scores[i] = self.scores[i] - (self.scores[i] >> DECAY_SHIFT)
                 + ((matched as u64) << SCORE_FRACTION_BITS);
         }
@@ -289,6 +292,7 @@ impl Shadows {
             }
             let mut t = PrefixTree::rebuild(d).map_err(|e| format!("shadow {ranking:?}: {e}"))?;
             t.set_event_limit(0);
+            t.defer_terms();
             if t.device_pages() > capacity {
                 return Err(format!("shadow {ranking:?} holds more than its capacity"));
             }

@@ -14,11 +14,12 @@
 //! Every public mutating call validates first and changes nothing when it
 //! fails; when it succeeds it advances the clock by exactly one.
 
+mod deferred_terms;
 mod following;
 mod invariants;
 mod rebuild;
 
-use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use crate::arena::NodeArena;
 
@@ -98,6 +99,9 @@ pub struct PrefixTree {
     index: EvictableIndex,
     /// Wrapping sum of the live nodes' digest terms.
     digest_sum: u64,
+    /// In a tree that defers its digest terms (a shadow), the nodes whose
+    /// terms are out of the sum until `settle_terms` (`deferred_terms.rs`).
+    stale_terms: Option<Vec<NodeId>>,
     /// Device pages held by the tree.
     live_pages: PageSet,
     /// Nodes referring to each host object.
@@ -170,6 +174,7 @@ impl PrefixTree {
             idle_digest: 0,
             index: EvictableIndex::default(),
             digest_sum: 0,
+            stale_terms: None,
             live_pages: PageSet::default(),
             host_refs: BTreeMap::new(),
             host_pages: 0,
@@ -356,9 +361,10 @@ impl PrefixTree {
         let root = self.ensure_root(namespace, now);
         let mut steps = self.walk(root, tokens);
         self.split_last(&mut steps);
+        let matched = steps.iter().map(|s| s.matched).sum();
         let mut result = MatchResult {
             length: 0,
-            device_pages: Vec::new(),
+            device_pages: Vec::with_capacity(matched),
             host_length: 0,
             node: root,
             host_node: root,
@@ -413,7 +419,7 @@ impl PrefixTree {
             None => Vec::new(),
         };
         // Validate the pages the tree would adopt before touching anything.
-        let mut adopted = Vec::new();
+        let mut adopted = Vec::with_capacity(pages.len());
         let mut offset = 0;
         for step in &steps {
             if !self.node_ref(step.id).on_device() {
@@ -462,27 +468,23 @@ impl PrefixTree {
 
     /// Locks `node` and its ancestors against eviction.
     pub fn lock(&mut self, node: NodeId) -> Result<(), EvictError> {
-        let path = self.path_to_root(node)?;
+        self.node(node).ok_or(EvictError::UnknownNode(node))?;
         self.clock.tick();
         self.update(node, |n| n.pins += 1);
-        for id in path {
-            self.update(id, |n| n.locks += 1);
-        }
+        self.update_path(node, |n| n.locks += 1);
         Ok(())
     }
 
     /// Undoes one `lock(node)`; fails (changing nothing) if `node` itself
     /// holds no lock, even when a lock below it covers its path.
     pub fn unlock(&mut self, node: NodeId) -> Result<(), EvictError> {
-        let path = self.path_to_root(node)?;
-        if self.node_ref(node).pins == 0 {
+        let n = self.node(node).ok_or(EvictError::UnknownNode(node))?;
+        if n.pins == 0 {
             return Err(EvictError::LockUnderflow(node));
         }
         self.clock.tick();
         self.update(node, |n| n.pins -= 1);
-        for id in path {
-            self.update(id, |n| n.locks -= 1);
-        }
+        self.update_path(node, |n| n.locks -= 1);
         Ok(())
     }
 
@@ -496,7 +498,9 @@ impl PrefixTree {
     /// the host copy with the tail.
     pub fn evict(&mut self, num_pages: usize) -> Vec<DeviceVictim> {
         self.clock.tick();
-        let mut victims = Vec::new();
+        // Every victim frees a page at least: growing the list as it filled
+        // cost a sixth of a large call.
+        let mut victims = Vec::with_capacity(num_pages.min(self.index.len(Tier::Device)));
         let mut freed = 0;
         while freed < num_pages {
             let Some(id) = self.next_device_victim() else {
@@ -646,24 +650,29 @@ impl PrefixTree {
         Ok(node)
     }
 
-    /// The nodes from `id` up to its root, both included.
-    fn path_to_root(&self, id: NodeId) -> Result<Vec<NodeId>, EvictError> {
-        let mut node = self.node(id).ok_or(EvictError::UnknownNode(id))?;
-        let mut path = vec![id];
-        while let Some(parent) = node.parent {
-            path.push(parent);
-            node = self.node_ref(parent);
+    /// Applies `change` (through `update`) to `id` and each of its
+    /// ancestors, from `id` up: no list of the path is built.
+    fn update_path(&mut self, id: NodeId, change: impl Fn(&mut Node)) {
+        let mut at = Some(id);
+        while let Some(id) = at {
+            self.update(id, &change);
+            at = self.node_ref(id).parent;
         }
-        Ok(path)
     }
 
     fn check_new_pages(&self, pages: &[PageId]) -> Result<(), EvictError> {
-        let mut seen = HashSet::with_capacity(pages.len());
-        match pages
-            .iter()
-            .find(|p| self.live_pages.contains(**p) || !seen.insert(**p))
-        {
-            Some(&page) => Err(EvictError::PageInUse(page)),
+        // Ascending ids (what pools and the shadows hand out) cannot repeat,
+        // and neighbours are looked up a word at a time; otherwise a
+        // `PageSet` (no SipHash) finds repeats page by page.
+        let offender = if pages.windows(2).all(|w| w[0] < w[1]) {
+            self.live_pages.first_held(pages)
+        } else {
+            let mut seen = PageSet::default();
+            let mut fresh = |p: PageId| !self.live_pages.contains(p) && seen.insert(p);
+            pages.iter().copied().find(|&p| !fresh(p))
+        };
+        match offender {
+            Some(page) => Err(EvictError::PageInUse(page)),
             None => Ok(()),
         }
     }
@@ -734,6 +743,7 @@ impl PrefixTree {
             queue_slot: 0,
             tokens_hash: namespace_hash(namespace),
             digest_term: 0,
+            term_stale: false,
             indexed: None,
         });
         self.roots.insert(namespace.clone(), id);
@@ -753,7 +763,7 @@ impl PrefixTree {
             self.set_idle(oldest, None);
             debug_assert!(since <= self.clock.now());
             self.detach(oldest);
-            self.nodes.remove(oldest);
+            self.nodes.remove(oldest, 0, |_| ());
             let namespace = self.root_names.remove(&oldest).expect("named root");
             self.roots.remove(&namespace);
         }
@@ -797,10 +807,11 @@ impl PrefixTree {
         } else {
             0
         };
+        let buffer = self.nodes.token_buffer(tokens);
         let id = self.alloc(Node {
             id: NodeId(0),
             parent: Some(parent),
-            tokens: tokens.to_vec(),
+            tokens: buffer,
             children: Children::default(),
             child_word: word,
             device: Some(pages.to_vec()),
@@ -816,6 +827,7 @@ impl PrefixTree {
             queue_slot: 0,
             tokens_hash: tokens_hash(tokens),
             digest_term: 0,
+            term_stale: false,
             indexed: None,
         });
         let (policy, floor, weights) = (self.policy, self.floor, self.weights());
@@ -823,7 +835,7 @@ impl PrefixTree {
             .queues
             .created(content_key(parent, &tokens[..self.page_size]), pages.len());
         self.update(id, |n| access(n, policy, now, floor, weights, queued));
-        self.live_pages.extend(pages.iter().copied());
+        self.live_pages.insert_all(pages);
         let (p, is_live) = self.nodes.live_mut_and_liveness(parent);
         p.children.insert(word, id, is_live);
         self.restructure(parent, |p| p.device_children += 1);
@@ -840,10 +852,10 @@ impl PrefixTree {
     /// held by callers (locks, match results) keep naming the same suffix.
     fn split(&mut self, id: NodeId, at: usize) -> NodeId {
         let ps = self.page_size;
+        let cut = at * ps;
+        let upper_tokens = self.nodes.head_buffer(id, cut);
         let node = self.node_ref(id);
         let parent = node.parent.expect("roots are never split");
-        let cut = at * ps;
-        let upper_tokens = node.tokens[..cut].to_vec();
         let lower_word = child_word(&node.tokens[cut..cut + ps]);
         let upper = Node {
             id: NodeId(0),
@@ -866,6 +878,7 @@ impl PrefixTree {
             priority: node.priority,
             queue_slot: node.queue_slot,
             digest_term: 0,
+            term_stale: false,
             indexed: None,
         };
         let word = node.child_word;
@@ -894,7 +907,7 @@ impl PrefixTree {
     fn attach(&mut self, id: NodeId, pages: Vec<PageId>, now: Stamp) {
         let node = self.node_ref(id);
         let (parent, start) = (node.parent.expect("non-root"), node.depth);
-        self.live_pages.extend(pages.iter().copied());
+        self.live_pages.insert_all(&pages);
         self.record(|| Event::DeviceStored {
             node: id,
             start,
@@ -953,9 +966,7 @@ impl PrefixTree {
             n.tokens_hash = tokens_hash(&n.tokens);
             tail = n.device.as_mut().expect("a device leaf").split_off(keep);
         });
-        for page in &tail {
-            self.live_pages.remove(*page);
-        }
+        self.live_pages.remove_all(&tail);
         if self.remembers() {
             let cached = self.live_pages.len() + self.host_pages + need;
             self.ghost.record(key, hits, need, cached);
@@ -976,9 +987,8 @@ impl PrefixTree {
         // Pages leave the live set first: the ghost history sizes itself by
         // what the tree holds once the victim is gone.
         let device = self.nodes.get(id).and_then(|n| n.device.as_ref());
-        for page in device.expect("indexed on device") {
-            self.live_pages.remove(*page);
-        }
+        self.live_pages
+            .remove_all(device.expect("indexed on device"));
         // The node's own page list becomes the victim's (no copy).
         let pages = if has_host {
             let mut pages = None;
@@ -990,7 +1000,7 @@ impl PrefixTree {
                 self.node_ref(id).children.is_empty(),
                 "host set is closed to the root"
             );
-            self.remove(id).device
+            self.remove(id)
         }
         .expect("indexed on device");
         self.record(|| Event::DeviceRemoved {
@@ -1028,23 +1038,29 @@ impl PrefixTree {
     }
 
     /// Takes a childless node out of the tree (into the ghost history, for
-    /// policies that keep one) and hands it back.
-    fn remove(&mut self, id: NodeId) -> Node {
+    /// policies that keep one) and hands back its device pages.
+    fn remove(&mut self, id: NodeId) -> Option<Vec<PageId>> {
         self.detach(id);
-        let node = self.nodes.remove(id);
-        let parent = node.parent.expect("roots are never removed");
-        let on_device = node.device.is_some();
-        let key = &node.tokens[..self.page_size];
-        if self.remembers() {
-            let pages = node.pages(self.page_size);
+        let ps = self.page_size;
+        let (remembers, queued) = (self.remembers(), self.queues.is_on());
+        // Every live node holds its pages on device or on host (or both).
+        let held = (self.live_pages.len() + self.host_pages) * ps;
+        let (parent, device, pages, hits, queue_slot, content) = self.nodes.remove(id, held, |n| {
+            let parent = n.parent.expect("roots are never removed");
+            // Hashed only for the histories that keep it.
+            let content = (remembers || queued).then(|| content_key(parent, &n.tokens[..ps]));
+            let device = n.device.take();
+            (parent, device, n.pages(ps), n.hits, n.queue_slot, content)
+        });
+        let on_device = device.is_some();
+        if remembers {
             let cached = self.live_pages.len() + self.host_pages + pages;
-            self.ghost
-                .record(content_key(parent, key), node.hits, pages, cached);
+            let key = content.expect("hashed");
+            self.ghost.record(key, hits, pages, cached);
         }
-        if self.queues.is_on() {
-            let pages = node.pages(self.page_size);
-            self.queues
-                .dropped(content_key(parent, key), node.queue_slot, pages);
+        if queued {
+            let key = content.expect("hashed");
+            self.queues.dropped(key, queue_slot, pages);
         }
         // `id` is dead now: it only counts itself out of its parent's children.
         let (p, is_live) = self.nodes.live_mut_and_liveness(parent);
@@ -1054,7 +1070,7 @@ impl PrefixTree {
                 p.device_children -= 1;
             }
         });
-        node
+        device
     }
 
     /// The one way nodes change: take the node out of the digest and the
@@ -1067,7 +1083,9 @@ impl PrefixTree {
 
     fn detach(&mut self, id: NodeId) {
         let node = self.nodes.live_mut(id);
-        self.digest_sum = self.digest_sum.wrapping_sub(node.digest_term);
+        if !node.term_stale {
+            self.digest_sum = self.digest_sum.wrapping_sub(node.digest_term);
+        }
         self.queues
             .leave(node.queue_slot, node.device.as_ref().map_or(0, Vec::len));
         if let Some((tier, key)) = node.indexed.take() {
@@ -1082,7 +1100,7 @@ impl PrefixTree {
     fn restructure(&mut self, id: NodeId, change: impl FnOnce(&mut Node)) {
         let node = self.nodes.live_mut(id);
         change(node);
-        debug_assert_eq!(node.digest_term, node_hash(node, node.tokens_hash));
+        debug_assert!(node.term_stale || node.digest_term == node_hash(node, node.tokens_hash));
         let tier = evictable_tier(node);
         if tier != node.indexed.map(|(tier, _)| tier) {
             if let Some((tier, key)) = node.indexed.take() {
@@ -1119,9 +1137,8 @@ impl PrefixTree {
     /// Puts a detached node's digest term, queue pages and index entry back.
     fn index_node(&mut self, id: NodeId) {
         let key = self.key_of(self.nodes.get(id).expect("internal ids are live"));
+        self.renew_term(id);
         let node = self.nodes.live_mut(id);
-        node.digest_term = node_hash(node, node.tokens_hash);
-        self.digest_sum = self.digest_sum.wrapping_add(node.digest_term);
         self.queues
             .enter(node.queue_slot, node.device.as_ref().map_or(0, Vec::len));
         if let Some(tier) = evictable_tier(node) {
