@@ -201,24 +201,7 @@ impl Shadows {
         let cap = self.capacity;
         let pages = page_words(tokens, self.page_size);
         for (i, t) in self.trees.iter_mut().enumerate() {
-            let m = t.match_prefix(&pages, namespace);
-            let matched = m.length;
-            let new = pages.len() - matched;
-            t.lock(m.node).expect("a match result is live");
-            let room = cap.saturating_sub(t.device_pages());
-            if new > room {
-                t.evict(new - room);
-            }
-            let keep = matched + new.min(cap.saturating_sub(t.device_pages()));
-            let fresh = (keep - matched) as u64;
-            let mut ids = m.device_pages;
-            ids.reserve_exact(keep - matched);
-            ids.extend(self.next_page..self.next_page + fresh);
-            self.next_page += fresh;
-            t.insert(&pages[..keep], &ids, namespace)
-                .expect("fresh page ids");
-            t.unlock(m.node).expect("locked above");
-            t.settle_terms();
+            let matched = t.replay(&pages, namespace, cap, &mut self.next_page);
             self.scores[i] = self.scores[i] - (self.scores[i] >> DECAY_SHIFT)
                 + ((matched as u64) << SCORE_FRACTION_BITS);
         }

@@ -357,6 +357,11 @@ impl PrefixTree {
     /// counts a hit on every matched node. A match ending inside a node
     /// splits it there, so `node` ends exactly at the match.
     pub fn match_prefix(&mut self, tokens: &[Token], namespace: &Namespace) -> MatchResult {
+        self.match_steps(tokens, namespace).0
+    }
+
+    /// `match_prefix`, with the path it matched (split at its end).
+    fn match_steps(&mut self, tokens: &[Token], namespace: &Namespace) -> (MatchResult, Vec<Step>) {
         let now = self.clock.tick();
         let root = self.ensure_root(namespace, now);
         let mut steps = self.walk(root, tokens);
@@ -393,7 +398,7 @@ impl PrefixTree {
             result.host_length += step.matched * self.page_size;
             result.host_node = step.id;
         }
-        result
+        (result, steps)
     }
 
     /// Caches the whole pages of `tokens` with one page id per page. Pages of
@@ -414,7 +419,7 @@ impl PrefixTree {
             });
         }
         let tokens = &tokens[..whole_pages * self.page_size];
-        let mut steps = match self.roots.get(namespace) {
+        let steps = match self.roots.get(namespace) {
             Some(&root) => self.walk(root, tokens),
             None => Vec::new(),
         };
@@ -429,7 +434,19 @@ impl PrefixTree {
         }
         adopted.extend_from_slice(&pages[offset..]);
         self.check_new_pages(&adopted)?;
+        Ok(self.insert_along(steps, tokens, pages, namespace))
+    }
 
+    /// `insert` once its pages are checked, along `steps`, the walk of
+    /// `tokens` from the namespace's root (if it has one).
+    fn insert_along(
+        &mut self,
+        mut steps: Vec<Step>,
+        tokens: &[Token],
+        pages: &[PageId],
+        namespace: &Namespace,
+    ) -> InsertResult {
+        let whole_pages = pages.len();
         let now = self.clock.tick();
         let root = self.ensure_root(namespace, now);
         self.split_last(&mut steps);
@@ -463,7 +480,49 @@ impl PrefixTree {
             );
         }
         self.mirror_in_shadows(tokens, namespace);
-        Ok(InsertResult { node: at, cached })
+        InsertResult { node: at, cached }
+    }
+
+    /// A shadow's replay of one request of one-token pages, as an engine
+    /// would make it (match, lock, evict just enough for `cap` device pages,
+    /// insert with fresh ids from `next_page`, unlock), then its deferred
+    /// terms settled. The insert follows the match's path instead of
+    /// walking it again: locked, the path outlives the eviction, and the
+    /// match stopped where no child goes on. Returns the pages matched.
+    pub(crate) fn replay(
+        &mut self,
+        pages: &[Token],
+        namespace: &Namespace,
+        cap: usize,
+        next_page: &mut u64,
+    ) -> usize {
+        debug_assert_eq!(self.page_size, 1);
+        let (m, steps) = self.match_steps(pages, namespace);
+        let matched = m.length;
+        let new = pages.len() - matched;
+        self.lock(m.node).expect("a match result is live");
+        let room = cap.saturating_sub(self.device_pages());
+        if new > room {
+            self.evict(new - room);
+        }
+        let keep = matched + new.min(cap.saturating_sub(self.device_pages()));
+        let fresh = (keep - matched) as u64;
+        let mut ids = m.device_pages;
+        ids.reserve_exact(keep - matched);
+        ids.extend(*next_page..*next_page + fresh);
+        *next_page += fresh;
+        if steps.iter().map(|s| s.matched).sum::<usize>() == matched {
+            // Every matched node is on device: the pages to adopt are the
+            // fresh ones, never handed out before.
+            debug_assert!(self.check_new_pages(&ids[matched..]).is_ok());
+            self.insert_along(steps, &pages[..keep], &ids, namespace);
+        } else {
+            self.insert(&pages[..keep], &ids, namespace)
+                .expect("fresh page ids");
+        }
+        self.unlock(m.node).expect("locked above");
+        self.settle_terms();
+        matched
     }
 
     /// Locks `node` and its ancestors against eviction.
