@@ -867,7 +867,7 @@ impl PrefixTree {
             0
         };
         let buffer = self.nodes.token_buffer(tokens);
-        let id = self.alloc(Node {
+        let mut node = Node {
             id: NodeId(0),
             parent: Some(parent),
             tokens: buffer,
@@ -888,12 +888,18 @@ impl PrefixTree {
             digest_term: 0,
             term_stale: false,
             indexed: None,
-        });
+        };
+        // The access is stamped before the node is stored, so it is indexed
+        // and hashed once; the queues see its pages as the stored node's
+        // (in the queue of slot 0) while they place it, as they would after.
         let (policy, floor, weights) = (self.policy, self.floor, self.weights());
+        self.queues.enter(0, pages.len());
         let queued = self
             .queues
             .created(content_key(parent, &tokens[..self.page_size]), pages.len());
-        self.update(id, |n| access(n, policy, now, floor, weights, queued));
+        self.queues.leave(0, pages.len());
+        access(&mut node, policy, now, floor, weights, queued);
+        let id = self.alloc(node);
         self.live_pages.insert_all(pages);
         let (p, is_live) = self.nodes.live_mut_and_liveness(parent);
         p.children.insert(word, id, is_live);
