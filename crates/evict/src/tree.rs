@@ -529,8 +529,11 @@ impl PrefixTree {
     pub fn lock(&mut self, node: NodeId) -> Result<(), EvictError> {
         self.node(node).ok_or(EvictError::UnknownNode(node))?;
         self.clock.tick();
-        self.update(node, |n| n.pins += 1);
-        self.update_path(node, |n| n.locks += 1);
+        self.update(node, |n| {
+            n.pins += 1;
+            n.locks += 1;
+        });
+        self.update_ancestors(node, |n| n.locks += 1);
         Ok(())
     }
 
@@ -542,8 +545,11 @@ impl PrefixTree {
             return Err(EvictError::LockUnderflow(node));
         }
         self.clock.tick();
-        self.update(node, |n| n.pins -= 1);
-        self.update_path(node, |n| n.locks -= 1);
+        self.update(node, |n| {
+            n.pins -= 1;
+            n.locks -= 1;
+        });
+        self.update_ancestors(node, |n| n.locks -= 1);
         Ok(())
     }
 
@@ -709,10 +715,10 @@ impl PrefixTree {
         Ok(node)
     }
 
-    /// Applies `change` (through `update`) to `id` and each of its
-    /// ancestors, from `id` up: no list of the path is built.
-    fn update_path(&mut self, id: NodeId, change: impl Fn(&mut Node)) {
-        let mut at = Some(id);
+    /// Applies `change` (through `update`) to each of `id`'s ancestors,
+    /// from its parent up: no list of the path is built.
+    fn update_ancestors(&mut self, id: NodeId, change: impl Fn(&mut Node)) {
+        let mut at = self.node_ref(id).parent;
         while let Some(id) = at {
             self.update(id, &change);
             at = self.node_ref(id).parent;
