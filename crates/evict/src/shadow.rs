@@ -157,6 +157,7 @@ impl Shadows {
                     let mut t = PrefixTree::without_shadows(1, policy).expect("page size 1");
                     t.set_event_limit(0); // no one reads a shadow's residency events
                     t.defer_terms(); // settled once per mirrored insert
+                    t.count_pages_only(); // its page ids are its own, fresh
                     if policy == Policy::Ghost {
                         t.make_shadow(r);
                     }
@@ -276,6 +277,7 @@ impl Shadows {
             let mut t = PrefixTree::rebuild(d).map_err(|e| format!("shadow {ranking:?}: {e}"))?;
             t.set_event_limit(0);
             t.defer_terms();
+            t.count_pages_only();
             if t.device_pages() > capacity {
                 return Err(format!("shadow {ranking:?} holds more than its capacity"));
             }

@@ -33,7 +33,7 @@ use crate::ghost::{content_key, GhostHistory, Weights};
 use crate::ids::{HostKey, NodeId, PageId, Tier, Token};
 use crate::namespace::Namespace;
 use crate::node::{Children, Node};
-use crate::page_set::PageSet;
+use crate::page_set::{LivePages, PageSet};
 use crate::policy::Policy;
 use crate::queues::{Choice, QueueState, Slot};
 use crate::shadow::{PolicyMemory, Ranking, Shadows};
@@ -103,7 +103,7 @@ pub struct PrefixTree {
     /// terms are out of the sum until `settle_terms` (`deferred_terms.rs`).
     stale_terms: Option<Vec<NodeId>>,
     /// Device pages held by the tree.
-    live_pages: PageSet,
+    live_pages: LivePages,
     /// Nodes referring to each host object.
     host_refs: BTreeMap<HostKey, usize>,
     host_pages: usize,
@@ -175,7 +175,7 @@ impl PrefixTree {
             index: EvictableIndex::default(),
             digest_sum: 0,
             stale_terms: None,
-            live_pages: PageSet::default(),
+            live_pages: LivePages::default(),
             host_refs: BTreeMap::new(),
             host_pages: 0,
             floor: 0,
