@@ -357,19 +357,25 @@ impl PrefixTree {
     /// counts a hit on every matched node. A match ending inside a node
     /// splits it there, so `node` ends exactly at the match.
     pub fn match_prefix(&mut self, tokens: &[Token], namespace: &Namespace) -> MatchResult {
-        self.match_steps(tokens, namespace).0
+        self.match_steps(tokens, namespace, 0).0
     }
 
-    /// `match_prefix`, with the path it matched (split at its end).
-    fn match_steps(&mut self, tokens: &[Token], namespace: &Namespace) -> (MatchResult, Vec<Step>) {
+    /// `match_prefix`, with the path it matched (split at its end); the
+    /// result's page list has room for at least `room` pages.
+    fn match_steps(
+        &mut self,
+        tokens: &[Token],
+        namespace: &Namespace,
+        room: usize,
+    ) -> (MatchResult, Vec<Step>) {
         let now = self.clock.tick();
         let root = self.ensure_root(namespace, now);
         let mut steps = self.walk(root, tokens);
         self.split_last(&mut steps);
-        let matched = steps.iter().map(|s| s.matched).sum();
+        let matched: usize = steps.iter().map(|s| s.matched).sum();
         let mut result = MatchResult {
             length: 0,
-            device_pages: Vec::with_capacity(matched),
+            device_pages: Vec::with_capacity(matched.max(room)),
             host_length: 0,
             node: root,
             host_node: root,
@@ -497,7 +503,8 @@ impl PrefixTree {
         next_page: &mut u64,
     ) -> usize {
         debug_assert_eq!(self.page_size, 1);
-        let (m, steps) = self.match_steps(pages, namespace);
+        // The match's page list takes the fresh ids too.
+        let (m, steps) = self.match_steps(pages, namespace, pages.len());
         let matched = m.length;
         let new = pages.len() - matched;
         self.lock(m.node).expect("a match result is live");
@@ -508,7 +515,6 @@ impl PrefixTree {
         let keep = matched + new.min(cap.saturating_sub(self.device_pages()));
         let fresh = (keep - matched) as u64;
         let mut ids = m.device_pages;
-        ids.reserve_exact(keep - matched);
         ids.extend(*next_page..*next_page + fresh);
         *next_page += fresh;
         if steps.iter().map(|s| s.matched).sum::<usize>() == matched {
