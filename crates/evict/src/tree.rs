@@ -760,12 +760,15 @@ impl PrefixTree {
             };
             let node = self.node_ref(child);
             let pages = node.pages(ps);
-            let matched = (1..pages.min(total - done))
-                .find(|&i| {
-                    node.tokens[i * ps..(i + 1) * ps]
-                        != tokens[(done + i) * ps..(done + i + 1) * ps]
-                })
-                .unwrap_or(pages.min(total - done));
+            // The first page was matched by `child`; the first token that
+            // differs after it ends the match at its page.
+            let limit = pages.min(total - done);
+            let rest = &tokens[(done + 1) * ps..(done + limit) * ps];
+            let matched = node.tokens[ps..limit * ps]
+                .iter()
+                .zip(rest)
+                .position(|(a, b)| a != b)
+                .map_or(limit, |k| 1 + k / ps);
             steps.push(Step {
                 id: child,
                 matched,
