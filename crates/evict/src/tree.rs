@@ -1196,8 +1196,10 @@ impl PrefixTree {
     }
 
     fn reattach(&mut self, id: NodeId) {
-        self.index_node(id);
-        self.note_idle_root(id);
+        // Only a root can be idle.
+        if self.index_node(id) {
+            self.note_idle_root(id);
+        }
     }
 
     /// Whether root `id` is idle now (no children, no locks), when it is a root.
@@ -1214,17 +1216,20 @@ impl PrefixTree {
         }
     }
 
-    /// Puts a detached node's digest term, queue pages and index entry back.
-    fn index_node(&mut self, id: NodeId) {
+    /// Puts a detached node's digest term, queue pages and index entry back;
+    /// true when the node is a root.
+    fn index_node(&mut self, id: NodeId) -> bool {
         let key = self.key_of(self.nodes.get(id).expect("internal ids are live"));
         self.renew_term(id);
         let node = self.nodes.live_mut(id);
         self.queues
             .enter(node.queue_slot, node.device.as_ref().map_or(0, Vec::len));
+        let root = node.is_root();
         if let Some(tier) = evictable_tier(node) {
             node.indexed = Some((tier, key));
             self.index.insert(tier, key, id);
         }
+        root
     }
 }
 
