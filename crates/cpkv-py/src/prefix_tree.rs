@@ -5,7 +5,7 @@
 //! rejected call raises a typed `cpkv.errors` class and changes nothing.
 
 use cpkv_evict::{Event, NodeId, Policy, PrefixTree as Core};
-use numpy::PyArray1;
+use numpy::{PyArray1, PyArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyTuple};
 
@@ -320,13 +320,19 @@ impl PrefixTree {
     ) -> PyResult<Bound<'py, PyArray1<i64>>> {
         let num_pages = count(num_pages, "num_pages")?;
         let victims = self.evict_core(py, num_pages)?;
-        // Page ids came in as non-negative int64 values, so they fit. Sized
-        // first: a flattening collect cannot know its length and grows.
-        let mut pages = Vec::with_capacity(victims.iter().map(|v| v.pages.len()).sum());
-        pages.extend(victims.iter().flat_map(|v| &v.pages).map(|p| *p as i64));
-        // Copied into an array numpy allocates: cheaper than handing numpy
-        // the vector, which takes a Python object to own it.
-        Ok(PyArray1::from_slice(py, &pages))
+        // Page ids came in as non-negative int64 values, so they fit. They
+        // go straight into an array numpy allocates at their total (no
+        // vector in between): cheaper than handing numpy a vector, which
+        // takes a Python object to own it.
+        let total: usize = victims.iter().map(|v| v.pages.len()).sum();
+        let array = PyArray1::<i64>::zeros(py, total, false);
+        // SAFETY: the array was just made here, so nothing else views it.
+        #[allow(unsafe_code)]
+        let out = unsafe { array.as_slice_mut() }.expect("a new array is contiguous");
+        for (slot, page) in out.iter_mut().zip(victims.iter().flat_map(|v| &v.pages)) {
+            *slot = *page as i64;
+        }
+        Ok(array)
     }
 
     /// Drops host-only leaves until at least `num_pages` host pages are gone.

@@ -109,6 +109,86 @@ impl PageSet {
 }
 
 /// `pages` cut into maximal runs that share a word: (word, their bits, the run).
+/// The device pages a tree holds: the set itself, or, for a shadow tree
+/// (`LivePages::count_only`), only how many. A shadow hands out its own
+/// page ids, ascending and never twice, so no id of it can be in use: the
+/// set would answer no question the count does not.
+#[derive(Debug, Clone)]
+pub enum LivePages {
+    Set(PageSet),
+    Count(usize),
+}
+
+impl Default for LivePages {
+    fn default() -> Self {
+        Self::Set(PageSet::default())
+    }
+}
+
+impl LivePages {
+    pub fn len(&self) -> usize {
+        match self {
+            Self::Set(s) => s.len(),
+            Self::Count(n) => *n,
+        }
+    }
+
+    /// Keeps only the count from now on.
+    pub fn count_only(&mut self) {
+        *self = Self::Count(self.len());
+    }
+
+    pub fn contains(&self, page: PageId) -> bool {
+        match self {
+            Self::Set(s) => s.contains(page),
+            Self::Count(_) => false,
+        }
+    }
+
+    /// True when `page` was not held (always, counting only).
+    pub fn insert(&mut self, page: PageId) -> bool {
+        match self {
+            Self::Set(s) => s.insert(page),
+            Self::Count(n) => {
+                *n += 1;
+                true
+            }
+        }
+    }
+
+    /// Adds `pages`, none of them held.
+    pub fn insert_all(&mut self, pages: &[PageId]) {
+        match self {
+            Self::Set(s) => s.insert_all(pages),
+            Self::Count(n) => *n += pages.len(),
+        }
+    }
+
+    /// Drops `pages`, all of them held.
+    pub fn remove_all(&mut self, pages: &[PageId]) {
+        match self {
+            Self::Set(s) => s.remove_all(pages),
+            Self::Count(n) => *n -= pages.len(),
+        }
+    }
+
+    /// The first page of `pages` that is held (none, counting only).
+    pub fn first_held(&self, pages: &[PageId]) -> Option<PageId> {
+        match self {
+            Self::Set(s) => s.first_held(pages),
+            Self::Count(_) => None,
+        }
+    }
+
+    /// Whether `seen`, every page the tree's nodes hold, is what this holds.
+    pub fn agrees_with(&self, seen: &PageSet) -> bool {
+        match self {
+            Self::Set(s) => s == seen,
+            Self::Count(n) => seen.len() == *n,
+        }
+    }
+}
+
 fn runs(pages: &[PageId]) -> impl Iterator<Item = (u64, u64, &[PageId])> + '_ {
     let mut rest = pages;
     std::iter::from_fn(move || {

@@ -157,6 +157,7 @@ impl Shadows {
                     let mut t = PrefixTree::without_shadows(1, policy).expect("page size 1");
                     t.set_event_limit(0); // no one reads a shadow's residency events
                     t.defer_terms(); // settled once per mirrored insert
+                    t.count_pages_only(); // its page ids are its own, fresh
                     if policy == Policy::Ghost {
                         t.make_shadow(r);
                     }
@@ -201,24 +202,7 @@ impl Shadows {
         let cap = self.capacity;
         let pages = page_words(tokens, self.page_size);
         for (i, t) in self.trees.iter_mut().enumerate() {
-            let m = t.match_prefix(&pages, namespace);
-            let matched = m.length;
-            let new = pages.len() - matched;
-            t.lock(m.node).expect("a match result is live");
-            let room = cap.saturating_sub(t.device_pages());
-            if new > room {
-                t.evict(new - room);
-            }
-            let keep = matched + new.min(cap.saturating_sub(t.device_pages()));
-            let fresh = (keep - matched) as u64;
-            let mut ids = m.device_pages;
-            ids.reserve_exact(keep - matched);
-            ids.extend(self.next_page..self.next_page + fresh);
-            self.next_page += fresh;
-            t.insert(&pages[..keep], &ids, namespace)
-                .expect("fresh page ids");
-            t.unlock(m.node).expect("locked above");
-            t.settle_terms();
+            let matched = t.replay(&pages, namespace, cap, &mut self.next_page);
             self.scores[i] = self.scores[i] - (self.scores[i] >> DECAY_SHIFT)
                 + ((matched as u64) << SCORE_FRACTION_BITS);
         }
@@ -293,6 +277,7 @@ impl Shadows {
             let mut t = PrefixTree::rebuild(d).map_err(|e| format!("shadow {ranking:?}: {e}"))?;
             t.set_event_limit(0);
             t.defer_terms();
+            t.count_pages_only();
             if t.device_pages() > capacity {
                 return Err(format!("shadow {ranking:?} holds more than its capacity"));
             }

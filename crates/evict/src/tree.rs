@@ -33,7 +33,7 @@ use crate::ghost::{content_key, GhostHistory, Weights};
 use crate::ids::{HostKey, NodeId, PageId, Tier, Token};
 use crate::namespace::Namespace;
 use crate::node::{Children, Node};
-use crate::page_set::PageSet;
+use crate::page_set::{LivePages, PageSet};
 use crate::policy::Policy;
 use crate::queues::{Choice, QueueState, Slot};
 use crate::shadow::{PolicyMemory, Ranking, Shadows};
@@ -103,7 +103,7 @@ pub struct PrefixTree {
     /// terms are out of the sum until `settle_terms` (`deferred_terms.rs`).
     stale_terms: Option<Vec<NodeId>>,
     /// Device pages held by the tree.
-    live_pages: PageSet,
+    live_pages: LivePages,
     /// Nodes referring to each host object.
     host_refs: BTreeMap<HostKey, usize>,
     host_pages: usize,
@@ -175,7 +175,7 @@ impl PrefixTree {
             index: EvictableIndex::default(),
             digest_sum: 0,
             stale_terms: None,
-            live_pages: PageSet::default(),
+            live_pages: LivePages::default(),
             host_refs: BTreeMap::new(),
             host_pages: 0,
             floor: 0,
@@ -357,14 +357,25 @@ impl PrefixTree {
     /// counts a hit on every matched node. A match ending inside a node
     /// splits it there, so `node` ends exactly at the match.
     pub fn match_prefix(&mut self, tokens: &[Token], namespace: &Namespace) -> MatchResult {
+        self.match_steps(tokens, namespace, 0).0
+    }
+
+    /// `match_prefix`, with the path it matched (split at its end); the
+    /// result's page list has room for at least `room` pages.
+    fn match_steps(
+        &mut self,
+        tokens: &[Token],
+        namespace: &Namespace,
+        room: usize,
+    ) -> (MatchResult, Vec<Step>) {
         let now = self.clock.tick();
         let root = self.ensure_root(namespace, now);
         let mut steps = self.walk(root, tokens);
         self.split_last(&mut steps);
-        let matched = steps.iter().map(|s| s.matched).sum();
+        let matched: usize = steps.iter().map(|s| s.matched).sum();
         let mut result = MatchResult {
             length: 0,
-            device_pages: Vec::with_capacity(matched),
+            device_pages: Vec::with_capacity(matched.max(room)),
             host_length: 0,
             node: root,
             host_node: root,
@@ -393,7 +404,7 @@ impl PrefixTree {
             result.host_length += step.matched * self.page_size;
             result.host_node = step.id;
         }
-        result
+        (result, steps)
     }
 
     /// Caches the whole pages of `tokens` with one page id per page. Pages of
@@ -414,7 +425,7 @@ impl PrefixTree {
             });
         }
         let tokens = &tokens[..whole_pages * self.page_size];
-        let mut steps = match self.roots.get(namespace) {
+        let steps = match self.roots.get(namespace) {
             Some(&root) => self.walk(root, tokens),
             None => Vec::new(),
         };
@@ -429,7 +440,19 @@ impl PrefixTree {
         }
         adopted.extend_from_slice(&pages[offset..]);
         self.check_new_pages(&adopted)?;
+        Ok(self.insert_along(steps, tokens, pages, namespace))
+    }
 
+    /// `insert` once its pages are checked, along `steps`, the walk of
+    /// `tokens` from the namespace's root (if it has one).
+    fn insert_along(
+        &mut self,
+        mut steps: Vec<Step>,
+        tokens: &[Token],
+        pages: &[PageId],
+        namespace: &Namespace,
+    ) -> InsertResult {
+        let whole_pages = pages.len();
         let now = self.clock.tick();
         let root = self.ensure_root(namespace, now);
         self.split_last(&mut steps);
@@ -463,15 +486,60 @@ impl PrefixTree {
             );
         }
         self.mirror_in_shadows(tokens, namespace);
-        Ok(InsertResult { node: at, cached })
+        InsertResult { node: at, cached }
+    }
+
+    /// A shadow's replay of one request of one-token pages, as an engine
+    /// would make it (match, lock, evict just enough for `cap` device pages,
+    /// insert with fresh ids from `next_page`, unlock), then its deferred
+    /// terms settled. The insert follows the match's path instead of
+    /// walking it again: locked, the path outlives the eviction, and the
+    /// match stopped where no child goes on. Returns the pages matched.
+    pub(crate) fn replay(
+        &mut self,
+        pages: &[Token],
+        namespace: &Namespace,
+        cap: usize,
+        next_page: &mut u64,
+    ) -> usize {
+        debug_assert_eq!(self.page_size, 1);
+        // The match's page list takes the fresh ids too.
+        let (m, steps) = self.match_steps(pages, namespace, pages.len());
+        let matched = m.length;
+        let new = pages.len() - matched;
+        self.lock(m.node).expect("a match result is live");
+        let room = cap.saturating_sub(self.device_pages());
+        if new > room {
+            self.evict(new - room);
+        }
+        let keep = matched + new.min(cap.saturating_sub(self.device_pages()));
+        let fresh = (keep - matched) as u64;
+        let mut ids = m.device_pages;
+        ids.extend(*next_page..*next_page + fresh);
+        *next_page += fresh;
+        if steps.iter().map(|s| s.matched).sum::<usize>() == matched {
+            // Every matched node is on device: the pages to adopt are the
+            // fresh ones, never handed out before.
+            debug_assert!(self.check_new_pages(&ids[matched..]).is_ok());
+            self.insert_along(steps, &pages[..keep], &ids, namespace);
+        } else {
+            self.insert(&pages[..keep], &ids, namespace)
+                .expect("fresh page ids");
+        }
+        self.unlock(m.node).expect("locked above");
+        self.settle_terms();
+        matched
     }
 
     /// Locks `node` and its ancestors against eviction.
     pub fn lock(&mut self, node: NodeId) -> Result<(), EvictError> {
         self.node(node).ok_or(EvictError::UnknownNode(node))?;
         self.clock.tick();
-        self.update(node, |n| n.pins += 1);
-        self.update_path(node, |n| n.locks += 1);
+        self.update(node, |n| {
+            n.pins += 1;
+            n.locks += 1;
+        });
+        self.update_ancestors(node, |n| n.locks += 1);
         Ok(())
     }
 
@@ -483,8 +551,11 @@ impl PrefixTree {
             return Err(EvictError::LockUnderflow(node));
         }
         self.clock.tick();
-        self.update(node, |n| n.pins -= 1);
-        self.update_path(node, |n| n.locks -= 1);
+        self.update(node, |n| {
+            n.pins -= 1;
+            n.locks -= 1;
+        });
+        self.update_ancestors(node, |n| n.locks -= 1);
         Ok(())
     }
 
@@ -650,10 +721,10 @@ impl PrefixTree {
         Ok(node)
     }
 
-    /// Applies `change` (through `update`) to `id` and each of its
-    /// ancestors, from `id` up: no list of the path is built.
-    fn update_path(&mut self, id: NodeId, change: impl Fn(&mut Node)) {
-        let mut at = Some(id);
+    /// Applies `change` (through `update`) to each of `id`'s ancestors,
+    /// from its parent up: no list of the path is built.
+    fn update_ancestors(&mut self, id: NodeId, change: impl Fn(&mut Node)) {
+        let mut at = self.node_ref(id).parent;
         while let Some(id) = at {
             self.update(id, &change);
             at = self.node_ref(id).parent;
@@ -689,12 +760,15 @@ impl PrefixTree {
             };
             let node = self.node_ref(child);
             let pages = node.pages(ps);
-            let matched = (1..pages.min(total - done))
-                .find(|&i| {
-                    node.tokens[i * ps..(i + 1) * ps]
-                        != tokens[(done + i) * ps..(done + i + 1) * ps]
-                })
-                .unwrap_or(pages.min(total - done));
+            // The first page was matched by `child`; the first token that
+            // differs after it ends the match at its page.
+            let limit = pages.min(total - done);
+            let rest = &tokens[(done + 1) * ps..(done + limit) * ps];
+            let matched = node.tokens[ps..limit * ps]
+                .iter()
+                .zip(rest)
+                .position(|(a, b)| a != b)
+                .map_or(limit, |k| 1 + k / ps);
             steps.push(Step {
                 id: child,
                 matched,
@@ -808,7 +882,7 @@ impl PrefixTree {
             0
         };
         let buffer = self.nodes.token_buffer(tokens);
-        let id = self.alloc(Node {
+        let mut node = Node {
             id: NodeId(0),
             parent: Some(parent),
             tokens: buffer,
@@ -829,12 +903,18 @@ impl PrefixTree {
             digest_term: 0,
             term_stale: false,
             indexed: None,
-        });
+        };
+        // The access is stamped before the node is stored, so it is indexed
+        // and hashed once; the queues see its pages as the stored node's
+        // (in the queue of slot 0) while they place it, as they would after.
         let (policy, floor, weights) = (self.policy, self.floor, self.weights());
+        self.queues.enter(0, pages.len());
         let queued = self
             .queues
             .created(content_key(parent, &tokens[..self.page_size]), pages.len());
-        self.update(id, |n| access(n, policy, now, floor, weights, queued));
+        self.queues.leave(0, pages.len());
+        access(&mut node, policy, now, floor, weights, queued);
+        let id = self.alloc(node);
         self.live_pages.insert_all(pages);
         let (p, is_live) = self.nodes.live_mut_and_liveness(parent);
         p.children.insert(word, id, is_live);
@@ -1116,8 +1196,10 @@ impl PrefixTree {
     }
 
     fn reattach(&mut self, id: NodeId) {
-        self.index_node(id);
-        self.note_idle_root(id);
+        // Only a root can be idle.
+        if self.index_node(id) {
+            self.note_idle_root(id);
+        }
     }
 
     /// Whether root `id` is idle now (no children, no locks), when it is a root.
@@ -1134,17 +1216,20 @@ impl PrefixTree {
         }
     }
 
-    /// Puts a detached node's digest term, queue pages and index entry back.
-    fn index_node(&mut self, id: NodeId) {
+    /// Puts a detached node's digest term, queue pages and index entry back;
+    /// true when the node is a root.
+    fn index_node(&mut self, id: NodeId) -> bool {
         let key = self.key_of(self.nodes.get(id).expect("internal ids are live"));
         self.renew_term(id);
         let node = self.nodes.live_mut(id);
         self.queues
             .enter(node.queue_slot, node.device.as_ref().map_or(0, Vec::len));
+        let root = node.is_root();
         if let Some(tier) = evictable_tier(node) {
             node.indexed = Some((tier, key));
             self.index.insert(tier, key, id);
         }
+        root
     }
 }
 

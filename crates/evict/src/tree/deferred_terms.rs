@@ -19,6 +19,12 @@ impl PrefixTree {
         self.stale_terms.get_or_insert_with(Vec::new);
     }
 
+    /// Keeps only the count of the device pages held, not the set (a
+    /// shadow, which hands out fresh page ids itself: `LivePages`).
+    pub(crate) fn count_pages_only(&mut self) {
+        self.live_pages.count_only();
+    }
+
     /// Hashes the nodes changed since the last call into the digest (nothing
     /// for a tree that does not defer its terms).
     pub(crate) fn settle_terms(&mut self) {

@@ -109,7 +109,7 @@ impl PrefixTree {
                 }
             }
         }
-        if pages_seen != self.live_pages {
+        if !self.live_pages.agrees_with(&pages_seen) {
             return Err("live page set out of sync".into());
         }
         if host_refs != self.host_refs || host_pages != self.host_pages {
