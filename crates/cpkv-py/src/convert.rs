@@ -70,7 +70,7 @@ pub(crate) fn uint(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
 }
 
 /// `uint` with the argument's name built only when there is an error to name it in.
-fn uint_named(obj: &Bound<'_, PyAny>, name: &dyn Fn() -> String) -> PyResult<u64> {
+pub(crate) fn uint_named(obj: &Bound<'_, PyAny>, name: &dyn Fn() -> String) -> PyResult<u64> {
     // The hot path: an exact int in range (bools are a subclass, not exact).
     if obj.is_exact_instance_of::<PyInt>() {
         if let Some(value) = exact_int_u64(obj) {

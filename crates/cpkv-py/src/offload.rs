@@ -16,7 +16,9 @@ use numpy::{PyArray1, PyArray2, PyArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
-use crate::convert::{count, describe, int_vector, invalid, uint, wrong_type, PolicyArg};
+use crate::convert::{
+    count, describe, int_vector, invalid, uint, uint_named, wrong_type, PolicyArg,
+};
 use crate::errors::cpkv_error;
 use crate::shared::{unshared, Shared};
 use crate::tier::tier_error;
@@ -159,7 +161,7 @@ fn positions(
         .map(|k| match dict.get_item(k)? {
             None => Ok(None),
             // The one integer rule: a wrong type or a value out of range, named.
-            Some(v) => uint(&v, &format!("positions[{}]", hex(k.as_bytes()))).map(Some),
+            Some(v) => uint_named(&v, &|| format!("positions[{}]", hex(k.as_bytes()))).map(Some),
         })
         .collect()
 }

@@ -114,6 +114,68 @@ impl Hasher for WordHasher {
     }
 }
 
+/// A `Hasher` for hash tables with composite or byte-string keys (engine
+/// keys, request ids, (group, position) pairs): each word is folded in with
+/// one rotate, xor and multiply, bytes eight at a time, and `finish` mixes
+/// once. Several times cheaper than SipHash on the short keys cpkv's tables
+/// hold. Tables built with it are only looked up, never iterated in a
+/// decision, so their order cannot leak; the keys they hold are engine
+/// hashes, not text an attacker chooses bucket by bucket.
+#[derive(Debug, Clone, Copy)]
+pub struct KeyHasher(u64);
+
+/// `BuildHasher` of `KeyHasher`.
+pub type KeyHashing = BuildHasherDefault<KeyHasher>;
+
+impl Default for KeyHasher {
+    fn default() -> Self {
+        Self(SEED)
+    }
+}
+
+impl KeyHasher {
+    #[inline]
+    fn fold(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(26) ^ word).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+impl Hasher for KeyHasher {
+    #[inline]
+    fn finish(&self) -> u64 {
+        mix64(self.0)
+    }
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for chunk in &mut chunks {
+            self.fold(u64::from_le_bytes(chunk.try_into().expect("8 bytes")));
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut word = [0u8; 8];
+            word[..rest.len()].copy_from_slice(rest);
+            self.fold(u64::from_le_bytes(word) ^ ((rest.len() as u64) << 59));
+        }
+    }
+    #[inline]
+    fn write_u8(&mut self, value: u8) {
+        self.fold(u64::from(value));
+    }
+    #[inline]
+    fn write_u32(&mut self, value: u32) {
+        self.fold(u64::from(value));
+    }
+    #[inline]
+    fn write_u64(&mut self, value: u64) {
+        self.fold(value);
+    }
+    #[inline]
+    fn write_usize(&mut self, value: usize) {
+        self.fold(value as u64);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -138,6 +200,38 @@ mod tests {
             assert_ne!(hash_words(1, &[w, 5]), hash_words(1, &[w, 6]));
             assert_ne!(hash_words(1, &[5, w]), hash_words(1, &[6, w]));
         }
+    }
+
+    /// Engine-like keys (sequential block hashes, then a four-byte group):
+    /// every key its own hash, and the low bits, which pick a table's
+    /// bucket, spread over all their values.
+    #[test]
+    fn key_hasher_spreads_sequential_keys() {
+        use std::hash::BuildHasher;
+        let hashing = KeyHashing::default();
+        let hashes: Vec<u64> = (0..65_536u64)
+            .map(|i| {
+                let mut key = i.to_be_bytes().to_vec();
+                key.extend_from_slice(&[0, 0, 0, 1]);
+                hashing.hash_one(key.as_slice())
+            })
+            .collect();
+        let mut distinct = hashes.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(distinct.len(), hashes.len());
+        let mut buckets = vec![0u32; 4096];
+        for h in &hashes {
+            buckets[(h & 4095) as usize] += 1;
+        }
+        let (least, most) = (buckets.iter().min(), buckets.iter().max());
+        assert!(least >= Some(&2) && most <= Some(&40), "{least:?} {most:?}");
+        // A trailing zero byte, or the same words in another order, differ.
+        assert_ne!(hashing.hash_one(&b"ab"[..]), hashing.hash_one(&b"ab\0"[..]));
+        assert_ne!(
+            hashing.hash_one((1u32, 2u64)),
+            hashing.hash_one((2u32, 1u64))
+        );
     }
 
     proptest! {

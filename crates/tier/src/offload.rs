@@ -30,7 +30,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use cpkv_evict::{Namespace, NodeId, Policy, PrefixTree};
-use cpkv_hash::{hash_words, Hasher64};
+use cpkv_hash::{hash_words, Hasher64, KeyHashing};
 
 use crate::error::{Result, TierError};
 
@@ -101,7 +101,10 @@ struct Pin {
 }
 
 /// A request's chunks by (group, end position): (slot, serial).
-type Chain = HashMap<(u32, u64), (u32, u64)>;
+type Chain = Map<(u32, u64), (u32, u64)>;
+
+/// The index's tables: looked up, never iterated in a decision.
+type Map<K, V> = HashMap<K, V, KeyHashing>;
 
 /// Where a new chunk's parent is: earlier in the same call, or resident.
 #[derive(Debug, Clone, Copy)]
@@ -148,7 +151,9 @@ pub struct OffloadIndex {
     tree: PrefixTree,
     slots: Vec<Option<Chunk>>,
     free_slots: Vec<u32>,
-    by_key: HashMap<Box<[u8]>, u32>,
+    /// Each resident chunk's slot by its key's token (`token_of`); a
+    /// lookup confirms the key itself, so a token never names a wrong key.
+    by_token: Map<u64, u32>,
     by_row: Vec<u32>,
     free_rows: Vec<u32>,
     used_rows: u32,
@@ -156,10 +161,10 @@ pub struct OffloadIndex {
     next_pin: u64,
     /// (request, its chunks sorted) -> load pins, oldest first: an engine
     /// completes a load with the same keys.
-    loads: HashMap<(Box<str>, Vec<u32>), VecDeque<u64>>,
+    loads: Map<(Box<str>, Vec<u32>), VecDeque<u64>>,
     /// Per live request: (group, end position) -> (slot, serial) of the
     /// chunks it loaded, touched or stored, so a later store finds parents.
-    requests: HashMap<Box<str>, Chain>,
+    requests: Map<Box<str>, Chain>,
     next_serial: u64,
     epoch: u64,
     evicted: u64,
@@ -216,14 +221,14 @@ impl OffloadIndex {
             tree,
             slots: Vec::new(),
             free_slots: Vec::new(),
-            by_key: HashMap::new(),
+            by_token: Map::default(),
             by_row: Vec::new(),
             free_rows: Vec::new(),
             used_rows: 0,
             pins: BTreeMap::new(),
             next_pin: 0,
-            loads: HashMap::new(),
-            requests: HashMap::new(),
+            loads: Map::default(),
+            requests: Map::default(),
             next_serial: 1,
             epoch: 0,
             evicted: 0,
@@ -238,10 +243,10 @@ impl OffloadIndex {
         self.policy
     }
     pub fn len(&self) -> usize {
-        self.by_key.len()
+        self.by_token.len()
     }
     pub fn is_empty(&self) -> bool {
-        self.by_key.is_empty()
+        self.by_token.is_empty()
     }
     pub fn free_rows(&self) -> u64 {
         u64::from(self.capacity - self.used_rows)
@@ -282,9 +287,9 @@ impl OffloadIndex {
     // ---- the engine's calls ---------------------------------------------
 
     pub fn lookup(&self, key: &[u8]) -> KeyState {
-        match self.by_key.get(key) {
+        match self.slot_of(key) {
             None => KeyState::Miss,
-            Some(&slot) => match self.chunk(slot).state {
+            Some(slot) => match self.chunk(slot).state {
                 State::Ready => KeyState::Ready,
                 State::Pending => KeyState::Pending,
                 State::Failed => KeyState::Miss,
@@ -304,8 +309,8 @@ impl OffloadIndex {
         Self::check_call(keys, positions)?;
         let mut slots = Vec::with_capacity(keys.len());
         for key in keys {
-            match self.by_key.get(*key) {
-                Some(&s) if self.chunk(s).state == State::Ready => slots.push(s),
+            match self.slot_of(key) {
+                Some(s) if self.chunk(s).state == State::Ready => slots.push(s),
                 _ => {
                     return Err(TierError::BadKey {
                         key: hex(key),
@@ -336,8 +341,8 @@ impl OffloadIndex {
     pub fn complete_load(&mut self, request: &str, keys: &[&[u8]]) {
         let mut job = Vec::with_capacity(keys.len());
         for key in keys {
-            match self.by_key.get(*key) {
-                Some(&s) => job.push(s),
+            match self.slot_of(key) {
+                Some(s) => job.push(s),
                 None => return,
             }
         }
@@ -364,10 +369,7 @@ impl OffloadIndex {
         positions: &[Option<u64>],
     ) -> Result<()> {
         Self::check_call(keys, positions)?;
-        let slots: Vec<u32> = keys
-            .iter()
-            .filter_map(|k| self.by_key.get(*k).copied())
-            .collect();
+        let slots: Vec<u32> = keys.iter().filter_map(|k| self.slot_of(k)).collect();
         let nodes = self.lock(&slots)?;
         for node in nodes {
             self.tree.unlock(node)?;
@@ -375,7 +377,7 @@ impl OffloadIndex {
         let resident: Vec<(u32, Option<u64>)> = keys
             .iter()
             .zip(positions)
-            .filter_map(|(k, p)| self.by_key.get(*k).map(|&s| (s, *p)))
+            .filter_map(|(k, p)| self.slot_of(k).map(|s| (s, *p)))
             .collect();
         let (s, p): (Vec<u32>, Vec<Option<u64>>) = resident.into_iter().unzip();
         self.remember(request, &s, &p);
@@ -392,15 +394,35 @@ impl OffloadIndex {
         positions: &[Option<u64>],
     ) -> Result<Option<StorePlan>> {
         Self::check_call(keys, positions)?;
-        // The first occurrence of each key, in offer order.
-        let mut seen: HashMap<&[u8], ()> = HashMap::with_capacity(keys.len());
-        let unique: Vec<usize> = (0..keys.len())
-            .filter(|&i| seen.insert(keys[i], ()).is_none())
-            .collect();
-        let mut in_call: HashMap<(u32, u64), usize> = HashMap::new();
+        // The first occurrence of each key, in offer order, its token and
+        // its slot when resident (eviction below spares them: they are
+        // locked). Two distinct keys with one token (odds of about 2^-64 a
+        // pair) are refused before anything changes.
+        let mut seen: Map<u64, usize> = Map::default();
+        seen.reserve(keys.len());
+        let mut unique: Vec<(usize, Option<u32>)> = Vec::with_capacity(keys.len());
+        let mut tokens = vec![0; keys.len()];
+        for (i, key) in keys.iter().enumerate() {
+            let token = token_of(key);
+            if let Some(&first) = seen.get(&token) {
+                if keys[first] == *key {
+                    continue;
+                }
+                return Err(Self::collision(key));
+            }
+            seen.insert(token, i);
+            tokens[i] = token;
+            let slot = match self.by_token.get(&token) {
+                Some(&s) if *self.chunk(s).key == **key => Some(s),
+                Some(_) => return Err(Self::collision(key)),
+                None => None,
+            };
+            unique.push((i, slot));
+        }
+        let mut in_call: Map<(u32, u64), usize> = Map::default();
         let mut parents = vec![Parent::None; keys.len()];
         let chain = self.requests.get(request);
-        for &i in &unique {
+        for &(i, _) in &unique {
             let Some(end) = positions[i] else { continue };
             let group = group_of(keys[i]);
             if let Some(&step) = self.tokens_per_chunk.get(group as usize) {
@@ -418,22 +440,20 @@ impl OffloadIndex {
             }
             in_call.insert((group, end), i);
         }
-        let resident: Vec<u32> = unique
+        let resident: Vec<u32> = unique.iter().filter_map(|&(_, slot)| slot).collect();
+        let mut new: Vec<usize> = unique
             .iter()
-            .filter_map(|&i| self.by_key.get(keys[i]).copied())
+            .filter(|(_, slot)| slot.is_none())
+            .map(|&(i, _)| i)
             .collect();
-        let mut guarded: Vec<u32> = Vec::new();
-        for &i in &unique {
-            if self.by_key.contains_key(keys[i]) {
-                continue;
-            }
-            let parent = match parents[i] {
+        let mut guarded: Vec<u32> = new
+            .iter()
+            .filter_map(|&i| match parents[i] {
                 Parent::Slot(s) => Some(s),
-                Parent::InCall(j) => self.by_key.get(keys[j]).copied(),
+                Parent::InCall(j) => self.slot_of(keys[j]),
                 Parent::None => None,
-            };
-            guarded.extend(parent);
-        }
+            })
+            .collect();
         guarded.extend(resident.iter().copied());
         let guard = self.lock(&guarded)?;
 
@@ -445,11 +465,6 @@ impl OffloadIndex {
                 c.state == State::Failed && c.store_pin.is_none()
             })
             .collect();
-        let mut new: Vec<usize> = unique
-            .iter()
-            .copied()
-            .filter(|&i| !self.by_key.contains_key(keys[i]))
-            .collect();
         let evicted = self.make_room(new.len())?;
         let fits = new.len().min(self.free_rows() as usize);
         if !new.is_empty() && fits == 0 && rewrite.is_empty() {
@@ -459,7 +474,7 @@ impl OffloadIndex {
             return Ok(None);
         }
         new.truncate(fits);
-        let placed = self.place(keys, &new, &parents);
+        let placed = self.place(keys, &tokens, &new, &parents);
         for node in guard {
             self.tree.unlock(node)?;
         }
@@ -488,8 +503,8 @@ impl OffloadIndex {
             self.chunk_mut(s).mark = epoch;
         }
         let mut stored_slots = Vec::new();
-        for &i in &unique {
-            let Some(&slot) = self.by_key.get(keys[i]) else {
+        for &(i, _) in &unique {
+            let Some(slot) = self.slot_of(keys[i]) else {
                 continue;
             };
             let c = self.chunk(slot);
@@ -510,7 +525,7 @@ impl OffloadIndex {
     pub fn complete_store(&mut self, keys: &[&[u8]], success: bool) -> Vec<usize> {
         let mut stored = Vec::new();
         for (i, key) in keys.iter().enumerate() {
-            let Some(&slot) = self.by_key.get(*key) else {
+            let Some(slot) = self.slot_of(key) else {
                 continue;
             };
             let Some(pin) = self.chunk_mut(slot).store_pin.take() else {
@@ -609,7 +624,7 @@ impl OffloadIndex {
     /// A readable key's row and serial; reads nothing else and changes
     /// nothing.
     pub fn locate(&self, key: &[u8]) -> Option<Placed> {
-        let c = self.chunk(*self.by_key.get(key)?);
+        let c = self.chunk(self.slot_of(key)?);
         (c.state == State::Ready).then_some(Placed {
             row: c.row,
             serial: c.serial,
@@ -672,21 +687,20 @@ impl OffloadIndex {
     }
 
     pub fn row_of(&self, key: &[u8]) -> Option<u32> {
-        self.by_key.get(key).map(|&s| self.chunk(s).row)
+        self.slot_of(key).map(|s| self.chunk(s).row)
     }
 
     /// The key before `key` on its path, when it is on the host.
     pub fn parent_of(&self, key: &[u8]) -> Option<Box<[u8]>> {
-        let &slot = self.by_key.get(key)?;
+        let slot = self.slot_of(key)?;
         let parent = self.chunk(slot).parent;
         (parent != NO_SLOT).then(|| self.chunk(parent).key.clone())
     }
 
     /// Whether `key`'s store is in flight.
     pub fn is_storing(&self, key: &[u8]) -> bool {
-        self.by_key
-            .get(key)
-            .is_some_and(|&s| self.chunk(s).store_pin.is_some())
+        self.slot_of(key)
+            .is_some_and(|s| self.chunk(s).store_pin.is_some())
     }
 
     pub fn stats(&self) -> OffloadStats {
@@ -709,20 +723,21 @@ impl OffloadIndex {
         self.tree.check_invariants()?;
         let live = self.slots.iter().flatten().count();
         if self.tree.device_pages() != live
-            || self.by_key.len() != live
+            || self.by_token.len() != live
             || self.used_rows as usize != live
         {
             return Err(format!(
                 "{live} chunks, {} tree pages, {} keys, {} rows used",
                 self.tree.device_pages(),
-                self.by_key.len(),
+                self.by_token.len(),
                 self.used_rows
             ));
         }
         for (slot, c) in self.slots.iter().enumerate() {
             let Some(c) = c else { continue };
             if self.by_row[c.row as usize] != slot as u32
-                || self.by_key.get(&c.key) != Some(&(slot as u32))
+                || self.by_token.get(&c.token) != Some(&(slot as u32))
+                || c.token != token_of(&c.key)
             {
                 return Err(format!(
                     "chunk {} is not where its row and key say",
@@ -737,6 +752,19 @@ impl OffloadIndex {
     }
 
     // ---- inside ---------------------------------------------------------
+
+    /// The resident chunk holding `key`.
+    fn slot_of(&self, key: &[u8]) -> Option<u32> {
+        let &slot = self.by_token.get(&token_of(key))?;
+        (*self.chunk(slot).key == *key).then_some(slot)
+    }
+
+    fn collision(key: &[u8]) -> TierError {
+        TierError::BadKey {
+            key: hex(key),
+            reason: "has the same 64-bit hash as another key on the host or in the call",
+        }
+    }
 
     fn serial_at(&self, slot: u32) -> Option<u64> {
         self.slots.get(slot as usize)?.as_ref().map(|c| c.serial)
@@ -858,7 +886,7 @@ impl OffloadIndex {
                     .take()
                     .expect("a victim's row holds a chunk");
                 self.chunk_digest = self.chunk_digest.wrapping_sub(chunk_term(&chunk));
-                self.by_key.remove(&chunk.key);
+                self.by_token.remove(&chunk.token);
                 self.free_slots.push(slot);
                 self.free_rows.push(row as u32);
                 self.used_rows -= 1;
@@ -872,12 +900,18 @@ impl OffloadIndex {
     /// Rows for the `new` keys, inserted into the tree and pinned until
     /// their stores complete. One insert per run of chunks that continue
     /// each other.
-    fn place(&mut self, keys: &[&[u8]], new: &[usize], parents: &[Parent]) -> Result<()> {
+    fn place(
+        &mut self,
+        keys: &[&[u8]],
+        tokens: &[u64],
+        new: &[usize],
+        parents: &[Parent],
+    ) -> Result<()> {
         let mut runs: Vec<Vec<u32>> = Vec::new();
         for &i in new {
             let parent = match parents[i] {
                 Parent::Slot(s) => s,
-                Parent::InCall(j) => self.by_key.get(keys[j]).copied().unwrap_or(NO_SLOT),
+                Parent::InCall(j) => self.slot_of(keys[j]).unwrap_or(NO_SLOT),
                 Parent::None => NO_SLOT,
             };
             let row = self.free_rows.pop().unwrap_or_else(|| {
@@ -887,7 +921,7 @@ impl OffloadIndex {
             self.used_rows += 1;
             let chunk = Chunk {
                 key: keys[i].into(),
-                token: token_of(keys[i]),
+                token: tokens[i],
                 group: group_of(keys[i]),
                 parent,
                 row,
@@ -908,7 +942,7 @@ impl OffloadIndex {
                     (self.slots.len() - 1) as u32
                 }
             };
-            self.by_key.insert(keys[i].into(), slot);
+            self.by_token.insert(tokens[i], slot);
             self.by_row[row as usize] = slot;
             match runs.last_mut() {
                 Some(run) if run.last() == Some(&parent) => run.push(slot),
@@ -935,5 +969,61 @@ impl OffloadIndex {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cpkv_hash::{mix64, SEED};
+
+    /// A second 24-byte key (group 0) with `key`'s token: the key hash
+    /// absorbs word by word through a bijection, so the second word can
+    /// undo a different first one.
+    fn colliding(key: &[u8; 24]) -> [u8; 24] {
+        let word =
+            |k: &[u8; 24], i: usize| u64::from_le_bytes(k[8 * i..8 * i + 8].try_into().unwrap());
+        let start = mix64(mix64(SEED ^ TOKEN_TAG) ^ 24);
+        let first = word(key, 0) ^ 1;
+        let second = mix64(start ^ word(key, 0)) ^ mix64(start ^ first) ^ word(key, 1);
+        let mut other = *key;
+        other[..8].copy_from_slice(&first.to_le_bytes());
+        other[8..16].copy_from_slice(&second.to_le_bytes());
+        assert_ne!(&other, key);
+        assert_eq!(token_of(&other), token_of(key));
+        other
+    }
+
+    #[test]
+    fn a_key_whose_token_another_key_holds_is_refused_and_changes_nothing() {
+        let a = *b"first key, and group 0:\0";
+        let b = colliding(&a);
+        let mut index = OffloadIndex::new(4, Policy::Lru, vec![1]).unwrap();
+        // Both in one call: refused before anything is placed.
+        let err = index.prepare_store("r", &[&a, &b], &[Some(1), Some(2)]);
+        assert!(matches!(err, Err(TierError::BadKey { .. })), "{err:?}");
+        assert_eq!(
+            (index.len(), index.digest()),
+            (
+                0,
+                OffloadIndex::new(4, Policy::Lru, vec![1]).unwrap().digest()
+            )
+        );
+        // One resident, the other offered: refused, and the other reads as a miss.
+        let plan = index
+            .prepare_store("r", &[&a], &[Some(1)])
+            .unwrap()
+            .unwrap();
+        assert_eq!(plan.store, [0]);
+        index.complete_store(&[&a], true);
+        let before = index.digest();
+        let err = index.prepare_store("s", &[&b], &[Some(1)]);
+        assert!(matches!(err, Err(TierError::BadKey { .. })), "{err:?}");
+        assert_eq!((index.len(), index.digest()), (1, before));
+        assert_eq!(
+            (index.lookup(&a), index.lookup(&b)),
+            (KeyState::Ready, KeyState::Miss)
+        );
+        index.check().unwrap();
     }
 }
