@@ -292,6 +292,11 @@ def _rank_main(fn: Callable[..., Any], rank: int, world: int, port: int, timeout
     try:
         dist.init_process_group("gloo", rank=rank, world_size=world, timeout=as_timedelta(timeout_s))
         try:
+            # gloo's init returns on a rank once its own connections are up, not every rank's: a
+            # rank whose function makes no collective could finish and close its sockets while a
+            # slower peer is still connecting, failing that peer's init ("Connection closed by
+            # peer", seen in CI). Past this barrier (under the group's timeout) every mesh is up.
+            dist.barrier()
             result = fn(rank, world, *args)
         finally:
             if dist.is_initialized():
