@@ -13,27 +13,15 @@ use std::time::Duration;
 use cpkv_tier::{KeyState, OffloadIndex, Policy};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 
+mod common;
+use common::Rng;
+
 const REQUESTS: usize = 8_192;
 const ACTIVE: u64 = 64;
 const SYSTEM_PROMPTS: u64 = 6;
 const MAX_CHUNKS: u64 = 48;
 /// Tokens per chunk: a key's end position is its index times this.
 const STEP: u64 = 256;
-
-/// xorshift64*: enough randomness for a stream shape, no crate needed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next() % (hi - lo + 1)
-    }
-}
 
 /// One request: its chunk keys (8 bytes naming the chunk's content, then
 /// group 0) and each key's end position.

@@ -12,6 +12,9 @@ use std::time::Duration;
 use cpkv_tier::{Namespace, Policy, TierCache, TierConfig};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 
+mod common;
+use common::Rng;
+
 const NS: Namespace = Namespace::Default;
 const PAGE: usize = 16;
 const REQUESTS: usize = 16_384;
@@ -20,22 +23,6 @@ const SYSTEM_PROMPTS: u64 = 8;
 const MAX_PAGES: usize = 256;
 const COMMIT_EVERY: usize = 4;
 const SEED: u64 = 0x9e37_79b9_7f4a_7c15;
-
-/// xorshift64*: enough randomness for a stream shape, no crate needed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    /// Uniform in `lo..=hi`.
-    fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next() % (hi - lo + 1)
-    }
-}
 
 /// Conversations (full final token vectors) and requests (conversation,
 /// pages): request `r` is the first `pages` pages of its conversation, so a
