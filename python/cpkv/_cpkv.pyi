@@ -442,6 +442,8 @@ class OffloadIndex:
     bytes or a ``prepare_load`` of a key that is not readable raises ``InvalidArgumentError``;
     a refused call changes nothing."""
 
+    MAX_ROWS: int  # the most rows (``capacity``) an index takes: rows are int32
+
     def __new__(cls, capacity: int, policy: str, tokens_per_chunk: _IntVector,
                 results: tuple[object, object, object]) -> OffloadIndex: ...
     def lookup(self, key: bytes, req_context: object = None) -> object:

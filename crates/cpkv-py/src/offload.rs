@@ -197,6 +197,10 @@ fn single_key<'a>(key: &'a Bound<'_, PyAny>) -> PyResult<&'a [u8]> {
 
 #[pymethods]
 impl OffloadIndex {
+    /// The most rows (the `capacity`) an index takes: rows are int32.
+    #[classattr]
+    const MAX_ROWS: u64 = MAX_OFFLOAD_ROWS;
+
     #[new]
     #[pyo3(signature = (capacity, policy, tokens_per_chunk, results))]
     fn new(

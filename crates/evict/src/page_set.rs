@@ -108,7 +108,6 @@ impl PageSet {
     }
 }
 
-/// `pages` cut into maximal runs that share a word: (word, their bits, the run).
 /// The device pages a tree holds: the set itself, or, for a shadow tree
 /// (`LivePages::count_only`), only how many. A shadow hands out its own
 /// page ids, ascending and never twice, so no id of it can be in use: the
@@ -189,6 +188,7 @@ impl LivePages {
     }
 }
 
+/// `pages` cut into maximal runs that share a word: (word, their bits, the run).
 fn runs(pages: &[PageId]) -> impl Iterator<Item = (u64, u64, &[PageId])> + '_ {
     let mut rest = pages;
     std::iter::from_fn(move || {

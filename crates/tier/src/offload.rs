@@ -412,6 +412,7 @@ impl OffloadIndex {
             }
             seen.insert(token, i);
             tokens[i] = token;
+            // One probe tells resident, new, and another key's token apart.
             let slot = match self.by_token.get(&token) {
                 Some(&s) if *self.chunk(s).key == **key => Some(s),
                 Some(_) => return Err(Self::collision(key)),
@@ -450,7 +451,7 @@ impl OffloadIndex {
             .iter()
             .filter_map(|&i| match parents[i] {
                 Parent::Slot(s) => Some(s),
-                Parent::InCall(j) => self.slot_of(keys[j]),
+                Parent::InCall(j) => self.slot_at(tokens[j], keys[j]),
                 Parent::None => None,
             })
             .collect();
@@ -504,7 +505,7 @@ impl OffloadIndex {
         }
         let mut stored_slots = Vec::new();
         for &(i, _) in &unique {
-            let Some(slot) = self.slot_of(keys[i]) else {
+            let Some(slot) = self.slot_at(tokens[i], keys[i]) else {
                 continue;
             };
             let c = self.chunk(slot);
@@ -755,7 +756,12 @@ impl OffloadIndex {
 
     /// The resident chunk holding `key`.
     fn slot_of(&self, key: &[u8]) -> Option<u32> {
-        let &slot = self.by_token.get(&token_of(key))?;
+        self.slot_at(token_of(key), key)
+    }
+
+    /// `slot_of`, with the key's token already at hand.
+    fn slot_at(&self, token: u64, key: &[u8]) -> Option<u32> {
+        let &slot = self.by_token.get(&token)?;
         (*self.chunk(slot).key == *key).then_some(slot)
     }
 
@@ -911,7 +917,7 @@ impl OffloadIndex {
         for &i in new {
             let parent = match parents[i] {
                 Parent::Slot(s) => s,
-                Parent::InCall(j) => self.slot_of(keys[j]).unwrap_or(NO_SLOT),
+                Parent::InCall(j) => self.slot_at(tokens[j], keys[j]).unwrap_or(NO_SLOT),
                 Parent::None => NO_SLOT,
             };
             let row = self.free_rows.pop().unwrap_or_else(|| {

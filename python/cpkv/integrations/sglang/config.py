@@ -13,10 +13,10 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from cpkv._cpkv import OffloadIndex
 from cpkv.errors import InvalidArgumentError, UnknownPolicyError
 
 LAYOUTS = ("replicated", "striped", "sliced")
-MAX_ROWS = (1 << 31) - 1  # the index's row limit (OffloadIndex numbers rows in int32)
 
 KEYS = {
     "cpkv_pages": "slab rows per node (one row holds one SGLang page of every rank that shares it), int >= 1; required",
@@ -51,8 +51,9 @@ class CpkvStorageSettings:
         if "cpkv_pages" not in extra:
             raise InvalidArgumentError("extra config key 'cpkv_pages' is required: " + KEYS["cpkv_pages"])
         pages = _int(extra, "cpkv_pages", 1)
-        if pages > MAX_ROWS:
-            raise InvalidArgumentError(f"extra config key 'cpkv_pages': {pages} is out of range (at most {MAX_ROWS})")
+        if pages > OffloadIndex.MAX_ROWS:
+            raise InvalidArgumentError(
+                f"extra config key 'cpkv_pages': {pages} is out of range (at most {OffloadIndex.MAX_ROWS})")
         policy = extra.get("cpkv_policy", DEFAULT_POLICY)
         from cpkv import PrefixTree
 
