@@ -33,6 +33,9 @@ class Index:
     def __index__(self) -> int:
         return self.value
 
+    def __repr__(self) -> str:  # test ids must not hold an address (xdist collects in each worker)
+        return f"Index({self.value})"
+
 
 class LyingLength:
     """A sequence whose ``__len__`` claims far more items than iteration yields."""

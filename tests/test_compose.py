@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import cpkv
-from cpkv.compose import ComposeConfig, ComposePlan, LocalGroup, PlanCache, SlotSpans, override_config
+from cpkv.compose import ComposeConfig, ComposePlan, CudaIpcGroup, LocalGroup, PlanCache, SlotSpans, override_config
 from cpkv.compose import invalidate_config
 from cpkv.runtime.layout import CpLayout
 from cpkv.compose.config import DEBUG_ENV, compose_config
@@ -295,3 +295,11 @@ def test_debug_mode_catches_a_corrupted_plan():
     source.flags.writeable = True
     source[2] = 1  # a wrong owner: off, nothing checks it and the compose goes through
     LocalGroup(2).compose(bad, pools, current)
+
+
+# Here, not in test_compose_cuda.py: ``make gpu-check`` runs that whole file and counts a skip there
+# (this test skips on a GPU machine) as a failure.
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
+def test_cuda_group_refuses_to_start_without_cuda():
+    with pytest.raises(InvalidArgumentError, match="needs CUDA"):
+        CudaIpcGroup()
