@@ -70,6 +70,36 @@ def test_a_load_back_waits_for_the_callers_stream_before_writing(recorded):
         ctl.close()
 
 
+def test_a_batch_of_loads_makes_each_stream_wait_once_per_layer(recorded):
+    """The handles of one load_batch share its copies: the caller's stream waits on each layer's
+    event once, however many handles wait, and another stream waits for itself."""
+    engine = _Engine(0, 1, 3, host_pages=64)
+    ctl = engine.ctl
+    try:
+        convs = [_tokens(3 * i, 3) for i in range(4)]  # no two share a prefix
+        _to_host_only(engine, convs)
+        recorded.log.clear()
+        hits = [ctl.lookup(tokens) for tokens in convs]
+        loads = ctl.load_batch(hits)
+        assert [load.num_pages for load in loads] == [3] * 4
+        for layer in range(3):
+            for load in loads:
+                load.wait(layer)
+        for tokens, load in zip(convs, loads):
+            engine.check(tokens, load.pages)
+        layer_events = [e[2] for e in recorded.log if e[:2] == ("record", "load")]
+        assert len(layer_events) == 3  # one copy per layer for the whole batch
+        assert [e[2] for e in recorded.entries("wait", "caller")] == layer_events
+        with recorded.on("other"):
+            loads[0].wait(1)
+            loads[1].wait(1)
+        assert [e[2] for e in recorded.entries("wait", "other")] == [layer_events[1]]
+        for hit in hits:
+            ctl.release(hit)
+    finally:
+        ctl.close()
+
+
 def test_backups_run_after_the_callers_work_and_commit_only_once_their_events_completed(recorded):
     engine = _Engine(0, 1, 2, host_pages=64)
     ctl = engine.ctl

@@ -68,6 +68,15 @@ class _PendingBackup:
     events: dict[int, Any] = field(default_factory=dict)  # device pools: layer -> its copy's done event
 
 
+@dataclass
+class _LoadJob:
+    """One ``load_batch``'s copy for the load-back worker, and what the load stream waits for first."""
+
+    signals: _LoadSignals
+    copy: RowCopy
+    after: list[Any]
+
+
 def _layer_index(layer: Any, num_layers: int) -> int:
     """``layer`` as an int in ``[0, num_layers)``: ArgumentTypeError for a bool, a float or anything
     else that is no int (even when it would compare equal to one), InvalidArgumentError out of range."""
@@ -95,41 +104,67 @@ def _pools_device(device_pools: Mapping[str, Sequence[Any]]) -> Any:
     return next(iter(devices.values()))
 
 
+class _LoadSignals:
+    """What the load-back worker tells every handle of one ``load_batch`` (they share its copies):
+    per layer, set once the layer's copy is done (CPU pools) or issued (device pools), that copy's
+    device event, and the error that ended the batch. Shared, so a forward of ``n`` loads costs
+    ``L`` signals and ``L`` stream waits, not ``n * L`` of each."""
+
+    def __init__(self, num_layers: int, *, ready: bool = False) -> None:
+        self.ready = [threading.Event() for _ in range(num_layers)]
+        self.events: list[Any] = [None] * num_layers  # device pools: the layer's copy-done event
+        self.waited: list[Any] = [None] * num_layers  # device pools: the stream that last waited on it
+        self.error: BaseException | None = None
+        if ready:
+            for event in self.ready:
+                event.set()
+
+
 class LoadHandle:
     """A load-back in flight: ``pages`` are the device pages it fills, ``wait(layer)`` blocks
     until this rank's owned pages of that layer are in its pool."""
 
-    def __init__(self, pages: np.ndarray, num_layers: int, timeout_s: float, streams: Any = None) -> None:
+    def __init__(self, pages: np.ndarray, num_layers: int, timeout_s: float, streams: Any = None, *,
+                 signals: _LoadSignals | None = None) -> None:
         self.pages = pages
-        self._ready = [threading.Event() for _ in range(num_layers)]
-        self._events: list[Any] = [None] * num_layers  # device pools: the layer's copy-done event
+        # load_batch's handles share their batch's signals; a handle made alone has its own.
+        self._signals = signals if signals is not None else _LoadSignals(num_layers)
         self._streams = streams
         self._timeout_s = timeout_s
-        self.error: BaseException | None = None
 
     @property
     def num_pages(self) -> int:
         return len(self.pages)
 
+    @property
+    def error(self) -> BaseException | None:
+        """What ended this load (its batch's copy failed or a wait ran out of time), else None."""
+        return self._signals.error
+
     def wait(self, layer: int) -> None:
         """CPU pools: returns once the layer's rows are in the pool. Device pools: returns once its
         copies are issued, and the caller's current stream then waits for them (the host does not)."""
-        layer = _layer_index(layer, len(self._ready))
-        if not self._ready[layer].wait(self._timeout_s):
-            self.error = CollectiveTimeoutError(f"load-back of layer {layer} did not finish within "
-                                                f"{self._timeout_s:g} s")
-        if self.error is not None:
-            raise self.error
-        event = self._events[layer]
+        signals = self._signals
+        layer = _layer_index(layer, len(signals.ready))
+        if not signals.ready[layer].wait(self._timeout_s):
+            signals.error = CollectiveTimeoutError(f"load-back of layer {layer} did not finish within "
+                                                   f"{self._timeout_s:g} s")
+        if signals.error is not None:
+            raise signals.error
+        event = signals.events[layer]
         if event is not None:
-            self._streams.wait(self._streams.current(), event)
+            stream = self._streams.current()
+            # Another handle of the batch may have made this stream wait on the event already.
+            if signals.waited[layer] != stream:
+                self._streams.wait(stream, event)
+                signals.waited[layer] = stream
 
     def wait_all(self) -> None:
-        for layer in range(len(self._ready)):
+        for layer in range(len(self._signals.ready)):
             self.wait(layer)
 
     def done(self) -> bool:
-        return all(e.is_set() for e in self._ready)
+        return all(e.is_set() for e in self._signals.ready)
 
 
 class CacheController:
@@ -199,10 +234,10 @@ class CacheController:
         self._load_tail: Any = None  # the last load-back copy's event: slab rows it read may be rewritten after it
         self._backups: list[_PendingBackup] = []
         self._merged_backups: tuple[tuple[int, ...], RowCopy | None] = ((), None)
-        self._loads: list[LoadHandle] = []
+        self._loads: list[LoadHandle] = []  # one per load_batch, over all its pages
         self._load_failed = False
         self._load_worker: threading.Thread | None = None
-        self._copy_queue: list[tuple[LoadHandle, RowCopy, list[Any]]] = []
+        self._copy_queue: list[_LoadJob] = []
         self._copy_cv = threading.Condition()
         self._closed = False
         self.forwards = 0
@@ -285,23 +320,28 @@ class CacheController:
             raise ArgumentTypeError(f"load_batch takes a sequence of Lookups, got {hits!r}")
         for hit in hits:  # all checked before any page is taken
             _check_lookup(hit, "load")
-        handles, jobs = [], []
+        timeout_s = self.settings.transfer_timeout_s
+        loading, nothing = _LoadSignals(self.num_layers), _LoadSignals(self.num_layers, ready=True)
+        handles, copies, loaded = [], [], []
         for hit in hits:
             runs = self.core.plan_load(hit.node) if hit.locked and hit.host_tokens > hit.device_tokens else []
-            pages = np.concatenate([r.device_pages for r in runs]) if runs else np.zeros(0, dtype=np.int64)
-            handle = LoadHandle(pages, self.num_layers, self.settings.transfer_timeout_s, self._streams)
-            handles.append(handle)
             if runs:
-                jobs.append((handle, self._owned(pages, np.concatenate([r.host_pages for r in runs]))))
+                pages = np.concatenate([r.device_pages for r in runs])
+                copies.append(self._owned(pages, np.concatenate([r.host_pages for r in runs])))
+                loaded.append(pages)
+                handles.append(LoadHandle(pages, self.num_layers, timeout_s, self._streams, signals=loading))
             else:
-                for event in handle._ready:
-                    event.set()
-        if jobs:
+                handles.append(LoadHandle(np.zeros(0, dtype=np.int64), self.num_layers, timeout_s, self._streams,
+                                          signals=nothing))
+        if copies:
             # The load stream starts after what the caller queued so far (an earlier forward's kernels
             # may still read the rows it overwrites) and after the backups issued so far.
             after = [] if self._streams is None else \
                 [e for e in (self._streams.record(self._streams.current()), self._backup_tail) if e is not None]
-            self._enqueue([(handle, copy, after) for handle, copy in jobs])
+            # The batch as one handle over all its pages: what end_forward checks and free waits for.
+            self._loads.append(LoadHandle(np.concatenate(loaded), self.num_layers, timeout_s, self._streams,
+                                          signals=loading))
+            self._enqueue(_LoadJob(loading, RowCopy.merged(copies), after))
         return handles
 
     def insert(self, tokens: Any, pages: Any, namespace: Any = None) -> InsertOutcome:
@@ -478,10 +518,9 @@ class CacheController:
         row_bytes = sum(spec.row_bytes for spec in self.payloads.values())
         return len(copy) * row_bytes * self.num_layers
 
-    def _enqueue(self, jobs: list[tuple[LoadHandle, RowCopy, list[Any]]]) -> None:
-        self._loads.extend(handle for handle, _, _ in jobs)
+    def _enqueue(self, job: _LoadJob) -> None:
         with self._copy_cv:
-            self._copy_queue.extend(jobs)
+            self._copy_queue.append(job)
             self._copy_cv.notify()
         if self._load_worker is None:
             self._load_worker = threading.Thread(target=self._copy_loads, name="cpkv-load", daemon=True)
@@ -497,39 +536,37 @@ class CacheController:
                 if self._closed:
                     return
                 jobs, self._copy_queue = self._copy_queue, []
-            handles = [handle for handle, _, _ in jobs]
             try:
-                copy = RowCopy.merged([c for _, c, _ in jobs])
+                copy = RowCopy.merged([job.copy for job in jobs])
                 if self._streams is None:
                     for layer in range(self.num_layers):
                         self._copy_layer(layer, copy, to_slab=False)
-                        for handle in handles:
-                            handle._ready[layer].set()
+                        for job in jobs:
+                            job.signals.ready[layer].set()
                 else:
-                    self._copy_loads_on_device(jobs, handles, copy)
+                    self._copy_loads_on_device(jobs, copy)
                 self.counters["bytes_loaded"] += self._copy_bytes(copy)
             except BaseException as err:  # noqa: BLE001 -- reported to the waiters and to the next commit
                 self._load_failed = True
-                for handle in handles:
-                    handle.error = err
-                    for event in handle._ready:
+                for job in jobs:
+                    job.signals.error = err
+                    for event in job.signals.ready:
                         event.set()
 
-    def _copy_loads_on_device(self, jobs: list[tuple[LoadHandle, RowCopy, list[Any]]], handles: list[LoadHandle],
-                              copy: RowCopy) -> None:
+    def _copy_loads_on_device(self, jobs: list[_LoadJob], copy: RowCopy) -> None:
         """The load stream waits for what each job's caller had queued, then copies layer by layer;
         each layer's event is what ``LoadHandle.wait`` makes the caller's stream wait on."""
         ops, stream = self._streams, self._load_stream
-        for _, _, after in jobs:
-            for event in after:
+        for job in jobs:
+            for event in job.after:
                 ops.wait(stream, event)
         for layer in range(self.num_layers):
             with ops.on(stream):
                 self._copy_layer(layer, copy, to_slab=False)
             event = self._load_tail = ops.record(stream)
-            for handle in handles:
-                handle._events[layer] = event
-                handle._ready[layer].set()
+            for job in jobs:
+                job.signals.events[layer] = event
+                job.signals.ready[layer].set()
 
     def _all_reduce_min(self, values: list[int], what: str) -> list[int]:
         self.counters["collectives"] += 1
