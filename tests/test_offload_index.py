@@ -52,6 +52,17 @@ def test_one_request_stores_then_loads():
     ix.check()
 
 
+def test_lookup_answers_false_true_none_without_results():
+    ix = OffloadIndex(3, "lru", [1])
+    key = sglang_keys([1])[0].encode() + bytes(4)
+    assert ix.lookup(key) is False
+    ix.store(sglang_keys([1]))
+    assert ix.lookup(key) is True
+    pending = b"pend" + bytes(4)
+    assert ix.prepare_store([pending], "r") is not None
+    assert ix.lookup(pending) is None
+
+
 @pytest.mark.parametrize("call, error, words", [
     (lambda ix: ix.lookup("abcd"), ArgumentTypeError, "key must be bytes"),
     (lambda ix: ix.lookup(1234), ArgumentTypeError, "key must be bytes"),

@@ -38,7 +38,7 @@ def test_it_is_the_offload_index_fed_the_same_stores():
     """Byte-exact: the same rows, handles and digest as OffloadIndex.store with each key's documented
     bytes (UTF-8, then group 0's four bytes) and prefix_keys[-1] as the prefix."""
     ix = ReplicatedIndex(40)
-    core = OffloadIndex(40, DEFAULT_POLICY, [1], (None, None, None))
+    core = OffloadIndex(40, DEFAULT_POLICY, [1])
     for keys, prefix in stream():
         got = ix.store(keys, prefix)
         want = core.store([k.encode() + bytes(4) for k in keys], prefix[-1].encode() + bytes(4) if prefix else None)

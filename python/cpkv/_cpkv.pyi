@@ -445,7 +445,9 @@ class OffloadIndex:
     MAX_ROWS: int  # the most rows (``capacity``) an index takes: rows are int32
 
     def __new__(cls, capacity: int, policy: str, tokens_per_chunk: _IntVector,
-                results: tuple[object, object, object]) -> OffloadIndex: ...
+                results: tuple[object, object, object] | None = None) -> OffloadIndex:
+        """``results``: what ``lookup`` answers (miss, readable, in flight); by default ``False``,
+        ``True``, ``None``."""
     def lookup(self, key: bytes, req_context: object = None) -> object:
         """``results[0]`` (miss or failed store), ``[1]`` (readable) or ``[2]`` (store in flight)."""
     def prepare_load(self, keys: Iterable[bytes], request: str,

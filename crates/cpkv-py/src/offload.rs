@@ -11,10 +11,10 @@
 //! backend) take `str` keys too, and answer in int64 arrays the backend
 //! indexes its row stamps with directly.
 
-use cpkv_tier::{KeyState, OffloadIndex as Core, Placed, GROUP_BYTES, MAX_OFFLOAD_ROWS};
+use cpkv_tier::{key_hex, KeyState, OffloadIndex as Core, Placed, GROUP_BYTES, MAX_OFFLOAD_ROWS};
 use numpy::{PyArray1, PyArray2, PyArrayMethods};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
+use pyo3::types::{PyBool, PyBytes, PyDict, PyList, PyString, PyTuple};
 
 use crate::convert::{
     count, describe, int_vector, invalid, uint, uint_named, wrong_type, PolicyArg,
@@ -161,13 +161,11 @@ fn positions(
         .map(|k| match dict.get_item(k)? {
             None => Ok(None),
             // The one integer rule: a wrong type or a value out of range, named.
-            Some(v) => uint_named(&v, &|| format!("positions[{}]", hex(k.as_bytes()))).map(Some),
+            Some(v) => {
+                uint_named(&v, &|| format!("positions[{}]", key_hex(k.as_bytes()))).map(Some)
+            }
         })
         .collect()
-}
-
-fn hex(key: &[u8]) -> String {
-    key.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn request_id(request: &Bound<'_, PyAny>) -> PyResult<String> {
@@ -202,13 +200,15 @@ impl OffloadIndex {
     const MAX_ROWS: u64 = MAX_OFFLOAD_ROWS;
 
     #[new]
-    #[pyo3(signature = (capacity, policy, tokens_per_chunk, results))]
+    /// `results`: what `lookup` answers (miss, readable, in flight); by default `False`, `True`,
+    /// `None`, for an engine that does not look keys up one by one (SGLang's `store`/`locate`).
+    #[pyo3(signature = (capacity, policy, tokens_per_chunk, results = None))]
     fn new(
         py: Python<'_>,
         capacity: &Bound<'_, PyAny>,
         policy: PolicyArg,
         tokens_per_chunk: &Bound<'_, PyAny>,
-        results: (Py<PyAny>, Py<PyAny>, Py<PyAny>),
+        results: Option<(Py<PyAny>, Py<PyAny>, Py<PyAny>)>,
     ) -> PyResult<Self> {
         let capacity = uint(capacity, "capacity")?;
         if capacity == 0 || capacity > MAX_OFFLOAD_ROWS {
@@ -224,9 +224,16 @@ impl OffloadIndex {
             )));
         }
         let core = unshared(py, || Core::new(capacity, policy.0, tokens))?.map_err(tier_error)?;
+        let results = match results {
+            Some((miss, readable, in_flight)) => [miss, readable, in_flight],
+            None => {
+                let flag = |b: bool| PyBool::new(py, b).to_owned().into_any().unbind();
+                [flag(false), flag(true), py.None()]
+            }
+        };
         Ok(Self {
             core: Shared::new(core),
-            results: [results.0, results.1, results.2],
+            results,
         })
     }
 
@@ -438,7 +445,7 @@ impl OffloadIndex {
         self.core.with(py, |c| c.row_of(k))?.ok_or_else(|| {
             cpkv_error(
                 "UnknownKeyError",
-                format!("key {} is not on the host", hex(k)),
+                format!("key {} is not on the host", key_hex(k)),
             )
         })
     }

@@ -54,7 +54,7 @@ pub use cpkv_evict::{Namespace, NodeId, PageId, Policy};
 pub use device_pool::DevicePool;
 pub use error::{Result, TierError};
 pub use offload::{
-    KeyState, OffloadIndex, OffloadStats, Placed, StorePlan, GROUP_BYTES, MAX_OFFLOAD_ROWS,
+    key_hex, KeyState, OffloadIndex, OffloadStats, Placed, StorePlan, GROUP_BYTES, MAX_OFFLOAD_ROWS,
 };
 pub use ownership::{owned_rows, OwnedRows};
 pub use plan::{Backup, CommitOutcome, InsertOutcome, LoadPlan, LoadRun, Lookup};

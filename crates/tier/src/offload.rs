@@ -182,7 +182,8 @@ fn token_of(key: &[u8]) -> u64 {
     Hasher64::new(TOKEN_TAG).bytes(key).finish()
 }
 
-fn hex(key: &[u8]) -> String {
+/// An engine key as errors name it: its bytes in hex.
+pub fn key_hex(key: &[u8]) -> String {
     key.iter().map(|b| format!("{b:02x}")).collect()
 }
 
@@ -267,7 +268,7 @@ impl OffloadIndex {
     pub fn check_keys(keys: &[&[u8]]) -> Result<()> {
         match keys.iter().find(|k| k.len() < GROUP_BYTES) {
             Some(k) => Err(TierError::BadKey {
-                key: hex(k),
+                key: key_hex(k),
                 reason: "is shorter than the 4 bytes that name its group",
             }),
             None => Ok(()),
@@ -313,7 +314,7 @@ impl OffloadIndex {
                 Some(s) if self.chunk(s).state == State::Ready => slots.push(s),
                 _ => {
                     return Err(TierError::BadKey {
-                        key: hex(key),
+                        key: key_hex(key),
                         reason: "is not readable on the host",
                     })
                 }
@@ -742,11 +743,11 @@ impl OffloadIndex {
             {
                 return Err(format!(
                     "chunk {} is not where its row and key say",
-                    hex(&c.key)
+                    key_hex(&c.key)
                 ));
             }
             if c.parent != NO_SLOT && self.slots[c.parent as usize].is_none() {
-                return Err(format!("chunk {}'s parent left first", hex(&c.key)));
+                return Err(format!("chunk {}'s parent left first", key_hex(&c.key)));
             }
         }
         Ok(())
@@ -767,7 +768,7 @@ impl OffloadIndex {
 
     fn collision(key: &[u8]) -> TierError {
         TierError::BadKey {
-            key: hex(key),
+            key: key_hex(key),
             reason: "has the same 64-bit hash as another key on the host or in the call",
         }
     }
@@ -861,7 +862,7 @@ impl OffloadIndex {
                 }
                 return Err(TierError::Divergence(format!(
                     "key {} matched {} of {} chunks in the prefix tree",
-                    hex(&self.chunk(slot).key),
+                    key_hex(&self.chunk(slot).key),
                     found.length,
                     tokens.len()
                 )));

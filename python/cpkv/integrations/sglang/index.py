@@ -47,8 +47,7 @@ class ReplicatedIndex:
         self.rows = rows
         self.policy = policy
         # One token per position: store() numbers a call's pages 1, 2, ... after its prefix's 0.
-        # lookup() is not used here, so its three results are placeholders.
-        self._core = OffloadIndex(rows, policy, [1], (None, None, None))
+        self._core = OffloadIndex(rows, policy, [1])
         self.stores = 0  # the backend's digest-check cadence
 
     # -- reads (any thread; never change anything) ---------------------------------------------
