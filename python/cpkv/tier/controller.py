@@ -322,26 +322,29 @@ class CacheController:
             _check_lookup(hit, "load")
         timeout_s = self.settings.transfer_timeout_s
         loading, nothing = _LoadSignals(self.num_layers), _LoadSignals(self.num_layers, ready=True)
-        handles, copies, loaded = [], [], []
+        handles: list[LoadHandle] = []
+        loaded: list[np.ndarray] = []
+        host_rows: list[np.ndarray] = []
         for hit in hits:
             runs = self.core.plan_load(hit.node) if hit.locked and hit.host_tokens > hit.device_tokens else []
             if runs:
                 pages = np.concatenate([r.device_pages for r in runs])
-                copies.append(self._owned(pages, np.concatenate([r.host_pages for r in runs])))
                 loaded.append(pages)
+                host_rows.extend(r.host_pages for r in runs)
                 handles.append(LoadHandle(pages, self.num_layers, timeout_s, self._streams, signals=loading))
             else:
                 handles.append(LoadHandle(np.zeros(0, dtype=np.int64), self.num_layers, timeout_s, self._streams,
                                           signals=nothing))
-        if copies:
+        if loaded:
             # The load stream starts after what the caller queued so far (an earlier forward's kernels
             # may still read the rows it overwrites) and after the backups issued so far.
             after = [] if self._streams is None else \
                 [e for e in (self._streams.record(self._streams.current()), self._backup_tail) if e is not None]
-            # The batch as one handle over all its pages: what end_forward checks and free waits for.
-            self._loads.append(LoadHandle(np.concatenate(loaded), self.num_layers, timeout_s, self._streams,
-                                          signals=loading))
-            self._enqueue(_LoadJob(loading, RowCopy.merged(copies), after))
+            # The batch as one handle over all its pages (what end_forward checks and free waits for)
+            # and one copy: the owned rows of all its pages at once.
+            pages = np.concatenate(loaded)
+            self._loads.append(LoadHandle(pages, self.num_layers, timeout_s, self._streams, signals=loading))
+            self._enqueue(_LoadJob(loading, self._owned(pages, np.concatenate(host_rows)), after))
         return handles
 
     def insert(self, tokens: Any, pages: Any, namespace: Any = None) -> InsertOutcome:
