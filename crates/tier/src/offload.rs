@@ -370,18 +370,17 @@ impl OffloadIndex {
         positions: &[Option<u64>],
     ) -> Result<()> {
         Self::check_call(keys, positions)?;
-        let slots: Vec<u32> = keys.iter().filter_map(|k| self.slot_of(k)).collect();
+        // Each key hashed once: a lock and unlock change no residency.
+        let (slots, positions): (Vec<u32>, Vec<Option<u64>>) = keys
+            .iter()
+            .zip(positions)
+            .filter_map(|(k, p)| self.slot_of(k).map(|s| (s, *p)))
+            .unzip();
         let nodes = self.lock(&slots)?;
         for node in nodes {
             self.tree.unlock(node)?;
         }
-        let resident: Vec<(u32, Option<u64>)> = keys
-            .iter()
-            .zip(positions)
-            .filter_map(|(k, p)| self.slot_of(k).map(|s| (s, *p)))
-            .collect();
-        let (s, p): (Vec<u32>, Vec<Option<u64>>) = resident.into_iter().unzip();
-        self.remember(request, &s, &p);
+        self.remember(request, &slots, &positions);
         Ok(())
     }
 
