@@ -121,6 +121,28 @@ def test_gpus_are_one_per_rank_when_enough_else_shared():
         gpu_for_rank(2, 2, 1)
 
 
+def test_a_cuda_rank_makes_its_gpu_current_and_opens_its_group_there(monkeypatch):
+    from cpkv.replay import device as device_module
+
+    current = []
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", current.append)
+    opened = {}
+
+    class Group:
+        def __init__(self, *, timeout_s, device):
+            opened.update(timeout_s=timeout_s, device=device)
+
+    monkeypatch.setattr("cpkv.compose.CudaIpcGroup", Group)
+    where = device_module.replay_device("cuda", 3, 4)
+    assert where.device == torch.device("cuda", 1) and current == [1]
+    where.open_group(7.5)
+    assert opened == {"timeout_s": 7.5, "device": torch.device("cuda", 1)}
+    assert device_module.replay_device("cpu", 3, 4).device == torch.device("cpu")
+    with pytest.raises(InvalidArgumentError, match="cpu or cuda"):
+        device_module.replay_device("tpu", 0, 1)
+
+
 @pytest.mark.parametrize("row_bytes", [KV_ROW_MIN_BYTES, 17, 64, 130])
 def test_expected_rows_on_the_device_are_kv_rows(row_bytes):
     ids = np.array([0, 1, 2, 1 + 2**60, 2**32 + 1, 2**63 - 1, 251, 256, 7, 7], dtype=np.int64)

@@ -92,8 +92,8 @@ def replay_rank(rank: int, world: int, options: ReplayOptions, requests: list[tu
         ctl = CacheController(layout=layout, device_pages=options.device_pages, host_pages=options.host_pages,
                               payloads=options.payloads, device_pools=pools, policy=options.policy,
                               process_group=None, settings=settings)
-        # The controller's stream ops (None for CPU pools): the replay orders and times its own work with them.
-        clock = ReplayClock(ctl._streams)
+        # The controller's stream ops (None for CPU pools): the replay times its own work with them.
+        clock = ReplayClock(ctl.streams)
         check = ByteCheck(where.device)
         expected = ExpectedRows(where.device, options.layers, [spec.row_bytes for spec in options.payloads.values()])
         try:

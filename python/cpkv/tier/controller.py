@@ -247,6 +247,12 @@ class CacheController:
                          "transfers_aborted": 0}
         self.copy_times = CopyTimes(self._streams)  # what backups and load-backs took (stats: *_copy_ns)
 
+    @property
+    def streams(self) -> Any:
+        """How the cache orders its copies (:mod:`cpkv.tier.streams`): CUDA streams of the pools'
+        device, or None for CPU pools. An engine orders its own work on the same terms."""
+        return self._streams
+
     # -- setup --------------------------------------------------------------------------------
 
     def _create_slab(self, host_pages: int) -> HostSlab:
