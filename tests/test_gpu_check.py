@@ -74,6 +74,7 @@ class FakeMachine:
             wrong = self.changes.get("replay_wrong", 0)
             report = {"verification failures (pages)": wrong, "final digest": "0x00000000000000ab",
                       "composed_bytes": 4096, "verified_bytes": 4096 - 32 * wrong, "ms per forward (slowest rank)": 1.5,
+                      "ms in compose barriers per forward (slowest rank)": 0.5,
                       "compose GB/s per rank": 100.0, "backup GB/s per rank": 20.0, "load-back GB/s per rank": 18.0}
             out.write_text(json.dumps({"report": report}))
             return Ran(1 if wrong else 0, "", "", 5.0)
@@ -105,7 +106,7 @@ def test_a_healthy_gpu_machine_passes_with_one_table(capsys):
     assert "gpu-check: PASS (4 passed, 0 failed, 1 skipped or not available)" in out
     assert re.search(r"test_tier_cuda::test_cuda_pools\[nccl-2-2\]\s+skip\s+0.0\s+skipped: needs 2 GPUs", out)
     assert re.search(r"replay --device cuda \(short\)\s+PASS\s+5.0\s+4,096 composed bytes verified, digests equal; "
-                     r"1.50 ms/forward; GB/s per rank: compose 100.00, backup 20.00, load-back 18.00", out)
+                     r"1.50 ms/forward \(0.50 in barriers\); GB/s per rank: compose 100.00, backup 20.00, load-back 18.00", out)
     assert "K+V, 2 x 32 KB rows: backup 10.0 GB/s (1.00 of plain), load 5.0 GB/s (0.50 of plain)" in out
     assert "byte-exact; staged vs all-reduce cp 1: 3.00x, cp 2: 3.00x, cp 4: 3.00x" in out
     assert sum(limit for _, limit in machine.calls) <= 600  # the whole check fits ten minutes

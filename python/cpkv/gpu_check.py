@@ -198,7 +198,8 @@ def _replay_row(run: Runner, work: Path, limit_s: float) -> Row:
     failed = _failed_run(name, ran, limit_s)
     return failed or Row(name, PASS, ran.seconds, (
         f"{report['composed_bytes']:,} composed bytes verified, digests equal; "
-        f"{report['ms per forward (slowest rank)']:.2f} ms/forward; GB/s per rank: compose "
+        f"{report['ms per forward (slowest rank)']:.2f} ms/forward "
+        f"({report['ms in compose barriers per forward (slowest rank)']:.2f} in barriers); GB/s per rank: compose "
         f"{report['compose GB/s per rank']:.2f}, backup {report['backup GB/s per rank']:.2f}, "
         f"load-back {report['load-back GB/s per rank']:.2f}"))
 

@@ -149,6 +149,7 @@ def replay_rank(rank: int, world: int, options: ReplayOptions, requests: list[tu
         finally:
             ctl.close()
         counters["compose_barriers"] = group.stats.barriers
+        barrier_s = group.stats.barrier_s
     stats.update(counters)
     stats["digest"] = ctl.digest()
     stats["wall_s"] = time.perf_counter() - started
@@ -156,6 +157,7 @@ def replay_rank(rank: int, world: int, options: ReplayOptions, requests: list[tu
     stats["forward_s"] = clock.forward_s
     stats["compose_s"] = clock.compose_s
     stats["compose_timed_bytes"] = clock.compose_bytes
+    stats["barrier_s"] = barrier_s
     return stats
 
 

@@ -49,6 +49,7 @@ def report(options: ReplayOptions, requests: list[tuple[int, ...]], results: lis
         ("wall time (s)", wall_s),
         ("ms per forward (slowest rank)", max(r["forward_s"] for r in results) / forwards * 1e3),
         ("compose GB/s per rank", _rate(results, "compose_timed_bytes", "compose_s")),
+        ("ms in compose barriers per forward (slowest rank)", max(r["barrier_s"] for r in results) / forwards * 1e3),
         ("backup GB/s per rank", _rate(results, "backup_copy_bytes", "backup_copy_ns", 1e-9)),
         ("load-back GB/s per rank", _rate(results, "load_copy_bytes", "load_copy_ns", 1e-9)),
         ("requests / s", len(requests) / wall_s),
