@@ -166,12 +166,15 @@ def test_the_clock_reads_device_times_only_after_the_forwards_sync():
         started = clock.start()
         clock.stop(started, 100)
     assert double.elapsed == [] and double.entries("sync") == []
-    clock.end_forward()
+    clock.sync_forward()
     assert len(double.entries("sync")) == 1 and len(double.elapsed) == 3
     assert clock.compose_bytes == 300 and clock.compose_s == pytest.approx(3e-3)
+    clock.end_forward()
+    assert clock.forward_s > 0
     cpu = ReplayClock(None)
     cpu.begin_forward()
     cpu.stop(cpu.start(), 10)
+    cpu.sync_forward()
     cpu.end_forward()
     assert cpu.compose_bytes == 10 and cpu.compose_s >= 0 and cpu.forward_s > 0
 

@@ -8,7 +8,7 @@ are enough, several per GPU when not.
 
 The device path never blocks the host inside a forward. Its timings are events on the caller's
 stream and its byte check counts wrong rows on the device; both are read once per forward, after
-the one synchronisation that ends it (:meth:`ReplayClock.end_forward`). That synchronisation is
+the one synchronisation that ends its layers (:meth:`ReplayClock.sync_forward`). That synchronisation is
 also what orders every peer's gathers of this forward before any rank's writes in the next: the
 forward's commit all-reduce follows it on every rank, and pool rows are rewritten (new KV,
 load-backs) only after that all-reduce.
@@ -97,14 +97,18 @@ class ReplayClock:
     def begin_forward(self) -> None:
         self._forward_started = time.perf_counter()
 
-    def end_forward(self) -> None:
-        """Waits until the caller's stream has run the forward (device path), then reads its times."""
+    def sync_forward(self) -> None:
+        """Waits until the caller's stream has run the forward's layers (device path), then reads
+        the composes' times."""
         if self._streams is not None:
             self._streams.synchronize(self._streams.record(self._streams.current()))
         for start, end, nbytes in self._spans:
             self.compose_s += end - start if self._streams is None else self._streams.elapsed_s(start, end)
             self.compose_bytes += nbytes
         self._spans.clear()
+
+    def end_forward(self) -> None:
+        """The forward is over (its commit point included)."""
         self.forward_s += time.perf_counter() - self._forward_started
 
 

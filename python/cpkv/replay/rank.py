@@ -130,7 +130,7 @@ def replay_rank(rank: int, world: int, options: ReplayOptions, requests: list[tu
                 running = _admit(ctl, requests, admitted, hits, page, counters)
                 _forward(ctl, group, running, options, payload_names, counters, layout, where.device, clock, check,
                          expected)
-                clock.end_forward()  # the device path's one sync: the forward's bytes are composed and checked
+                clock.sync_forward()  # the device path's one sync: the forward's bytes are composed and checked
                 wrong_rows, wrong_bytes = check.take()
                 counters["verification_failures"] += wrong_rows
                 counters["verified_bytes"] -= wrong_bytes
@@ -139,6 +139,7 @@ def replay_rank(rank: int, world: int, options: ReplayOptions, requests: list[tu
                 for index in admitted:
                     ctl.release(hits[index])
                 ctl.end_forward()
+                clock.end_forward()
                 counters["forwards"] += 1
                 progress.update(len(admitted))
             ctl.flush_backups()
