@@ -1,9 +1,10 @@
 """``cpkv replay --device cuda`` on a GPU (skipped without one; ``make gpu-check`` runs it).
 
 The same replay as on the CPU, with the pools in GPU memory shared over CUDA IPC, the pinned slab
-and the side streams: every composed byte checked, and the decisions, so the final digest and the
-hit rates, equal to the CPU run's on the same options. Its device logic runs on the CPU in
-``test_replay_device.py``.
+and the side streams: every composed byte checked, the digests equal across ranks. (Not equal to a
+CPU run's: a backup still in flight at a forward's commit point commits a forward later, which the
+CPU's synchronous copies never do, and what the host holds follows from that.) Its device logic
+runs on the CPU in ``test_replay_device.py``.
 """
 
 from __future__ import annotations
@@ -23,9 +24,6 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 ARGS = ["--requests", "120", "--layers", "3", "--payloads", "kv:4x8:float8_e4m3fn,index:16:bfloat16",
         "--device-pages", "48", "--host-pages", "512", "--check-every", "2", "--quiet"]
-DECIDED = ("prefix hit rate: device", "prefix hit rate: host", "prefix hit rate: total", "forwards",
-           "device evictions (victims / pages)", "host evictions (victims / pages)", "backups committed / skipped",
-           "MB composed (all ranks)", "agreement checks passed", "final digest")
 
 
 def _replay(tmp_path: Path, name: str, *args: str) -> dict:
@@ -39,13 +37,13 @@ def _replay(tmp_path: Path, name: str, *args: str) -> dict:
 @needs_cuda
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("ranks, gpus", [(2, 1), (4, 1), (2, 2)], ids=["2-on-1", "4-on-1", "2-on-2"])
-def test_replay_on_cuda_checks_every_byte_and_decides_as_on_the_cpu(tmp_path: Path, ranks: int, gpus: int):
+def test_replay_on_cuda_checks_every_byte_with_ranks_sharing_or_owning_gpus(tmp_path: Path, ranks: int, gpus: int):
     if torch.cuda.device_count() < gpus:
         pytest.skip(f"needs {gpus} GPUs, this machine has {torch.cuda.device_count()}")
     cuda = _replay(tmp_path, "cuda", "--device", "cuda", "--ranks", str(ranks), *ARGS)
     report = cuda["report"]
-    assert report["verification failures (pages)"] == 0
-    assert report["verified_bytes"] == report["composed_bytes"] > 0
+    assert report["verification failures (pages)"] == 0 and "ranks differ" not in report["final digest"]
+    assert report["verified_bytes"] == report["composed_bytes"] > 0 and report["agreement checks passed"] > 0
     assert report["prefix hit rate: host"] > 0 and report["MB loaded (all ranks)"] > 0
     devices = [r["device"] for r in cuda["per_rank"]]
     want = [f"cuda:{r}" for r in range(ranks)] if gpus >= ranks else ["cuda:0"] * ranks
@@ -53,8 +51,6 @@ def test_replay_on_cuda_checks_every_byte_and_decides_as_on_the_cpu(tmp_path: Pa
     for key in ("ms per forward (slowest rank)", "compose GB/s per rank", "backup GB/s per rank",
                 "load-back GB/s per rank"):
         assert report[key] > 0, key
-    cpu = _replay(tmp_path, "cpu", "--device", "cpu", "--ranks", str(ranks), *ARGS)["report"]
-    assert {k: report[k] for k in DECIDED} == {k: cpu[k] for k in DECIDED}
 
 
 def _corrupting_rank(rank: int, world: int, options, requests: list) -> dict:
