@@ -469,7 +469,8 @@ class CacheController:
         return self.core.digest()
 
     def stats(self) -> dict[str, int]:
-        """Replicated decision counters, this rank's byte counters, and suppressed warnings."""
+        """Replicated decision counters, this rank's byte counters and copy times (``backup_copy_ns``,
+        ``load_copy_ns`` and their bytes: :mod:`cpkv.tier.timing`), and suppressed warnings."""
         out = dict(self.core.stats())
         out.update(self.counters)
         self.copy_times.settle()
