@@ -65,14 +65,19 @@ class FakeMachine:
                 return Ran(None, "", "", timeout_s)
             wrong = self.changes.get("wrong_bytes", 0)
             copies = [{"label": "K+V, 2 x 32 KB rows", "layer_bytes": 1e6, "backup_s": 1e-4, "load_s": 2e-4,
-                       "bytes_checked": 1000, "bytes_wrong": wrong}]
+                       "plain_backup_s": 1e-4, "plain_load_s": 1e-4, "bytes_checked": 1000, "bytes_wrong": wrong}]
             out.write_text(json.dumps({"copies": copies}))
             return Ran(1 if wrong else 0, "", "cpkv bench tier: bytes differ" if wrong else "", 8.0)
         if "replay" in argv:
-            if self.changes.get("replay_built"):
-                return Ran(0, "verification failures (pages) 0\n", "", 5.0)
-            return Ran(2, "", "cpkv: error: --device cuda: the replay's device path is not built yet (use --device "
-                               "cpu)\n", 1.0)
+            if self.changes.get("replay_crash"):
+                return Ran(1, "", "cpkv: replay failed: rank 1: CollectiveTimeoutError: compose barrier\n", 5.0)
+            wrong = self.changes.get("replay_wrong", 0)
+            report = {"verification failures (pages)": wrong, "final digest": "0x00000000000000ab",
+                      "composed_bytes": 4096, "verified_bytes": 4096 - 32 * wrong, "ms per forward (slowest rank)": 1.5,
+                      "ms in compose barriers per forward (slowest rank)": 0.5,
+                      "compose GB/s per rank": 100.0, "backup GB/s per rank": 20.0, "load-back GB/s per rank": 18.0}
+            out.write_text(json.dumps({"report": report}))
+            return Ran(1 if wrong else 0, "", "", 5.0)
         raise AssertionError(argv)
 
     def _pytest(self, argv: list[str]) -> Ran:
@@ -98,9 +103,11 @@ def test_a_healthy_gpu_machine_passes_with_one_table(capsys):
     machine = FakeMachine()
     assert gpu_check.main([], run=machine, cuda=lambda: True) == 0
     out = capsys.readouterr().out
-    assert "gpu-check: PASS (3 passed, 0 failed, 2 skipped or not available)" in out
+    assert "gpu-check: PASS (4 passed, 0 failed, 1 skipped or not available)" in out
     assert re.search(r"test_tier_cuda::test_cuda_pools\[nccl-2-2\]\s+skip\s+0.0\s+skipped: needs 2 GPUs", out)
-    assert re.search(r"replay --device cuda \(short\)\s+n/a", out)
+    assert re.search(r"replay --device cuda \(short\)\s+PASS\s+5.0\s+4,096 composed bytes verified, digests equal; "
+                     r"1.50 ms/forward \(0.50 in barriers\); GB/s per rank: compose 100.00, backup 20.00, load-back 18.00", out)
+    assert "K+V, 2 x 32 KB rows: backup 10.0 GB/s (1.00 of plain), load 5.0 GB/s (0.50 of plain)" in out
     assert "byte-exact; staged vs all-reduce cp 1: 3.00x, cp 2: 3.00x, cp 4: 3.00x" in out
     assert sum(limit for _, limit in machine.calls) <= 600  # the whole check fits ten minutes
 
@@ -111,6 +118,8 @@ def test_a_healthy_gpu_machine_passes_with_one_table(capsys):
     ({"tier_timeout": True}, "bench tier --device cuda", "killed at its limit of 90 s"),
     ({"test_fails": True}, "test_compose_cuda::test_x", "AssertionError: wrong bytes"),
     ({"skip": "needs a CUDA GPU"}, "test_tier_cuda::test_cuda_pools[nccl-2-2]", "skipped: needs a CUDA GPU"),
+    ({"replay_wrong": 1}, "replay --device cuda (short)", "1 wrong pages, 4,064 of 4,096 composed bytes verified"),
+    ({"replay_crash": True}, "replay --device cuda (short)", "exit 1: cpkv: replay failed: rank 1"),
 ])
 def test_any_failed_check_fails_the_whole(change, check, detail, capsys):
     rows = gpu_check.check(FakeMachine(**change), root=ROOT)
@@ -120,9 +129,12 @@ def test_any_failed_check_fails_the_whole(change, check, detail, capsys):
     assert "gpu-check: FAIL" in capsys.readouterr().out
 
 
-def test_a_built_replay_is_checked_and_a_spent_budget_is_a_failure():
-    rows = gpu_check.check(FakeMachine(replay_built=True), root=ROOT)
+def test_the_replay_runs_on_cuda_and_a_spent_budget_is_a_failure():
+    machine = FakeMachine()
+    rows = gpu_check.check(machine, root=ROOT)
     assert _verdicts(rows)["replay --device cuda (short)"] == PASS
+    replay = next(argv for argv, _ in machine.calls if "replay" in argv)
+    assert replay[replay.index("--device") + 1] == "cuda"
     rows = gpu_check.check(FakeMachine(), root=ROOT, budget_s=1.0)
     assert {r.verdict for r in rows} == {FAIL} and all("budget was spent" in r.detail for r in rows)
     assert SKIP != NA  # both count as neither passed nor failed

@@ -9,7 +9,9 @@ import pytest
 from conftest import REPO_ROOT
 
 # Rows of the replay's table that are measured, not computed: the README leaves them out.
-TIMED_ROWS = {"wall time (s)", "requests / s", "tokens / s"}
+TIMED_ROWS = {"wall time (s)", "requests / s", "tokens / s", "ms per forward (slowest rank)",
+              "compose GB/s per rank", "ms in compose barriers per forward (slowest rank)",
+              "backup GB/s per rank", "load-back GB/s per rank"}
 
 
 def test_readme_python_blocks_run(capsys):

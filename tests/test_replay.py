@@ -43,6 +43,10 @@ def test_the_default_replay_end_to_end(tmp_path: Path) -> None:
     assert 0 <= report["prefix hit rate: total"] <= 1
     assert report["prefix hit rate: host"] > 0, "the run should exercise the host tier"
     assert "ranks differ" not in report["final digest"]
+    # What the device path adds to the report, measured on the CPU path the same way.
+    for key in ("ms per forward (slowest rank)", "compose GB/s per rank",
+                "ms in compose barriers per forward (slowest rank)", "backup GB/s per rank", "load-back GB/s per rank"):
+        assert report[key] > 0, key
     again = _cli("replay", "--limit", "120", "--device-pages", "96", "--host-pages", "400", "--quiet")
     assert report["final digest"] in again.stdout, "same seed and options, same digest"
     assert _shm_names() <= before

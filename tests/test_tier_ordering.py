@@ -18,6 +18,7 @@ from cpkv.runtime.launch import run_ranks
 from cpkv.tier import streams as streams_module
 from cpkv.tier.controller import _pools_device
 from cpkv.errors import InvalidArgumentError
+from conftest import wait_for
 from stream_double import RecordingStreams
 from test_tier import PAYLOADS, ROWS, _Engine, _settings, _tokens
 
@@ -27,6 +28,12 @@ def recorded(monkeypatch):
     double = RecordingStreams()
     monkeypatch.setattr(streams_module, "stream_ops", lambda device: double)
     return double
+
+
+def _copy_done_events(log: list[tuple], stream: str) -> list[int]:
+    """Events recorded on ``stream`` right after a copy on it (the other events there are the timing
+    starts recorded before a copy)."""
+    return [e[2] for before, e in zip(log, log[1:]) if e[:2] == ("record", stream) and before == ("off", stream)]
 
 
 def _to_host_only(engine: _Engine, convs: list[list[int]]) -> None:
@@ -60,11 +67,8 @@ def test_a_load_back_waits_for_the_callers_stream_before_writing(recorded):
         first_write = log.index(("on", "load"))
         assert ("wait", "load", caller_event[2]) in log[:first_write], log
         # Each layer: copies on the load stream, then its event; the caller's stream waits on it.
-        layer_events = [e[2] for e in log if e[:2] == ("record", "load")]
+        layer_events = _copy_done_events(log, "load")
         assert len(layer_events) == 3
-        for number in layer_events:
-            done = log.index(("record", "load", number))
-            assert log[done - 1] == ("off", "load")
         assert [e[2] for e in recorded.entries("wait", "caller")] == layer_events
     finally:
         ctl.close()
@@ -87,7 +91,7 @@ def test_a_batch_of_loads_makes_each_stream_wait_once_per_layer(recorded):
                 load.wait(layer)
         for tokens, load in zip(convs, loads):
             engine.check(tokens, load.pages)
-        layer_events = [e[2] for e in recorded.log if e[:2] == ("record", "load")]
+        layer_events = _copy_done_events(recorded.log, "load")
         assert len(layer_events) == 3  # one copy per layer for the whole batch
         assert [e[2] for e in recorded.entries("wait", "caller")] == layer_events
         with recorded.on("other"):
@@ -117,7 +121,7 @@ def test_backups_run_after_the_callers_work_and_commit_only_once_their_events_co
             caller = [e for e in before if e[:2] == ("record", "caller")][-1]
             assert ("wait", "backup", caller[2]) in before  # after the layer's KV was written
             assert log[start + 2][:2] == ("record", "backup")  # then the layer's done event
-        done_events = [e[2] for e in recorded.entries("record", "backup")]
+        done_events = _copy_done_events(recorded.log, "backup")
         ctl.end_forward()
         assert ctl.core.pending_tickets() != []  # issued but not completed: not committed
         assert ctl.stats()["backups_committed"] == 0
@@ -138,7 +142,7 @@ def test_flush_waits_for_the_copies_so_the_next_commit_takes_everything(recorded
         engine.request(_tokens(1, 3))
         recorded.hold = True
         ctl.flush_backups()
-        assert {e[1] for e in recorded.entries("sync")} == {e[2] for e in recorded.entries("record", "backup")}
+        assert {e[1] for e in recorded.entries("sync")} == set(_copy_done_events(recorded.log, "backup"))
         ctl.end_forward()
         assert ctl.core.pending_tickets() == []
     finally:
@@ -161,6 +165,91 @@ def test_a_load_back_also_waits_for_backups_in_flight(recorded):
         first_write = recorded.log.index(("on", "load"))
         assert ("wait", "load", tail) in recorded.log[:first_write]
         ctl.release(hit)
+    finally:
+        ctl.close()
+
+
+def test_freeing_pages_a_load_back_still_fills_makes_the_callers_stream_wait_for_it(recorded):
+    """On a device a load's copies are issued long before they are done: pages freed in between could be
+    handed out again and written by the caller while the load stream still writes them."""
+    engine = _Engine(0, 1, 2, host_pages=64)
+    ctl = engine.ctl
+    try:
+        tokens = _tokens(8, 4)
+        _to_host_only(engine, [tokens])
+        recorded.held = {"load"}  # the load stream's copies stay in flight
+        recorded.log.clear()
+        hit = ctl.lookup(tokens)
+        load = ctl.load(hit)
+        wait_for(load.done, 30, "the load's copies to be issued")
+        assert recorded.entries("wait", "caller") == []
+        ctl.free(load.pages)
+        assert [e[2] for e in recorded.entries("wait", "caller")] == _copy_done_events(recorded.log, "load")
+        ctl.release(hit)
+        ctl.end_forward()
+        assert len(ctl._loads) == 1  # still in flight on the device: kept
+        recorded.synchronize(recorded.record("caller"))  # the caller's stream ran past its waits
+        ctl.end_forward()
+        assert ctl._loads == []
+    finally:
+        ctl.close()
+
+
+def test_copy_times_are_read_from_events_around_each_copy_once_they_completed(recorded):
+    """Backup and load-back times come from timing events recorded on the side stream after its
+    waits and right after its copies; they are read only once completed, so the host never blocks."""
+    engine = _Engine(0, 1, 2, host_pages=64)
+    ctl = engine.ctl
+    row_bytes = sum(spec.row_bytes for spec in PAYLOADS.values())
+    try:
+        tokens = _tokens(6, 5)
+        engine.request(tokens)  # a backup of 5 pages is pending
+        recorded.log.clear()
+        recorded.hold = True  # the copies are "in flight"
+        for layer in range(2):
+            ctl.backup_layer(layer)
+        log = list(recorded.log)
+        for on in [i for i, e in enumerate(log) if e == ("on", "backup")]:
+            start, done = log[on - 1], log[on + 2]
+            assert start[:2] == ("record", "backup") and done[:2] == ("record", "backup")
+            assert {start[2], done[2]} <= recorded.timed
+            assert [e[0] for e in log[on - 3: on - 1]] == ["record", "wait"]  # started after the caller's event
+        assert ctl.stats()["backup_copy_ns"] == 0 and recorded.elapsed == []  # in flight: not read, not waited for
+        assert recorded.entries("sync") == []
+        recorded.incomplete.clear()
+        recorded.hold = False
+        stats = ctl.stats()
+        assert stats["backup_copy_bytes"] == 2 * 5 * row_bytes
+        assert stats["backup_copy_ns"] == 2 * 1_000_000  # the double: 1 ms per event from start to done
+        ctl.end_forward()
+        ctl.core.evict_device(ROWS)
+        hit = ctl.lookup(tokens)
+        load = ctl.load(hit)
+        load.wait_all()
+        ctl.release(hit)
+        ctl.end_forward()
+        stats = ctl.stats()
+        assert stats["load_copy_bytes"] == 2 * load.num_pages * row_bytes > 0
+        assert stats["load_copy_ns"] == 2 * 1_000_000  # one start, then one event per layer
+        assert len(recorded.elapsed) == 3
+    finally:
+        ctl.close()
+
+
+def test_copy_times_of_cpu_pools_are_the_hosts():
+    engine = _Engine(0, 1, 2, host_pages=64)
+    ctl = engine.ctl
+    try:
+        tokens = _tokens(7, 4)
+        engine.request(tokens)
+        ctl.flush_backups()
+        ctl.end_forward()
+        ctl.core.evict_device(ROWS)
+        engine.request(tokens)  # loaded back from the host
+        stats = ctl.stats()
+        row_bytes = sum(spec.row_bytes for spec in PAYLOADS.values())
+        assert stats["backup_copy_bytes"] == 2 * 4 * row_bytes and stats["backup_copy_ns"] > 0
+        assert stats["load_copy_bytes"] == 2 * 4 * row_bytes and stats["load_copy_ns"] > 0
     finally:
         ctl.close()
 

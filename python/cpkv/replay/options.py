@@ -29,6 +29,7 @@ class ReplayOptions:
     batch: int = 4
     timeout_s: float = 60.0
     progress: bool = True
+    device: str = "cpu"  # cpu (shared memory) or cuda (GPU memory, CUDA IPC)
 
 
 def parse_payloads(text: str) -> dict[str, Any]:
@@ -72,6 +73,8 @@ def check(options: ReplayOptions, longest_request_pages: int) -> None:
         value = getattr(options, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InvalidArgumentError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
+    if options.device not in ("cpu", "cuda"):
+        raise InvalidArgumentError(f"--device {options.device!r}: cpu or cuda")
     if options.ranks > 16:
         raise InvalidArgumentError(f"--ranks {options.ranks}: at most 16 CP ranks on one node")
     if not math.isfinite(options.timeout_s) or options.timeout_s <= 0:

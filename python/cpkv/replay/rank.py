@@ -2,8 +2,9 @@
 
 Per forward: batch admission (:func:`cpkv.scheduling.form_batch` over the waiting requests'
 matches), replicated lookups and load-back of host hits, new pages allocated, then per layer:
-wait for the load, compose every request's dense KV (:class:`~cpkv.compose.ShmGroup`), check
-every composed byte, write the new KV into the owners' pools, write-through backup; then insert,
+wait for the load, write the new KV into the owners' pools, compose every request's dense KV
+(:class:`~cpkv.compose.ShmGroup` on the CPU, :class:`~cpkv.compose.CudaIpcGroup` on a GPU: see
+:mod:`cpkv.replay.device`), check every composed byte, write-through backup; then insert,
 release, and the commit point (:meth:`~cpkv.tier.CacheController.end_forward`).
 
 The KV of a page is a pure function of (its block id, layer, payload) that tells every such triple
@@ -20,6 +21,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from cpkv.replay.device import ByteCheck, ExpectedRows, ReplayClock, ReplayDevice, replay_device
 from cpkv.replay.options import KV_ROW_MIN_BYTES, ReplayOptions
 from cpkv.traces import block_tokens
 
@@ -61,16 +63,19 @@ class _Running:
     cached: int  # leading pages read from the cache (prefix)
 
 
-def replay_rank(rank: int, world: int, options: ReplayOptions, requests: list[tuple[int, ...]]) -> dict:
+def replay_rank(rank: int, world: int, options: ReplayOptions, requests: list[tuple[int, ...]],
+                device: ReplayDevice | None = None) -> dict:
+    """One rank's run; ``device`` (default: from ``options.device``) is where its pools live and how
+    its group is made (a test passes CPU tensors through the device path here)."""
     import torch
 
-    from cpkv.compose import ShmGroup
     from cpkv.runtime.layout import CpLayout
     from cpkv.config import config, override_config
     from cpkv.scheduling import AffinityPolicy, BudgetConfig, Candidate, ScanState, form_batch
     from cpkv.tier import CacheController
 
     torch.set_num_threads(1)
+    where = device if device is not None else replay_device(options.device, rank, world)
     settings = override_config(config(), check_every=options.check_every,
                                collective_timeout_s=options.timeout_s, transfer_timeout_s=options.timeout_s)
     page = options.page_size
@@ -80,13 +85,17 @@ def replay_rank(rank: int, world: int, options: ReplayOptions, requests: list[tu
     started = time.perf_counter()
     counters = {"blocks": 0, "device_hit_blocks": 0, "host_hit_blocks": 0, "forwards": 0, "composed_bytes": 0,
                 "verified_bytes": 0, "verification_failures": 0, "requests_uncached": 0, "compose_barriers": 0}
-    with ShmGroup(timeout_s=options.timeout_s) as group:
+    with where.open_group(options.timeout_s) as group:
         pools = {name: [group.register_pool(f"{name}@{layer}", rows, spec.page_shape, spec.dtype, 0)
                         for layer in range(options.layers)]
                  for name, spec in options.payloads.items()}
         ctl = CacheController(layout=layout, device_pages=options.device_pages, host_pages=options.host_pages,
                               payloads=options.payloads, device_pools=pools, policy=options.policy,
                               process_group=None, settings=settings)
+        # The controller's stream ops (None for CPU pools): the replay times its own work with them.
+        clock = ReplayClock(ctl.streams)
+        check = ByteCheck(where.device)
+        expected = ExpectedRows(where.device, options.layers, [spec.row_bytes for spec in options.payloads.values()])
         try:
             policy = AffinityPolicy(floor_tokens=2 * page, cp_mode=True, enabled=options.admission)
             longest = max(len(r) for r in requests) * page
@@ -98,6 +107,7 @@ def replay_rank(rank: int, world: int, options: ReplayOptions, requests: list[tu
             next_request = 0
             progress = _Progress(len(requests), enabled=rank == 0 and options.progress)
             while next_request < len(requests) or waiting:
+                clock.begin_forward()
                 while len(waiting) < options.batch and next_request < len(requests):
                     waiting.append(next_request)
                     next_request += 1
@@ -107,8 +117,8 @@ def replay_rank(rank: int, world: int, options: ReplayOptions, requests: list[tu
                     hit = ctl.lookup(block_tokens(blocks, page))
                     hits[index] = hit
                     usable = min(hit.host_tokens // page, len(blocks) - 1)
-                    device = min(hit.device_tokens // page, usable)
-                    candidates.append(Candidate(index, device * page, (usable - device) * page,
+                    device_hit = min(hit.device_tokens // page, usable)
+                    candidates.append(Candidate(index, device_hit * page, (usable - device_hit) * page,
                                                 (len(blocks) - usable) * page))
                 step = form_batch(candidates, state, policy, budget)
                 state = step.state
@@ -118,12 +128,18 @@ def replay_rank(rank: int, world: int, options: ReplayOptions, requests: list[tu
                         ctl.release(hits[index])
                 waiting = [i for i in waiting if i not in admitted]
                 running = _admit(ctl, requests, admitted, hits, page, counters)
-                _forward(ctl, group, running, options, payload_names, counters, layout)
+                _forward(ctl, group, running, options, payload_names, counters, layout, where.device, clock, check,
+                         expected)
+                clock.sync_forward()  # the device path's one sync: the forward's bytes are composed and checked
+                wrong_rows, wrong_bytes = check.take()
+                counters["verification_failures"] += wrong_rows
+                counters["verified_bytes"] -= wrong_bytes
                 for r in running:
                     ctl.insert(r.tokens, r.pages)
                 for index in admitted:
                     ctl.release(hits[index])
                 ctl.end_forward()
+                clock.end_forward()
                 counters["forwards"] += 1
                 progress.update(len(admitted))
             ctl.flush_backups()
@@ -134,9 +150,15 @@ def replay_rank(rank: int, world: int, options: ReplayOptions, requests: list[tu
         finally:
             ctl.close()
         counters["compose_barriers"] = group.stats.barriers
+        barrier_s = group.stats.barrier_s
     stats.update(counters)
     stats["digest"] = ctl.digest()
     stats["wall_s"] = time.perf_counter() - started
+    stats["device"] = str(where.device)
+    stats["forward_s"] = clock.forward_s
+    stats["compose_s"] = clock.compose_s
+    stats["compose_timed_bytes"] = clock.compose_bytes
+    stats["barrier_s"] = barrier_s
     return stats
 
 
@@ -168,7 +190,10 @@ def _admit(ctl: Any, requests: list[tuple[int, ...]], admitted: list[int], hits:
 
 
 def _forward(ctl: Any, group: Any, running: list[_Running], options: ReplayOptions, payload_names: list[str],
-             counters: dict, layout: Any) -> None:
+             counters: dict, layout: Any, device: Any, clock: ReplayClock, check: ByteCheck,
+             expected_rows: ExpectedRows) -> None:
+    """The forward's layers. Device pools: everything is queued on the caller's stream (the host
+    waits only in the compose barrier); the caller reads the check's counts after its sync."""
     import torch
 
     from cpkv.compose import ComposePlan, SlotSpans
@@ -187,30 +212,33 @@ def _forward(ctl: Any, group: Any, running: list[_Running], options: ReplayOptio
     plan = ComposePlan(layout.cp_size, options.page_size, spans, slot, pool_rows=-(-options.device_pages
                                                                                    // layout.cp_size))
     pages = np.concatenate([r.pages for r in running])
-    blocks = np.concatenate([r.blocks for r in running])
+    expected_rows.set_blocks(np.concatenate([r.blocks for r in running]))
     is_new = np.concatenate([np.arange(len(r.pages)) >= r.cached for r in running])
-    mine = torch.from_numpy(np.flatnonzero(is_new & (pages % layout.cp_size == layout.rank)))
-    mine_rows = torch.from_numpy(pages[mine.numpy()] // layout.cp_size)
-    nothing_staged = {name: torch.empty(0, *spec.page_shape, dtype=spec.dtype)
+    owned_new = np.flatnonzero(is_new & (pages % layout.cp_size == layout.rank))
+    # Layer-invariant indices: built once per batch on the CPU, uploaded once.
+    mine = torch.from_numpy(owned_new).to(device)
+    mine_rows = torch.from_numpy(pages[owned_new] // layout.cp_size).to(device)
+    nothing_staged = {name: torch.empty(0, *spec.page_shape, dtype=spec.dtype, device=device)
                       for name, spec in options.payloads.items()}
     forward = counters["forwards"]
     for layer in range(options.layers):
         for r in running:
-            r.load.wait(layer)
+            r.load.wait(layer)  # device pools: the caller's stream waits for the layer's load-back
         for p, name in enumerate(payload_names):
             key = f"{name}@{layer}"
             row_bytes = options.payloads[name].row_bytes
-            expected = torch.from_numpy(kv_rows(blocks, layer, p, row_bytes))
+            expected = expected_rows.rows(layer, p)
             pool = group.pool(key).view(torch.uint8).view(-1, row_bytes)
             pool.index_copy_(0, mine_rows, expected.index_select(0, mine))  # this layer's new KV, owned pages
+            started = clock.start()
             dense = group.compose(plan, key, nothing_staged[name], layer=layer)
+            clock.stop(started, dense.numel() * dense.element_size())
             got = dense.view(torch.uint8).view(slot, row_bytes)
             if after_compose is not None:
                 after_compose(forward, name, layer, got)
             counters["composed_bytes"] += got.numel()
-            bad = int((got != expected).any(dim=1).sum())
-            counters["verification_failures"] += bad
-            counters["verified_bytes"] += got.numel() - bad * row_bytes
+            counters["verified_bytes"] += got.numel()  # less the wrong rows' bytes, once the forward is read
+            check.compare(got, expected)
         ctl.backup_layer(layer)
 
 

@@ -23,7 +23,9 @@ def report(options: ReplayOptions, requests: list[tuple[int, ...]], results: lis
     def total_of(key: str) -> int:
         return sum(r[key] for r in results)
 
-    table = Table(f"cpkv replay: {options.ranks} ranks, {len(requests):,} requests, policy {options.policy}, "
+    devices = sorted({r["device"] for r in results})
+    where = "" if options.device == "cpu" else f" on {', '.join(devices)}"
+    table = Table(f"cpkv replay: {options.ranks} ranks{where}, {len(requests):,} requests, policy {options.policy}, "
                   f"{options.device_pages} device / {options.host_pages} host pages", ["metric", "value"])
     rows: list[tuple[str, Any]] = [
         ("requests", len(requests)),
@@ -45,6 +47,11 @@ def report(options: ReplayOptions, requests: list[tuple[int, ...]], results: lis
         ("verification failures (pages)", failures),
         ("final digest", f"{first['digest']:#018x}" + ("" if len(digests) == 1 else " (ranks differ!)")),
         ("wall time (s)", wall_s),
+        ("ms per forward (slowest rank)", max(r["forward_s"] for r in results) / forwards * 1e3),
+        ("compose GB/s per rank", _rate(results, "compose_timed_bytes", "compose_s")),
+        ("ms in compose barriers per forward (slowest rank)", max(r["barrier_s"] for r in results) / forwards * 1e3),
+        ("backup GB/s per rank", _rate(results, "backup_copy_bytes", "backup_copy_ns", 1e-9)),
+        ("load-back GB/s per rank", _rate(results, "load_copy_bytes", "load_copy_ns", 1e-9)),
         ("requests / s", len(requests) / wall_s),
         ("tokens / s", tokens / wall_s),
     ]
@@ -55,3 +62,11 @@ def report(options: ReplayOptions, requests: list[tuple[int, ...]], results: lis
     numbers["composed_bytes"] = total_of("composed_bytes")
     emit("replay", [table], json_path, report=numbers, per_rank=results)
     return 1 if failures or len(digests) != 1 else 0
+
+
+def _rate(results: list[dict], bytes_key: str, time_key: str, seconds_per_unit: float = 1.0) -> float:
+    """GB/s of one kind of copy, all ranks' bytes over all ranks' time in it (a rank's own rate,
+    weighted by its bytes; ranks on one GPU share it, so the GPU moved up to ranks times this).
+    0.0 when nothing was copied."""
+    seconds = sum(r[time_key] for r in results) * seconds_per_unit
+    return sum(r[bytes_key] for r in results) / seconds / 1e9 if seconds > 0 else 0.0

@@ -54,6 +54,7 @@ from cpkv.errors import ArgumentTypeError, CollectiveTimeoutError, DivergenceErr
 from cpkv.tier import streams as _streams
 from cpkv.tier.copy import RowCopy, SlabCopier, word_dtype
 from cpkv.tier.slab import HostSlab, SlabSpec
+from cpkv.tier.timing import CopyTimes
 from cpkv.tier.warnings import RateLimitedLog
 
 log = logging.getLogger("cpkv.tier")
@@ -244,6 +245,13 @@ class CacheController:
         self.warnings = RateLimitedLog(self.settings.warn_interval_s, log)
         self.counters = {"bytes_backed_up": 0, "bytes_loaded": 0, "collectives": 0, "agreement_checks": 0,
                          "transfers_aborted": 0}
+        self.copy_times = CopyTimes(self._streams)  # what backups and load-backs took (stats: *_copy_ns)
+
+    @property
+    def streams(self) -> Any:
+        """How the cache orders its copies (:mod:`cpkv.tier.streams`): CUDA streams of the pools'
+        device, or None for CPU pools. An engine orders its own work on the same terms."""
+        return self._streams
 
     # -- setup --------------------------------------------------------------------------------
 
@@ -300,10 +308,11 @@ class CacheController:
 
     def free(self, pages: Any) -> None:
         """Gives back device pages this request holds and will not insert. A page a load-back is
-        still filling is given back once its copy is done (it could be reallocated otherwise)."""
+        still filling is given back once its copy is done (it could be reallocated otherwise); on
+        a device, once the caller's stream waits for the copy (issued is not done there)."""
         self._check_open()
         for handle in self._loads:
-            if not handle.done() and np.isin(handle.pages, pages).any():
+            if not self._load_settled(handle) and np.isin(handle.pages, pages).any():
                 handle.wait_all()
         self.core.free(pages)
 
@@ -377,16 +386,21 @@ class CacheController:
             merged = RowCopy.merged([b.copy for b in due])
             self._merged_backups = (tickets, merged)
         done = None
+        nbytes = self._copy_bytes(merged) // self.num_layers
         if self._streams is None:
+            started = time.perf_counter()
             self._copy_layer(layer, merged, to_slab=True)
+            self.copy_times.add_host("backup", nbytes, time.perf_counter() - started)
         else:
             ops, stream = self._streams, self._backup_stream
             ops.wait(stream, ops.record(ops.current()))  # the layer's KV, written by the caller's queued work
             if self._load_tail is not None:
                 ops.wait(stream, self._load_tail)  # slab rows a load-back still reads
+            start = ops.record(stream, timing=True)  # after the waits: the copy's own time
             with ops.on(stream):
                 self._copy_layer(layer, merged, to_slab=True)
-            done = self._backup_tail = ops.record(stream)
+            done = self._backup_tail = ops.record(stream, timing=True)
+            self.copy_times.add_device("backup", nbytes, start, done)
         for backup in due:
             backup.layers_done.add(layer)
             if done is not None:
@@ -409,6 +423,7 @@ class CacheController:
         commits what every rank finished, or aborts every transfer in flight on every rank when
         one rank's ran out of time. Every ``check_every`` forwards, C: the digest agreement check."""
         self._check_open()
+        self.copy_times.settle()
         unfinished = [b for b in self._backups if not self._backup_finished(b)]
         # Tickets are issued in order, so the frontier is just below the oldest unfinished one.
         frontier = min(b.ticket for b in unfinished) - 1 if unfinished else self.core.issued
@@ -416,7 +431,7 @@ class CacheController:
         overdue = any(now - b.started > self.settings.transfer_timeout_s for b in unfinished)
         healthy = 0 if overdue or self._load_failed or any(h.error is not None for h in self._loads) else 1
         frontier_min, healthy_min = self._all_reduce_min([frontier, healthy], "commit frontier")
-        self._loads = [h for h in self._loads if not h.done()]
+        self._loads = [h for h in self._loads if not self._load_settled(h)]
         if healthy_min == 0:
             aborted = self.core.abort_pending()
             self._backups.clear()
@@ -454,9 +469,12 @@ class CacheController:
         return self.core.digest()
 
     def stats(self) -> dict[str, int]:
-        """Replicated decision counters, this rank's byte counters, and suppressed warnings."""
+        """Replicated decision counters, this rank's byte counters and copy times (``backup_copy_ns``,
+        ``load_copy_ns`` and their bytes: :mod:`cpkv.tier.timing`), and suppressed warnings."""
         out = dict(self.core.stats())
         out.update(self.counters)
+        self.copy_times.settle()
+        out.update(self.copy_times.counters())
         out["forwards"] = self.forwards
         out.update({f"warnings_{kind}": n for kind, n in self.warnings.counts.items()})
         return out
@@ -476,6 +494,8 @@ class CacheController:
         for tail in (self._backup_tail, self._load_tail):
             if tail is not None:  # no copy may still use the slab when it is unpinned and unmapped
                 self._streams.synchronize(tail)
+        if self._streams is not None:
+            self.copy_times.settle(wait=True)
         self._copier.clear()  # its source tables hold views of the slab's mapping
         self._slab_rows.clear()
         self._pools.clear()
@@ -502,6 +522,13 @@ class CacheController:
                 return False
             backup.events.clear()
         return True
+
+    def _load_settled(self, handle: LoadHandle) -> bool:
+        """Its copies are done: CPU pools, every layer copied; device pools, also completed there."""
+        if not handle.done():
+            return False
+        events = handle._signals.events
+        return self._streams is None or all(e is None or self._streams.done(e) for e in events)
 
     def _after_backups(self) -> None:
         """The caller's stream waits (on the device) for the backups issued so far."""
@@ -542,8 +569,12 @@ class CacheController:
             try:
                 copy = RowCopy.merged([job.copy for job in jobs])
                 if self._streams is None:
+                    layer_bytes = self._copy_bytes(copy) // self.num_layers
                     for layer in range(self.num_layers):
+                        started = time.perf_counter()
                         self._copy_layer(layer, copy, to_slab=False)
+                        # Counted before the waiters hear of it, so their stats() include it.
+                        self.copy_times.add_host("load", layer_bytes, time.perf_counter() - started)
                         for job in jobs:
                             job.signals.ready[layer].set()
                 else:
@@ -563,10 +594,14 @@ class CacheController:
         for job in jobs:
             for event in job.after:
                 ops.wait(stream, event)
+        start = ops.record(stream, timing=True)  # after the waits: the copies' own time
         for layer in range(self.num_layers):
             with ops.on(stream):
                 self._copy_layer(layer, copy, to_slab=False)
-            event = self._load_tail = ops.record(stream)
+            last = layer == self.num_layers - 1
+            event = self._load_tail = ops.record(stream, timing=last)
+            if last:  # counted before the waiters hear of it, so their stats() include it
+                self.copy_times.add_device("load", self._copy_bytes(copy), start, event)
             for job in jobs:
                 job.signals.events[layer] = event
                 job.signals.ready[layer].set()

@@ -35,8 +35,9 @@ class CudaStreams:
         """The caller's stream on the pools' device."""
         return self._torch.cuda.current_stream(self.device)
 
-    def record(self, stream: Any) -> Any:
-        event = self._torch.cuda.Event()
+    def record(self, stream: Any, *, timing: bool = False) -> Any:
+        """An event on ``stream`` after its queued work; ``timing`` events can be read by :meth:`elapsed_s`."""
+        event = self._torch.cuda.Event(enable_timing=timing)
         event.record(stream)
         return event
 
@@ -53,6 +54,10 @@ class CudaStreams:
 
     def synchronize(self, event: Any) -> None:
         event.synchronize()
+
+    def elapsed_s(self, start: Any, end: Any) -> float:
+        """Device time between two completed timing events (the copies or kernels queued between them)."""
+        return float(start.elapsed_time(end)) / 1e3
 
     def device_guard(self) -> Any:
         return self._torch.cuda.device(self.device)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -181,6 +182,7 @@ class CudaIpcGroup(DistributedGroup):
 
 
     def barrier(self, what: str = "barrier", *, layer: int = -1) -> None:
+        started = time.perf_counter()
         with self._protocol(what), self._torch.cuda.device(self.device):
             if self.backend == "nccl":
                 guarded(what, self.rank, layer, self.timeout_s,
@@ -190,6 +192,7 @@ class CudaIpcGroup(DistributedGroup):
                 guarded(what, self.rank, layer, self.timeout_s,
                         lambda: self._dist.monitored_barrier(group=self._pg, timeout=self._timeout))
         self.stats.barriers += 1
+        self.stats.barrier_s += time.perf_counter() - started  # host time (gloo: the stream sync included)
 
     def _quiesce(self) -> None:
         self._torch.cuda.synchronize(self.device)
