@@ -36,8 +36,9 @@ use crate::namespace::Namespace;
 use crate::node::{Children, Node};
 use crate::policy::Policy;
 use crate::queues::QueueState;
-use crate::shadow::{Ranking, Shadows, CANDIDATES};
-use crate::tree::PrefixTree;
+use crate::ranking::{Ranking, CANDIDATES};
+use crate::shadow::Shadows;
+use crate::tree::{Decoded, PrefixTree, RankingChooser};
 use crate::wire::{Reader, Writer};
 
 const MAGIC: &[u8; 8] = b"CPKVTREE";
@@ -63,25 +64,6 @@ fn readable(version: u32, policy: Policy) -> bool {
         ),
         _ => false,
     }
-}
-
-/// Everything `restore` decoded, for the tree to rebuild itself from.
-pub(crate) struct Decoded {
-    pub page_size: usize,
-    pub policy: Policy,
-    pub clock: u64,
-    pub floor: u64,
-    /// Each slot's generation and, when live, its node.
-    pub slots: Vec<(u32, Option<Node>)>,
-    pub free: Vec<u32>,
-    pub roots: BTreeMap<Namespace, NodeId>,
-    pub idle_roots: BTreeMap<NodeId, u64>,
-    pub ghost: crate::ghost::GhostHistory,
-    /// The queue policies' books (page counts left to the rebuild).
-    pub queues: QueueState,
-    /// `Policy::Ghost`: its shadows, or in a shadow the ranking it keeps.
-    pub shadows: Option<Box<Shadows>>,
-    pub fixed_ranking: Option<Ranking>,
 }
 
 impl PrefixTree {
@@ -274,7 +256,7 @@ fn decode(body: &[u8]) -> Result<Decoded, String> {
 
 /// One tree's body from `r`; `in_shadows` for the shadow trees nested in a
 /// ghost tree's body (which must be shadows themselves: no deeper nesting).
-pub(crate) fn decode_from(r: &mut Reader<'_>, in_shadows: bool) -> Result<Decoded, String> {
+fn decode_from(r: &mut Reader<'_>, in_shadows: bool) -> Result<Decoded, String> {
     let r = &mut *r;
     let page_size = usize::try_from(r.u64()?)
         .ok()
@@ -315,8 +297,9 @@ pub(crate) fn decode_from(r: &mut Reader<'_>, in_shadows: bool) -> Result<Decode
             return Err(format!("idle root {id} listed twice"));
         }
     }
-    let ghost = crate::ghost::GhostHistory::decode(r)?;
-    let (mut queues, mut shadows, mut fixed_ranking) = (QueueState::Off, None, None);
+    let ghost = crate::ghost_history::GhostHistory::decode(r)?;
+    let (mut queues, mut fixed_ranking) = (QueueState::Off, None);
+    let mut shadows: Option<Box<dyn RankingChooser>> = None;
     if policy == Policy::Ghost {
         match (r.u8()?, in_shadows) {
             (0, true) => {
@@ -328,7 +311,7 @@ pub(crate) fn decode_from(r: &mut Reader<'_>, in_shadows: bool) -> Result<Decode
                 fixed_ranking = Some(*ranking);
             }
             (1, false) => {
-                let decoded = Shadows::decode(r, page_size)?;
+                let decoded = Shadows::decode(r, page_size, decode_shadow)?;
                 // The leader's queue state, when it is a queue policy.
                 let leader = decoded.leader().queue_policy().unwrap_or(Policy::Ghost);
                 queues = QueueState::decode(leader, r)?;
@@ -355,6 +338,11 @@ pub(crate) fn decode_from(r: &mut Reader<'_>, in_shadows: bool) -> Result<Decode
         shadows,
         fixed_ranking,
     })
+}
+
+/// One shadow tree nested in a ghost tree's body, rebuilt and checked.
+fn decode_shadow(r: &mut Reader<'_>) -> Result<PrefixTree, String> {
+    PrefixTree::rebuild(decode_from(r, true)?)
 }
 
 fn decode_node(r: &mut Reader<'_>) -> Result<Node, String> {
@@ -665,7 +653,8 @@ mod tests {
         for word in 0..bytes.len() / 8 {
             let mut edited = bytes.clone();
             edited[word * 8] ^= 1;
-            let Ok(g) = crate::ghost::GhostHistory::decode(&mut Reader::new(&edited)) else {
+            let Ok(g) = crate::ghost_history::GhostHistory::decode(&mut Reader::new(&edited))
+            else {
                 continue;
             };
             assert_ne!(g.digest(), t.ghost_history().digest(), "ghost word {word}");

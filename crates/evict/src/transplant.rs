@@ -9,9 +9,9 @@
 //! beside the tree, one pass over the pages), in the shadow's queue order,
 //! and content the shadow no longer holds goes first in line to leave.
 
+use crate::child_key::page_words;
 use crate::ids::{NodeId, Token};
-use crate::queues::Slot;
-use crate::shadow::page_words;
+use crate::queue_shared::Slot;
 use crate::tree::PrefixTree;
 
 /// A position in a shadow tree: a node and how many of its pages are behind.

@@ -19,6 +19,9 @@ mod following;
 mod invariants;
 mod rebuild;
 
+pub(crate) use following::RankingChooser;
+pub(crate) use rebuild::Decoded;
+
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use crate::arena::NodeArena;
@@ -29,15 +32,27 @@ use crate::digest::{namespace_hash, node_hash, tokens_hash};
 use crate::error::EvictError;
 use crate::events::Event;
 use crate::evictable::EvictableIndex;
-use crate::ghost::{content_key, GhostHistory, Weights};
+use crate::ghost_history::{content_key, GhostHistory, Weights};
 use crate::ids::{HostKey, NodeId, PageId, Tier, Token};
 use crate::namespace::Namespace;
 use crate::node::{Children, Node};
 use crate::page_set::{LivePages, PageSet};
 use crate::policy::Policy;
-use crate::queues::{Choice, QueueState, Slot};
-use crate::shadow::{PolicyMemory, Ranking, Shadows};
+use crate::queue_shared::{Choice, Slot};
+use crate::queues::QueueState;
+use crate::ranking::Ranking;
 use cpkv_hash::Hasher64;
+
+/// What a policy keeps beyond the live nodes of the tree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PolicyMemory {
+    /// Pages of dropped content remembered (ghost history or ghost lists).
+    pub remembered_pages: usize,
+    /// Nodes of the shadow trees (`Policy::Ghost`).
+    pub shadow_nodes: usize,
+    /// Device pages the shadow trees hold plus the pages they remember.
+    pub shadow_pages: usize,
+}
 
 /// What `match_prefix` found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,8 +131,9 @@ pub struct PrefixTree {
     ghost: GhostHistory,
     /// Queues and ghost lists of the queue policies (`Policy::Arc`, `S3fifo`).
     queues: QueueState,
-    /// `Policy::Ghost`'s shadow caches (none in a shadow itself).
-    shadows: Option<Box<Shadows>>,
+    /// The layer a `Policy::Ghost` tree follows: its shadow caches (none
+    /// in a shadow itself).
+    shadows: Option<Box<dyn RankingChooser>>,
     /// In a shadow: the ranking it always uses.
     fixed_ranking: Option<Ranking>,
     events: VecDeque<Event>,
@@ -148,14 +164,6 @@ struct Step {
 }
 
 impl PrefixTree {
-    pub fn new(page_size: usize, policy: Policy) -> Result<Self, EvictError> {
-        let mut tree = Self::without_shadows(page_size, policy)?;
-        if policy == Policy::Ghost {
-            tree.shadows = Some(Box::new(Shadows::new(page_size)));
-        }
-        Ok(tree)
-    }
-
     pub(crate) fn without_shadows(page_size: usize, policy: Policy) -> Result<Self, EvictError> {
         if page_size == 0 || page_size > MAX_PAGE_SIZE {
             return Err(EvictError::InvalidTokens(format!(
