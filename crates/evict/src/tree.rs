@@ -134,6 +134,8 @@ pub struct PrefixTree {
     /// The layer a `Policy::Ghost` tree follows: its shadow caches (none
     /// in a shadow itself).
     shadows: Option<Box<dyn RankingChooser>>,
+    /// The ranking `shadows` names now (`Ranking::Priority` without them).
+    leader: Ranking,
     /// In a shadow: the ranking it always uses.
     fixed_ranking: Option<Ranking>,
     events: VecDeque<Event>,
@@ -190,6 +192,7 @@ impl PrefixTree {
             ghost: GhostHistory::default(),
             queues: QueueState::new(policy),
             shadows: None,
+            leader: Ranking::Priority,
             fixed_ranking: None,
             events: VecDeque::new(),
             event_limit: DEFAULT_EVENT_LIMIT,

@@ -47,13 +47,10 @@ impl Clone for Box<dyn RankingChooser> {
 }
 
 impl PrefixTree {
-    /// The ranking `Policy::Ghost` uses now: the shadow leader's.
+    /// The ranking `Policy::Ghost` uses now: a shadow's own, or the
+    /// leader's (kept on the tree: every key reads it).
     pub(super) fn ranking(&self) -> Ranking {
-        match (self.fixed_ranking, &self.shadows) {
-            (Some(r), _) => r,
-            (None, Some(s)) => s.leader(),
-            (None, None) => Ranking::Priority,
-        }
+        self.fixed_ranking.unwrap_or(self.leader)
     }
 
     /// Shows an insert to the shadows; follows their leader when it changed.
@@ -62,6 +59,7 @@ impl PrefixTree {
             let before = shadows.leader();
             if shadows.watch(tokens, namespace, self.live_pages.len()) {
                 let (capacity, arc_target) = (shadows.capacity(), shadows.arc_target());
+                self.leader = shadows.leader();
                 self.follow(before, capacity, arc_target);
             }
         }
@@ -150,6 +148,7 @@ impl PrefixTree {
     /// Puts a fresh ghost tree under the layer that chooses its ranking.
     pub(crate) fn follow_chooser(&mut self, chooser: Box<dyn RankingChooser>) {
         debug_assert!(self.policy == Policy::Ghost && self.is_empty());
+        self.leader = chooser.leader();
         self.shadows = Some(chooser);
     }
 }

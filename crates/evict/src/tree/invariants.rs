@@ -143,6 +143,9 @@ impl PrefixTree {
         }
         if let Some(shadows) = &self.shadows {
             shadows.check()?;
+            if shadows.leader() != self.leader {
+                return Err("the tree follows another ranking than its shadows' leader".into());
+            }
         }
         if self.ghost.digest() != self.ghost.digest_from_scratch() {
             return Err("ghost history digest differs from recomputation".into());

@@ -99,6 +99,7 @@ impl PrefixTree {
             ));
         }
         tree.queues = d.queues;
+        tree.leader = d.shadows.as_ref().map_or(Ranking::Priority, |s| s.leader());
         tree.shadows = d.shadows;
         tree.fixed_ranking = d.fixed_ranking;
         tree.nodes = NodeArena::from_parts(d.slots, d.free)?;
