@@ -55,7 +55,7 @@ impl PrefixTree {
     /// that chooses its ranking sits above the tree, which knows it only as
     /// a `RankingChooser`.
     pub fn new(page_size: usize, policy: Policy) -> Result<Self, EvictError> {
-        let mut tree = Self::without_shadows(page_size, policy)?;
+        let mut tree = Self::without_chooser(page_size, policy)?;
         if policy == Policy::Ghost {
             tree.follow_chooser(Box::new(Shadows::new(page_size)));
         }
@@ -86,7 +86,7 @@ impl Shadows {
                 .iter()
                 .map(|&r| {
                     let policy = r.queue_policy().unwrap_or(Policy::Ghost);
-                    let mut t = PrefixTree::without_shadows(1, policy).expect("page size 1");
+                    let mut t = PrefixTree::without_chooser(1, policy).expect("page size 1");
                     t.set_event_limit(0); // no one reads a shadow's residency events
                     t.defer_terms(); // settled once per mirrored insert
                     t.count_pages_only(); // its page ids are its own, fresh

@@ -167,14 +167,14 @@ impl PrefixTree {
         if self.policy() != Policy::Ghost {
             self.queue_state().encode(w);
         } else {
-            match (self.fixed(), self.shadow_state()) {
+            match (self.fixed(), self.chooser()) {
                 (Some(ranking), _) => {
                     w.u8(0);
                     w.u8(ranking_index(ranking));
                 }
-                (None, Some(shadows)) => {
+                (None, Some(chooser)) => {
                     w.u8(1);
-                    shadows.encode(w);
+                    chooser.encode(w);
                     self.queue_state().encode(w);
                 }
                 (None, None) => unreachable!("a ghost tree has shadows or is one"),
@@ -299,7 +299,7 @@ fn decode_from(r: &mut Reader<'_>, in_shadows: bool) -> Result<Decoded, String> 
     }
     let ghost = crate::ghost_history::GhostHistory::decode(r)?;
     let (mut queues, mut fixed_ranking) = (QueueState::Off, None);
-    let mut shadows: Option<Box<dyn RankingChooser>> = None;
+    let mut chooser: Option<Box<dyn RankingChooser>> = None;
     if policy == Policy::Ghost {
         match (r.u8()?, in_shadows) {
             (0, true) => {
@@ -315,7 +315,7 @@ fn decode_from(r: &mut Reader<'_>, in_shadows: bool) -> Result<Decoded, String> 
                 // The leader's queue state, when it is a queue policy.
                 let leader = decoded.leader().queue_policy().unwrap_or(Policy::Ghost);
                 queues = QueueState::decode(leader, r)?;
-                shadows = Some(Box::new(decoded));
+                chooser = Some(Box::new(decoded));
             }
             (flag, _) => return Err(format!("bad ghost shadow flag {flag} here")),
         }
@@ -335,7 +335,7 @@ fn decode_from(r: &mut Reader<'_>, in_shadows: bool) -> Result<Decoded, String> 
         idle_roots,
         ghost,
         queues,
-        shadows,
+        chooser,
         fixed_ranking,
     })
 }
@@ -530,7 +530,7 @@ mod tests {
             // Another policy, without this one's own state.
             d.policy = Policy::Lru;
             d.queues = QueueState::new(Policy::Lru);
-            d.shadows = None;
+            d.chooser = None;
             true
         }),
     ];
@@ -548,7 +548,7 @@ mod tests {
             let body = w.into_bytes();
             let mut tail = Writer::default();
             t.queue_state().encode(&mut tail);
-            if let Some(shadows) = t.shadow_state() {
+            if let Some(shadows) = t.chooser() {
                 tail.u8(1);
                 shadows.encode(&mut tail);
                 let (nodes, _) = shadows.memory();

@@ -105,7 +105,7 @@ mod tests {
         let page = |p: u64| [p * 10, p * 10 + 1];
         let tokens =
             |pages: &[u64]| -> Vec<Token> { pages.iter().flat_map(|&p| page(p)).collect() };
-        let mut shadow = PrefixTree::without_shadows(1, Policy::S3fifo).unwrap();
+        let mut shadow = PrefixTree::without_chooser(1, Policy::S3fifo).unwrap();
         let mut next = 0;
         for pages in [&[1u64, 2, 3][..], &[1, 2, 4], &[1, 2, 3]] {
             let words = page_words(&tokens(pages), 2).into_owned();

@@ -133,8 +133,8 @@ pub struct PrefixTree {
     queues: QueueState,
     /// The layer a `Policy::Ghost` tree follows: its shadow caches (none
     /// in a shadow itself).
-    shadows: Option<Box<dyn RankingChooser>>,
-    /// The ranking `shadows` names now (`Ranking::Priority` without them).
+    chooser: Option<Box<dyn RankingChooser>>,
+    /// The ranking `chooser` names now (`Ranking::Priority` without one).
     leader: Ranking,
     /// In a shadow: the ranking it always uses.
     fixed_ranking: Option<Ranking>,
@@ -166,7 +166,7 @@ struct Step {
 }
 
 impl PrefixTree {
-    pub(crate) fn without_shadows(page_size: usize, policy: Policy) -> Result<Self, EvictError> {
+    pub(crate) fn without_chooser(page_size: usize, policy: Policy) -> Result<Self, EvictError> {
         if page_size == 0 || page_size > MAX_PAGE_SIZE {
             return Err(EvictError::InvalidTokens(format!(
                 "page_size must be in [1, {MAX_PAGE_SIZE}], got {page_size}"
@@ -191,7 +191,7 @@ impl PrefixTree {
             floor: 0,
             ghost: GhostHistory::default(),
             queues: QueueState::new(policy),
-            shadows: None,
+            chooser: None,
             leader: Ranking::Priority,
             fixed_ranking: None,
             events: VecDeque::new(),
@@ -240,13 +240,13 @@ impl PrefixTree {
     /// For `Policy::Ghost`, the ranking it follows now: its own `priority`,
     /// `recency`, `segmented`, `arc` or `s3fifo` (see `shadow.rs`).
     pub fn following(&self) -> Option<&'static str> {
-        self.shadows.as_ref().map(|s| s.leader().name())
+        self.chooser.as_ref().map(|s| s.leader().name())
     }
 
     /// What the policy keeps beyond the live nodes (all bounded by a
     /// constant times the most pages the tree has held).
     pub fn policy_memory(&self) -> PolicyMemory {
-        let (shadow_nodes, shadow_pages) = self.shadows.as_ref().map_or((0, 0), |s| s.memory());
+        let (shadow_nodes, shadow_pages) = self.chooser.as_ref().map_or((0, 0), |s| s.memory());
         PolicyMemory {
             remembered_pages: self.remembered_pages(),
             shadow_nodes,
@@ -319,8 +319,8 @@ impl PrefixTree {
             Some(queues) => h.word(queues),
             None => h,
         };
-        match &self.shadows {
-            Some(shadows) => h.word(shadows.digest()),
+        match &self.chooser {
+            Some(chooser) => h.word(chooser.digest()),
             None => h,
         }
         .finish()
@@ -496,7 +496,7 @@ impl PrefixTree {
                 now,
             );
         }
-        self.mirror_in_shadows(tokens, namespace);
+        self.show_chooser(tokens, namespace);
         InsertResult { node: at, cached }
     }
 

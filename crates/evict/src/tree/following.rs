@@ -1,6 +1,7 @@
-//! How a `Policy::Ghost` tree follows its shadows: the ranking it uses is
-//! the shadow leader's, and when the leader changes the tree re-keys its
-//! nodes or builds the new leader's queue state from them.
+//! How a `Policy::Ghost` tree follows the layer above it that chooses its
+//! ranking (its shadows, `shadow.rs`): the ranking it uses is the leader's,
+//! and when the leader changes the tree re-keys its nodes or builds the new
+//! leader's queue state from them.
 
 use crate::ids::{NodeId, Token};
 use crate::namespace::Namespace;
@@ -53,19 +54,19 @@ impl PrefixTree {
         self.fixed_ranking.unwrap_or(self.leader)
     }
 
-    /// Shows an insert to the shadows; follows their leader when it changed.
-    pub(super) fn mirror_in_shadows(&mut self, tokens: &[Token], namespace: &Namespace) {
-        if let Some(shadows) = self.shadows.as_mut() {
-            let before = shadows.leader();
-            if shadows.watch(tokens, namespace, self.live_pages.len()) {
-                let (capacity, arc_target) = (shadows.capacity(), shadows.arc_target());
-                self.leader = shadows.leader();
+    /// Shows an insert to the chooser; follows its leader when it changed.
+    pub(super) fn show_chooser(&mut self, tokens: &[Token], namespace: &Namespace) {
+        if let Some(chooser) = self.chooser.as_mut() {
+            let before = chooser.leader();
+            if chooser.watch(tokens, namespace, self.live_pages.len()) {
+                let (capacity, arc_target) = (chooser.capacity(), chooser.arc_target());
+                self.leader = chooser.leader();
                 self.follow(before, capacity, arc_target);
             }
         }
     }
 
-    /// Moves the tree from ranking `before` to the shadows' new leader. A
+    /// Moves the tree from ranking `before` to the chooser's new leader. A
     /// queue policy's state is built when it takes over and dropped again
     /// when a ranking leads. S3-FIFO queues each node as its shadow holds the
     /// same content, what the shadow let go first (`transplant`). ARC queues
@@ -85,8 +86,11 @@ impl PrefixTree {
         if let Some(policy) = after.queue_policy() {
             let mut state = QueueState::new(policy);
             if policy == Policy::S3fifo {
-                let shadows = self.shadows.as_ref().expect("a following tree has shadows");
-                for (id, held) in shadows.queue_order(self) {
+                let chooser = self
+                    .chooser
+                    .as_ref()
+                    .expect("a following tree has a chooser");
+                for (id, held) in chooser.queue_order(self) {
                     let slot = state.adopted_as(held);
                     self.update(id, |n| (n.queue_slot, n.priority) = (slot, 0));
                 }
@@ -149,15 +153,15 @@ impl PrefixTree {
     pub(crate) fn follow_chooser(&mut self, chooser: Box<dyn RankingChooser>) {
         debug_assert!(self.policy == Policy::Ghost && self.is_empty());
         self.leader = chooser.leader();
-        self.shadows = Some(chooser);
+        self.chooser = Some(chooser);
     }
 }
 
 /// The policy whose queue state a tree keeps: its own, or for a ghost tree
-/// the queue policy its shadows' leader is (`Policy::Ghost`, none, while a
+/// the queue policy its chooser's leader is (`Policy::Ghost`, none, while a
 /// ranking leads).
-pub(super) fn queue_owner(policy: Policy, shadows: Option<&dyn RankingChooser>) -> Policy {
-    shadows
-        .and_then(|s| s.leader().queue_policy())
+pub(super) fn queue_owner(policy: Policy, chooser: Option<&dyn RankingChooser>) -> Policy {
+    chooser
+        .and_then(|c| c.leader().queue_policy())
         .unwrap_or(policy)
 }

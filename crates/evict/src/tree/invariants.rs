@@ -137,14 +137,14 @@ impl PrefixTree {
         if queued {
             self.queues.check(self.pages_per_queue())?;
         }
-        let owner = queue_owner(self.policy, self.shadows.as_deref());
+        let owner = queue_owner(self.policy, self.chooser.as_deref());
         if !self.queues.belongs_to(owner) {
             return Err(format!("queue state is not {}'s", owner.name()));
         }
-        if let Some(shadows) = &self.shadows {
-            shadows.check()?;
-            if shadows.leader() != self.leader {
-                return Err("the tree follows another ranking than its shadows' leader".into());
+        if let Some(chooser) = &self.chooser {
+            chooser.check()?;
+            if chooser.leader() != self.leader {
+                return Err("the tree follows another ranking than its chooser's leader".into());
             }
         }
         if self.ghost.digest() != self.ghost.digest_from_scratch() {

@@ -35,7 +35,7 @@ pub(crate) struct Decoded {
     pub queues: QueueState,
     /// `Policy::Ghost`: the layer it follows (its shadows), or in a shadow
     /// the ranking it keeps.
-    pub shadows: Option<Box<dyn RankingChooser>>,
+    pub chooser: Option<Box<dyn RankingChooser>>,
     pub fixed_ranking: Option<Ranking>,
 }
 
@@ -58,8 +58,8 @@ impl PrefixTree {
     pub(crate) fn queue_state(&self) -> &QueueState {
         &self.queues
     }
-    pub(crate) fn shadow_state(&self) -> Option<&dyn RankingChooser> {
-        self.shadows.as_deref()
+    pub(crate) fn chooser(&self) -> Option<&dyn RankingChooser> {
+        self.chooser.as_deref()
     }
     pub(crate) fn fixed(&self) -> Option<Ranking> {
         self.fixed_ranking
@@ -69,7 +69,7 @@ impl PrefixTree {
     /// every invariant checked; an inconsistency is an error, not a panic.
     pub(crate) fn rebuild(d: Decoded) -> Result<Self, String> {
         let ps = d.page_size;
-        let mut tree = Self::without_shadows(ps, d.policy).map_err(|e| e.to_string())?;
+        let mut tree = Self::without_chooser(ps, d.policy).map_err(|e| e.to_string())?;
         for (slot, (_, node)) in d.slots.iter().enumerate() {
             let Some(n) = node else { continue };
             if !d.queues.accepts(n.priority) {
@@ -90,8 +90,8 @@ impl PrefixTree {
         // The policy's own state first: the index keys below depend on it.
         if !d
             .queues
-            .belongs_to(queue_owner(d.policy, d.shadows.as_deref()))
-            || (d.policy == Policy::Ghost) != (d.shadows.is_some() || d.fixed_ranking.is_some())
+            .belongs_to(queue_owner(d.policy, d.chooser.as_deref()))
+            || (d.policy == Policy::Ghost) != (d.chooser.is_some() || d.fixed_ranking.is_some())
         {
             return Err(format!(
                 "policy state does not match policy {}",
@@ -99,8 +99,8 @@ impl PrefixTree {
             ));
         }
         tree.queues = d.queues;
-        tree.leader = d.shadows.as_ref().map_or(Ranking::Priority, |s| s.leader());
-        tree.shadows = d.shadows;
+        tree.leader = d.chooser.as_ref().map_or(Ranking::Priority, |s| s.leader());
+        tree.chooser = d.chooser;
         tree.fixed_ranking = d.fixed_ranking;
         tree.nodes = NodeArena::from_parts(d.slots, d.free)?;
         let ids: Vec<NodeId> = tree.nodes().map(|n| n.id).collect();
