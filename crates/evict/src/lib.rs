@@ -16,6 +16,9 @@
 //! | how policies rank | `queue_shared` (the node slot and books both queue policies share), `arc`, `s3fifo`, `queues` (the queue state a tree keeps), `policy`, `ranking` (the rankings `Policy::Ghost` chooses between) |
 //! | the tree | `tree` (with `tree/`): it knows the ghost policy's layer only as a `RankingChooser` |
 //! | above the tree | `transplant` (S3-FIFO's take-over order), `shadow` (ghost's shadow caches: the layer that chooses its ranking), `snapshot` |
+//!
+//! Snapshots and the policy state inside them share the allocator's
+//! encoding (`cpkv_wire`).
 
 mod clock;
 mod error;
@@ -45,9 +48,6 @@ mod tree;
 mod shadow;
 mod snapshot;
 mod transplant;
-
-// Snapshots and the policy state inside them share the allocator's encoding.
-use cpkv_wire as wire;
 
 pub use clock::Stamp;
 pub use error::EvictError;

@@ -8,8 +8,8 @@
 use std::collections::hash_map::Entry as Slot;
 use std::collections::{HashMap, VecDeque};
 
-use crate::wire::{Reader, Writer};
 use cpkv_hash::{Hasher64, WordHashing};
+use cpkv_wire::{Reader, Writer};
 
 /// How many tagged lists one `GhostLists` keeps.
 pub const LISTS: usize = 2;

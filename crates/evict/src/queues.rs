@@ -19,8 +19,8 @@ use crate::policy::Policy;
 use crate::queue_ghost_lists::GhostLists;
 use crate::queue_shared::{Choice, Shared, Slot, MAX_COUNT};
 use crate::s3fifo::S3fifoState;
-use crate::wire::{Reader, Writer};
 use cpkv_hash::Hasher64;
+use cpkv_wire::{Reader, Writer};
 
 #[derive(Debug, Clone, Default)]
 pub enum QueueState {

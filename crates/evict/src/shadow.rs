@@ -36,8 +36,8 @@ use crate::queue_shared::Slot;
 use crate::ranking::{Ranking, CANDIDATES};
 use crate::transplant::queue_order;
 use crate::tree::{PrefixTree, RankingChooser};
-use crate::wire::{Reader, Writer};
 use cpkv_hash::Hasher64;
+use cpkv_wire::{Reader, Writer};
 
 /// Scores decay by 1/2^DECAY_SHIFT per mirrored insert (a window of about
 /// a thousand requests).

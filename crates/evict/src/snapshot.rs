@@ -38,8 +38,8 @@ use crate::policy::Policy;
 use crate::queues::QueueState;
 use crate::ranking::{Ranking, CANDIDATES};
 use crate::shadow::Shadows;
-use crate::tree::{Decoded, PrefixTree, RankingChooser};
-use crate::wire::{Reader, Writer};
+use crate::tree::{Decoded, PrefixTree, RankingChooser, MAX_PAGE_SIZE};
+use cpkv_wire::{Reader, Writer};
 
 const MAGIC: &[u8; 8] = b"CPKVTREE";
 /// 2: the policies' own state (arc, s3fifo, ghost's shadows) follows the
@@ -260,7 +260,7 @@ fn decode_from(r: &mut Reader<'_>, in_shadows: bool) -> Result<Decoded, String> 
     let r = &mut *r;
     let page_size = usize::try_from(r.u64()?)
         .ok()
-        .filter(|p| (1..=crate::MAX_PAGE_SIZE).contains(p))
+        .filter(|p| (1..=MAX_PAGE_SIZE).contains(p))
         .ok_or("page_size out of range")?;
     let policy: Policy = r.str()?.parse().map_err(|e: EvictError| e.to_string())?;
     let (clock, floor) = (r.u64()?, r.u64()?);

@@ -31,7 +31,7 @@ use crate::clock::{LogicalClock, Stamp};
 use crate::digest::{namespace_hash, node_hash, tokens_hash};
 use crate::error::EvictError;
 use crate::events::Event;
-use crate::evictable::EvictableIndex;
+use crate::evictable::{EvictableIndex, PolicyKey};
 use crate::ghost_history::{content_key, GhostHistory, Weights};
 use crate::ids::{HostKey, NodeId, PageId, Tier, Token};
 use crate::namespace::Namespace;
@@ -697,7 +697,7 @@ impl PrefixTree {
         self.ghost.weights()
     }
 
-    fn key_of(&self, node: &Node) -> crate::PolicyKey {
+    fn key_of(&self, node: &Node) -> PolicyKey {
         match self.policy {
             Policy::Ghost => self.ranking().key(node),
             policy => policy.key(node),

@@ -3,14 +3,14 @@
 //! and when the leader changes the tree re-keys its nodes or builds the new
 //! leader's queue state from them.
 
+use crate::clock::Stamp;
 use crate::ids::{NodeId, Token};
 use crate::namespace::Namespace;
 use crate::policy::Policy;
 use crate::queue_shared::Slot;
 use crate::queues::QueueState;
 use crate::ranking::Ranking;
-use crate::wire::Writer;
-use crate::Stamp;
+use cpkv_wire::Writer;
 
 use super::PrefixTree;
 
