@@ -15,7 +15,7 @@
 //! and all four lists together stay within 2c, as in the original.
 
 use crate::evictable::EvictableIndex;
-use crate::queues::{Choice, Shared, Slot};
+use crate::queue_shared::{Choice, Shared, Slot};
 
 const T1: u64 = 0;
 const T2: u64 = 1;

@@ -14,6 +14,7 @@
 //! bucket, and the table stays within about twice its children. Nothing
 //! iterates a table in a decision.
 
+use std::borrow::Cow;
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 
@@ -32,6 +33,22 @@ pub(crate) fn page_word(head: Token, rest: &[Token]) -> u64 {
         .word(1 + rest.len() as u64)
         .word(head);
     rest.iter().fold(start, |h, &t| h.word(t)).finish()
+}
+
+/// One word per page of `tokens`: the token itself for one-token pages,
+/// else a hash of the page (`page_word`). The shadows only compare pages,
+/// so they keep a word where the tree keeps `page_size` tokens. A
+/// collision (two distinct pages under one parent with one hash, odds of
+/// about 2^-64 a pair) can only blur a score, and it blurs it alike on
+/// every rank.
+pub(crate) fn page_words(tokens: &[Token], page_size: usize) -> Cow<'_, [Token]> {
+    if page_size == 1 {
+        return Cow::Borrowed(tokens);
+    }
+    tokens
+        .chunks_exact(page_size)
+        .map(|page| page_word(page[0], &page[1..]))
+        .collect()
 }
 
 const PAGE_TAG: u64 = 0x5ad0_0000_0000_0001;

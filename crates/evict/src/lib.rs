@@ -4,31 +4,50 @@
 //! clock, counter-assigned node ids), and every eviction key ends in the node
 //! id, so all context-parallel ranks that replay the same calls evict the same
 //! victims without exchanging a word. `digest` makes that checkable.
+//!
+//! The modules, from the ground up: each imports only those on the lines
+//! above it.
+//!
+//! | layer | modules |
+//! |---|---|
+//! | words | `ids`, `clock`, `namespace`, `error`, `events` |
+//! | a node and where nodes live | `node`, `child_key` (child lookup, page words), `arena` (slots), `page_set`, `evictable` (the ordered index), `digest` |
+//! | what policies remember | `ghost_history` (`Policy::Ghost`'s history of dropped content), `queue_ghost_lists` (ARC's and S3-FIFO's ghost lists) |
+//! | how policies rank | `queue_shared` (the node slot and books both queue policies share), `arc`, `s3fifo`, `queues` (the queue state a tree keeps), `policy`, `ranking` (the rankings `Policy::Ghost` chooses between) |
+//! | the tree | `tree` (with `tree/`): it knows the ghost policy's layer only as a `RankingChooser` |
+//! | above the tree | `transplant` (S3-FIFO's take-over order), `shadow` (ghost's shadow caches: the layer that chooses its ranking), `snapshot` |
+//!
+//! Snapshots and the policy state inside them share the allocator's
+//! encoding (`cpkv_wire`).
 
-mod arc;
-mod arena;
-mod child_key;
 mod clock;
-mod digest;
 mod error;
 mod events;
-mod evictable;
-mod ghost;
-mod ghost_list;
 mod ids;
 mod namespace;
+
+mod arena;
+mod child_key;
+mod digest;
+mod evictable;
 mod node;
 mod page_set;
+
+mod ghost_history;
+mod queue_ghost_lists;
+
+mod arc;
 mod policy;
+mod queue_shared;
 mod queues;
+mod ranking;
 mod s3fifo;
+
+mod tree;
+
 mod shadow;
 mod snapshot;
 mod transplant;
-mod tree;
-
-// Snapshots and the policy state inside them share the allocator's encoding.
-use cpkv_wire as wire;
 
 pub use clock::Stamp;
 pub use error::EvictError;
@@ -38,9 +57,8 @@ pub use ids::{HostKey, NodeId, PageId, Tier, Token};
 pub use namespace::Namespace;
 pub use node::Node;
 pub use policy::Policy;
-pub use shadow::PolicyMemory;
 pub use snapshot::TREE_SNAPSHOT_VERSION;
 pub use tree::{
-    DeviceVictim, HostVictim, InsertResult, MatchResult, PrefixTree, DEFAULT_EVENT_LIMIT,
-    IDLE_ROOTS_KEPT, MAX_PAGE_SIZE,
+    DeviceVictim, HostVictim, InsertResult, MatchResult, PolicyMemory, PrefixTree,
+    DEFAULT_EVENT_LIMIT, IDLE_ROOTS_KEPT, MAX_PAGE_SIZE,
 };

@@ -40,7 +40,7 @@ pub struct Node {
     /// `Policy::Ghost`'s priority (`Policy::priority`), fixed at the last
     /// access; 0 while a queue policy keeps state.
     pub(crate) priority: u64,
-    /// A queue policy's state for the node (`queues::Slot`, packed); 0 while
+    /// A queue policy's state for the node (`queue_shared::Slot`, packed); 0 while
     /// no queue policy keeps state.
     pub(crate) queue_slot: u64,
     // Bookkeeping (not replicated state of its own): the cached hash of

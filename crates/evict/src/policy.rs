@@ -6,10 +6,9 @@ use std::str::FromStr;
 use crate::clock::Stamp;
 use crate::error::EvictError;
 use crate::evictable::PolicyKey;
-use crate::ghost::{Weights, SIXTEENTHS};
+use crate::ghost_history::{Weights, SIXTEENTHS};
 use crate::node::Node;
-use crate::queues::Slot;
-use crate::shadow::Ranking;
+use crate::queue_shared::Slot;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Policy {
@@ -88,14 +87,14 @@ impl Policy {
             Self::Lfu => PolicyKey([node.hits, node.last_access]),
             Self::Fifo => PolicyKey([node.created, 0]),
             Self::Slru => PolicyKey([u64::from(node.hits >= 2), node.last_access]),
-            Self::Ghost => Ranking::Ghost.key(node),
+            Self::Ghost => PolicyKey([node.priority, node.last_access]),
             Self::Arc | Self::S3fifo => Slot::key(node.queue_slot),
         }
     }
 
     /// The priority `Policy::Ghost` gives a node accessed at `now` while
     /// the cache reaches back to `floor`; stored on the node. The queue
-    /// policies rank by the node's queue slot instead (`queues::Slot`).
+    /// policies rank by the node's queue slot instead (`queue_shared::Slot`).
     pub(crate) fn priority(self, node: &Node, now: Stamp, floor: Stamp, weights: Weights) -> u64 {
         debug_assert!(!self.is_queued(), "{} ranks by queue slots", self.name());
         let horizon = now.saturating_sub(floor);

@@ -15,7 +15,7 @@
 
 use crate::evictable::EvictableIndex;
 use crate::ids::NodeId;
-use crate::queues::{Choice, Shared, Slot, MAX_COUNT};
+use crate::queue_shared::{Choice, Shared, Slot, MAX_COUNT};
 
 const SMALL: u64 = 0;
 const MAIN: u64 = 1;

@@ -27,73 +27,17 @@
 //! at most 1x), so the shadows together are bounded by a constant times the
 //! capacity, and `PrefixTree::policy_memory` reports them.
 
-use std::borrow::Cow;
-
-use crate::child_key::page_word;
-use crate::evictable::PolicyKey;
-use crate::ids::Token;
+use crate::child_key::page_words;
+use crate::error::EvictError;
+use crate::ids::{NodeId, Token};
 use crate::namespace::Namespace;
-use crate::node::Node;
 use crate::policy::Policy;
-use crate::tree::PrefixTree;
-use crate::wire::{Reader, Writer};
+use crate::queue_shared::Slot;
+use crate::ranking::{Ranking, CANDIDATES};
+use crate::transplant::queue_order;
+use crate::tree::{PrefixTree, RankingChooser};
 use cpkv_hash::Hasher64;
-
-/// A way to order leaves that `Policy::Ghost` can follow.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Ranking {
-    /// The ghost priority (reuse bonus, probation), then recency.
-    Ghost,
-    /// Plain recency.
-    Recency,
-    /// One-shot before reused (hits remembered across evictions count),
-    /// then recency.
-    Segmented,
-    /// ARC's queues (`arc.rs`), kept on the nodes while it leads.
-    Arc,
-    /// S3-FIFO's queues (`s3fifo.rs`), kept on the nodes while it leads.
-    S3fifo,
-}
-
-impl Ranking {
-    pub fn key(self, node: &Node) -> PolicyKey {
-        match self {
-            Self::Ghost => PolicyKey([node.priority, node.last_access]),
-            Self::Recency => PolicyKey([node.last_access, 0]),
-            Self::Segmented => PolicyKey([u64::from(node.hits >= 2), node.last_access]),
-            Self::Arc | Self::S3fifo => crate::queues::Slot::key(node.queue_slot),
-        }
-    }
-
-    /// The ranking's name (`PrefixTree::following`).
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Ghost => "priority",
-            Self::Recency => "recency",
-            Self::Segmented => "segmented",
-            Self::Arc => "arc",
-            Self::S3fifo => "s3fifo",
-        }
-    }
-
-    /// The queue policy this ranking runs, if it is one.
-    pub fn queue_policy(self) -> Option<Policy> {
-        match self {
-            Self::Arc => Some(Policy::Arc),
-            Self::S3fifo => Some(Policy::S3fifo),
-            _ => None,
-        }
-    }
-}
-
-/// The candidates, in tie-break order (the first wins a tie).
-pub const CANDIDATES: [Ranking; 5] = [
-    Ranking::Ghost,
-    Ranking::Recency,
-    Ranking::Segmented,
-    Ranking::Arc,
-    Ranking::S3fifo,
-];
+use cpkv_wire::{Reader, Writer};
 
 /// Scores decay by 1/2^DECAY_SHIFT per mirrored insert (a window of about
 /// a thousand requests).
@@ -105,30 +49,18 @@ const SCORE_FRACTION_BITS: u32 = 8;
 const SWITCH_MARGIN_SHIFT: u32 = 7;
 const MIN_REQUESTS_BETWEEN: u64 = 64;
 
-/// One word per page of `tokens`: the token itself for one-token pages,
-/// else a hash of the page (`page_word`). The shadows only compare pages,
-/// so they keep a word where the tree keeps `page_size` tokens. A collision (two distinct
-/// pages under one parent with one hash, odds of about 2^-64 a pair) can
-/// only blur a score, and it blurs it alike on every rank.
-pub(crate) fn page_words(tokens: &[Token], page_size: usize) -> Cow<'_, [Token]> {
-    if page_size == 1 {
-        return Cow::Borrowed(tokens);
+impl PrefixTree {
+    /// An empty tree with pages of `page_size` tokens, evicting by `policy`.
+    /// A `Policy::Ghost` tree is made here, under its shadows: the layer
+    /// that chooses its ranking sits above the tree, which knows it only as
+    /// a `RankingChooser`.
+    pub fn new(page_size: usize, policy: Policy) -> Result<Self, EvictError> {
+        let mut tree = Self::without_chooser(page_size, policy)?;
+        if policy == Policy::Ghost {
+            tree.follow_chooser(Box::new(Shadows::new(page_size)));
+        }
+        Ok(tree)
     }
-    tokens
-        .chunks_exact(page_size)
-        .map(|page| page_word(page[0], &page[1..]))
-        .collect()
-}
-
-/// What a policy keeps beyond the live nodes of the tree.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct PolicyMemory {
-    /// Pages of dropped content remembered (ghost history or ghost lists).
-    pub remembered_pages: usize,
-    /// Nodes of the shadow trees (`Policy::Ghost`).
-    pub shadow_nodes: usize,
-    /// Device pages the shadow trees hold plus the pages they remember.
-    pub shadow_pages: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -154,7 +86,7 @@ impl Shadows {
                 .iter()
                 .map(|&r| {
                     let policy = r.queue_policy().unwrap_or(Policy::Ghost);
-                    let mut t = PrefixTree::without_shadows(1, policy).expect("page size 1");
+                    let mut t = PrefixTree::without_chooser(1, policy).expect("page size 1");
                     t.set_event_limit(0); // no one reads a shadow's residency events
                     t.defer_terms(); // settled once per mirrored insert
                     t.count_pages_only(); // its page ids are its own, fresh
@@ -170,11 +102,6 @@ impl Shadows {
             capacity: 0,
             since_switch: 0,
         }
-    }
-
-    /// The main tree's cache size as the shadows replay it.
-    pub fn capacity(&self) -> usize {
-        self.capacity
     }
 
     /// The target the ARC shadow has adapted to (0 before it has one).
@@ -251,9 +178,13 @@ impl Shadows {
     }
 
     /// The inverse of `encode`: each shadow rebuilt and checked like a
-    /// restored tree, with the main tree's page size and its candidate's
-    /// ranking.
-    pub(crate) fn decode(r: &mut Reader<'_>, page_size: usize) -> Result<Self, String> {
+    /// restored tree by `decode_tree` (the snapshot's own decoder), then
+    /// checked to have page size 1 and its candidate's ranking.
+    pub(crate) fn decode(
+        r: &mut Reader<'_>,
+        page_size: usize,
+        decode_tree: impl Fn(&mut Reader<'_>) -> Result<PrefixTree, String>,
+    ) -> Result<Self, String> {
         let leader = r.u64()?;
         let leader = usize::try_from(leader)
             .ok()
@@ -266,15 +197,14 @@ impl Shadows {
         let mut scores = Vec::with_capacity(CANDIDATES.len());
         for ranking in CANDIDATES {
             scores.push(r.u64()?);
-            let d = crate::snapshot::decode_from(r, true)?;
+            let mut t = decode_tree(r).map_err(|e| format!("shadow {ranking:?}: {e}"))?;
             let expected = match ranking.queue_policy() {
-                Some(policy) => d.policy == policy && d.fixed_ranking.is_none(),
-                None => d.policy == Policy::Ghost && d.fixed_ranking == Some(ranking),
+                Some(policy) => t.policy() == policy && t.fixed().is_none(),
+                None => t.policy() == Policy::Ghost && t.fixed() == Some(ranking),
             };
-            if d.page_size != 1 || !expected {
+            if t.page_size() != 1 || !expected {
                 return Err(format!("shadow {ranking:?}: wrong page size or ranking"));
             }
-            let mut t = PrefixTree::rebuild(d).map_err(|e| format!("shadow {ranking:?}: {e}"))?;
             t.set_event_limit(0);
             t.defer_terms();
             t.count_pages_only();
@@ -309,6 +239,39 @@ impl Shadows {
         self.trees
             .iter()
             .try_for_each(|t| t.check_invariants().map_err(|e| format!("shadow: {e}")))
+    }
+}
+
+impl RankingChooser for Shadows {
+    fn watch(&mut self, tokens: &[Token], namespace: &Namespace, held: usize) -> bool {
+        self.mirror(tokens, namespace, held)
+    }
+    fn leader(&self) -> Ranking {
+        CANDIDATES[self.leader]
+    }
+    fn capacity(&self) -> usize {
+        self.capacity
+    }
+    fn arc_target(&self) -> u64 {
+        self.arc_target()
+    }
+    fn queue_order(&self, tree: &PrefixTree) -> Vec<(NodeId, Slot)> {
+        queue_order(tree, self.leader_tree())
+    }
+    fn digest(&self) -> u64 {
+        self.digest()
+    }
+    fn encode(&self, w: &mut Writer) {
+        self.encode(w)
+    }
+    fn memory(&self) -> (usize, usize) {
+        self.memory()
+    }
+    fn check(&self) -> Result<(), String> {
+        self.check()
+    }
+    fn boxed_clone(&self) -> Box<dyn RankingChooser> {
+        Box::new(self.clone())
     }
 }
 

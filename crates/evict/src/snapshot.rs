@@ -36,9 +36,10 @@ use crate::namespace::Namespace;
 use crate::node::{Children, Node};
 use crate::policy::Policy;
 use crate::queues::QueueState;
-use crate::shadow::{Ranking, Shadows, CANDIDATES};
-use crate::tree::PrefixTree;
-use crate::wire::{Reader, Writer};
+use crate::ranking::{Ranking, CANDIDATES};
+use crate::shadow::Shadows;
+use crate::tree::{Decoded, PrefixTree, RankingChooser, MAX_PAGE_SIZE};
+use cpkv_wire::{Reader, Writer};
 
 const MAGIC: &[u8; 8] = b"CPKVTREE";
 /// 2: the policies' own state (arc, s3fifo, ghost's shadows) follows the
@@ -63,25 +64,6 @@ fn readable(version: u32, policy: Policy) -> bool {
         ),
         _ => false,
     }
-}
-
-/// Everything `restore` decoded, for the tree to rebuild itself from.
-pub(crate) struct Decoded {
-    pub page_size: usize,
-    pub policy: Policy,
-    pub clock: u64,
-    pub floor: u64,
-    /// Each slot's generation and, when live, its node.
-    pub slots: Vec<(u32, Option<Node>)>,
-    pub free: Vec<u32>,
-    pub roots: BTreeMap<Namespace, NodeId>,
-    pub idle_roots: BTreeMap<NodeId, u64>,
-    pub ghost: crate::ghost::GhostHistory,
-    /// The queue policies' books (page counts left to the rebuild).
-    pub queues: QueueState,
-    /// `Policy::Ghost`: its shadows, or in a shadow the ranking it keeps.
-    pub shadows: Option<Box<Shadows>>,
-    pub fixed_ranking: Option<Ranking>,
 }
 
 impl PrefixTree {
@@ -185,14 +167,14 @@ impl PrefixTree {
         if self.policy() != Policy::Ghost {
             self.queue_state().encode(w);
         } else {
-            match (self.fixed(), self.shadow_state()) {
+            match (self.fixed(), self.chooser()) {
                 (Some(ranking), _) => {
                     w.u8(0);
                     w.u8(ranking_index(ranking));
                 }
-                (None, Some(shadows)) => {
+                (None, Some(chooser)) => {
                     w.u8(1);
-                    shadows.encode(w);
+                    chooser.encode(w);
                     self.queue_state().encode(w);
                 }
                 (None, None) => unreachable!("a ghost tree has shadows or is one"),
@@ -274,11 +256,11 @@ fn decode(body: &[u8]) -> Result<Decoded, String> {
 
 /// One tree's body from `r`; `in_shadows` for the shadow trees nested in a
 /// ghost tree's body (which must be shadows themselves: no deeper nesting).
-pub(crate) fn decode_from(r: &mut Reader<'_>, in_shadows: bool) -> Result<Decoded, String> {
+fn decode_from(r: &mut Reader<'_>, in_shadows: bool) -> Result<Decoded, String> {
     let r = &mut *r;
     let page_size = usize::try_from(r.u64()?)
         .ok()
-        .filter(|p| (1..=crate::MAX_PAGE_SIZE).contains(p))
+        .filter(|p| (1..=MAX_PAGE_SIZE).contains(p))
         .ok_or("page_size out of range")?;
     let policy: Policy = r.str()?.parse().map_err(|e: EvictError| e.to_string())?;
     let (clock, floor) = (r.u64()?, r.u64()?);
@@ -315,8 +297,9 @@ pub(crate) fn decode_from(r: &mut Reader<'_>, in_shadows: bool) -> Result<Decode
             return Err(format!("idle root {id} listed twice"));
         }
     }
-    let ghost = crate::ghost::GhostHistory::decode(r)?;
-    let (mut queues, mut shadows, mut fixed_ranking) = (QueueState::Off, None, None);
+    let ghost = crate::ghost_history::GhostHistory::decode(r)?;
+    let (mut queues, mut fixed_ranking) = (QueueState::Off, None);
+    let mut chooser: Option<Box<dyn RankingChooser>> = None;
     if policy == Policy::Ghost {
         match (r.u8()?, in_shadows) {
             (0, true) => {
@@ -328,11 +311,11 @@ pub(crate) fn decode_from(r: &mut Reader<'_>, in_shadows: bool) -> Result<Decode
                 fixed_ranking = Some(*ranking);
             }
             (1, false) => {
-                let decoded = Shadows::decode(r, page_size)?;
+                let decoded = Shadows::decode(r, page_size, decode_shadow)?;
                 // The leader's queue state, when it is a queue policy.
                 let leader = decoded.leader().queue_policy().unwrap_or(Policy::Ghost);
                 queues = QueueState::decode(leader, r)?;
-                shadows = Some(Box::new(decoded));
+                chooser = Some(Box::new(decoded));
             }
             (flag, _) => return Err(format!("bad ghost shadow flag {flag} here")),
         }
@@ -352,9 +335,14 @@ pub(crate) fn decode_from(r: &mut Reader<'_>, in_shadows: bool) -> Result<Decode
         idle_roots,
         ghost,
         queues,
-        shadows,
+        chooser,
         fixed_ranking,
     })
+}
+
+/// One shadow tree nested in a ghost tree's body, rebuilt and checked.
+fn decode_shadow(r: &mut Reader<'_>) -> Result<PrefixTree, String> {
+    PrefixTree::rebuild(decode_from(r, true)?)
 }
 
 fn decode_node(r: &mut Reader<'_>) -> Result<Node, String> {
@@ -542,7 +530,7 @@ mod tests {
             // Another policy, without this one's own state.
             d.policy = Policy::Lru;
             d.queues = QueueState::new(Policy::Lru);
-            d.shadows = None;
+            d.chooser = None;
             true
         }),
     ];
@@ -560,7 +548,7 @@ mod tests {
             let body = w.into_bytes();
             let mut tail = Writer::default();
             t.queue_state().encode(&mut tail);
-            if let Some(shadows) = t.shadow_state() {
+            if let Some(shadows) = t.chooser() {
                 tail.u8(1);
                 shadows.encode(&mut tail);
                 let (nodes, _) = shadows.memory();
@@ -665,7 +653,8 @@ mod tests {
         for word in 0..bytes.len() / 8 {
             let mut edited = bytes.clone();
             edited[word * 8] ^= 1;
-            let Ok(g) = crate::ghost::GhostHistory::decode(&mut Reader::new(&edited)) else {
+            let Ok(g) = crate::ghost_history::GhostHistory::decode(&mut Reader::new(&edited))
+            else {
                 continue;
             };
             assert_ne!(g.digest(), t.ghost_history().digest(), "ghost word {word}");

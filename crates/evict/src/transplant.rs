@@ -9,9 +9,9 @@
 //! beside the tree, one pass over the pages), in the shadow's queue order,
 //! and content the shadow no longer holds goes first in line to leave.
 
+use crate::child_key::page_words;
 use crate::ids::{NodeId, Token};
-use crate::queues::Slot;
-use crate::shadow::page_words;
+use crate::queue_shared::Slot;
 use crate::tree::PrefixTree;
 
 /// A position in a shadow tree: a node and how many of its pages are behind.
@@ -105,7 +105,7 @@ mod tests {
         let page = |p: u64| [p * 10, p * 10 + 1];
         let tokens =
             |pages: &[u64]| -> Vec<Token> { pages.iter().flat_map(|&p| page(p)).collect() };
-        let mut shadow = PrefixTree::without_shadows(1, Policy::S3fifo).unwrap();
+        let mut shadow = PrefixTree::without_chooser(1, Policy::S3fifo).unwrap();
         let mut next = 0;
         for pages in [&[1u64, 2, 3][..], &[1, 2, 4], &[1, 2, 3]] {
             let words = page_words(&tokens(pages), 2).into_owned();

@@ -19,6 +19,9 @@ mod following;
 mod invariants;
 mod rebuild;
 
+pub(crate) use following::RankingChooser;
+pub(crate) use rebuild::Decoded;
+
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use crate::arena::NodeArena;
@@ -28,16 +31,28 @@ use crate::clock::{LogicalClock, Stamp};
 use crate::digest::{namespace_hash, node_hash, tokens_hash};
 use crate::error::EvictError;
 use crate::events::Event;
-use crate::evictable::EvictableIndex;
-use crate::ghost::{content_key, GhostHistory, Weights};
+use crate::evictable::{EvictableIndex, PolicyKey};
+use crate::ghost_history::{content_key, GhostHistory, Weights};
 use crate::ids::{HostKey, NodeId, PageId, Tier, Token};
 use crate::namespace::Namespace;
 use crate::node::{Children, Node};
 use crate::page_set::{LivePages, PageSet};
 use crate::policy::Policy;
-use crate::queues::{Choice, QueueState, Slot};
-use crate::shadow::{PolicyMemory, Ranking, Shadows};
+use crate::queue_shared::{Choice, Slot};
+use crate::queues::QueueState;
+use crate::ranking::Ranking;
 use cpkv_hash::Hasher64;
+
+/// What a policy keeps beyond the live nodes of the tree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PolicyMemory {
+    /// Pages of dropped content remembered (ghost history or ghost lists).
+    pub remembered_pages: usize,
+    /// Nodes of the shadow trees (`Policy::Ghost`).
+    pub shadow_nodes: usize,
+    /// Device pages the shadow trees hold plus the pages they remember.
+    pub shadow_pages: usize,
+}
 
 /// What `match_prefix` found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,8 +131,11 @@ pub struct PrefixTree {
     ghost: GhostHistory,
     /// Queues and ghost lists of the queue policies (`Policy::Arc`, `S3fifo`).
     queues: QueueState,
-    /// `Policy::Ghost`'s shadow caches (none in a shadow itself).
-    shadows: Option<Box<Shadows>>,
+    /// The layer a `Policy::Ghost` tree follows: its shadow caches (none
+    /// in a shadow itself).
+    chooser: Option<Box<dyn RankingChooser>>,
+    /// The ranking `chooser` names now (`Ranking::Priority` without one).
+    leader: Ranking,
     /// In a shadow: the ranking it always uses.
     fixed_ranking: Option<Ranking>,
     events: VecDeque<Event>,
@@ -148,15 +166,7 @@ struct Step {
 }
 
 impl PrefixTree {
-    pub fn new(page_size: usize, policy: Policy) -> Result<Self, EvictError> {
-        let mut tree = Self::without_shadows(page_size, policy)?;
-        if policy == Policy::Ghost {
-            tree.shadows = Some(Box::new(Shadows::new(page_size)));
-        }
-        Ok(tree)
-    }
-
-    pub(crate) fn without_shadows(page_size: usize, policy: Policy) -> Result<Self, EvictError> {
+    pub(crate) fn without_chooser(page_size: usize, policy: Policy) -> Result<Self, EvictError> {
         if page_size == 0 || page_size > MAX_PAGE_SIZE {
             return Err(EvictError::InvalidTokens(format!(
                 "page_size must be in [1, {MAX_PAGE_SIZE}], got {page_size}"
@@ -181,7 +191,8 @@ impl PrefixTree {
             floor: 0,
             ghost: GhostHistory::default(),
             queues: QueueState::new(policy),
-            shadows: None,
+            chooser: None,
+            leader: Ranking::Priority,
             fixed_ranking: None,
             events: VecDeque::new(),
             event_limit: DEFAULT_EVENT_LIMIT,
@@ -229,13 +240,13 @@ impl PrefixTree {
     /// For `Policy::Ghost`, the ranking it follows now: its own `priority`,
     /// `recency`, `segmented`, `arc` or `s3fifo` (see `shadow.rs`).
     pub fn following(&self) -> Option<&'static str> {
-        self.shadows.as_ref().map(|s| s.leader().name())
+        self.chooser.as_ref().map(|s| s.leader().name())
     }
 
     /// What the policy keeps beyond the live nodes (all bounded by a
     /// constant times the most pages the tree has held).
     pub fn policy_memory(&self) -> PolicyMemory {
-        let (shadow_nodes, shadow_pages) = self.shadows.as_ref().map_or((0, 0), |s| s.memory());
+        let (shadow_nodes, shadow_pages) = self.chooser.as_ref().map_or((0, 0), |s| s.memory());
         PolicyMemory {
             remembered_pages: self.remembered_pages(),
             shadow_nodes,
@@ -308,8 +319,8 @@ impl PrefixTree {
             Some(queues) => h.word(queues),
             None => h,
         };
-        match &self.shadows {
-            Some(shadows) => h.word(shadows.digest()),
+        match &self.chooser {
+            Some(chooser) => h.word(chooser.digest()),
             None => h,
         }
         .finish()
@@ -485,7 +496,7 @@ impl PrefixTree {
                 now,
             );
         }
-        self.mirror_in_shadows(tokens, namespace);
+        self.show_chooser(tokens, namespace);
         InsertResult { node: at, cached }
     }
 
@@ -686,7 +697,7 @@ impl PrefixTree {
         self.ghost.weights()
     }
 
-    fn key_of(&self, node: &Node) -> crate::PolicyKey {
+    fn key_of(&self, node: &Node) -> PolicyKey {
         match self.policy {
             Policy::Ghost => self.ranking().key(node),
             policy => policy.key(node),

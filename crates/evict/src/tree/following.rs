@@ -1,39 +1,72 @@
-//! How a `Policy::Ghost` tree follows its shadows: the ranking it uses is
-//! the shadow leader's, and when the leader changes the tree re-keys its
-//! nodes or builds the new leader's queue state from them.
+//! How a `Policy::Ghost` tree follows the layer above it that chooses its
+//! ranking (its shadows, `shadow.rs`): the ranking it uses is the leader's,
+//! and when the leader changes the tree re-keys its nodes or builds the new
+//! leader's queue state from them.
 
+use crate::clock::Stamp;
 use crate::ids::{NodeId, Token};
 use crate::namespace::Namespace;
 use crate::policy::Policy;
-use crate::queues::{QueueState, Slot};
-use crate::shadow::{Ranking, Shadows};
-use crate::transplant::queue_order;
-use crate::Stamp;
+use crate::queue_shared::Slot;
+use crate::queues::QueueState;
+use crate::ranking::Ranking;
+use cpkv_wire::Writer;
 
 use super::PrefixTree;
 
+/// What a ghost tree follows: a layer above the tree (ghost's shadow
+/// caches, `shadow.rs`) that watches every insert and names the ranking the
+/// tree should use. The tree knows it only through this: the layer's state
+/// is part of the tree's digest and snapshot, so the tree asks it for both.
+pub(crate) trait RankingChooser: std::fmt::Debug + Send + Sync {
+    /// Shows the layer an insert of whole-page `tokens` while the tree holds
+    /// `held` device pages; true when the leading ranking changed.
+    fn watch(&mut self, tokens: &[Token], namespace: &Namespace, held: usize) -> bool;
+    /// The ranking the tree follows now.
+    fn leader(&self) -> Ranking;
+    /// The cache size, in pages, as the layer replays it.
+    fn capacity(&self) -> usize;
+    /// The target ARC has adapted to at that size (0 before it has one).
+    fn arc_target(&self) -> u64;
+    /// `tree`'s nodes in the order S3-FIFO, taking over, queues them, each
+    /// with the queue and count the leader holds its content in.
+    fn queue_order(&self, tree: &PrefixTree) -> Vec<(NodeId, Slot)>;
+    fn digest(&self) -> u64;
+    /// Every field, for the tree's snapshot.
+    fn encode(&self, w: &mut Writer);
+    /// (nodes, pages) the layer keeps (`PrefixTree::policy_memory`).
+    fn memory(&self) -> (usize, usize);
+    /// The layer's own invariants (`PrefixTree::check_invariants`).
+    fn check(&self) -> Result<(), String>;
+    fn boxed_clone(&self) -> Box<dyn RankingChooser>;
+}
+
+impl Clone for Box<dyn RankingChooser> {
+    fn clone(&self) -> Self {
+        self.boxed_clone()
+    }
+}
+
 impl PrefixTree {
-    /// The ranking `Policy::Ghost` uses now: the shadow leader's.
+    /// The ranking `Policy::Ghost` uses now: a shadow's own, or the
+    /// leader's (kept on the tree: every key reads it).
     pub(super) fn ranking(&self) -> Ranking {
-        match (self.fixed_ranking, &self.shadows) {
-            (Some(r), _) => r,
-            (None, Some(s)) => s.leader(),
-            (None, None) => Ranking::Ghost,
-        }
+        self.fixed_ranking.unwrap_or(self.leader)
     }
 
-    /// Shows an insert to the shadows; follows their leader when it changed.
-    pub(super) fn mirror_in_shadows(&mut self, tokens: &[Token], namespace: &Namespace) {
-        if let Some(shadows) = self.shadows.as_mut() {
-            let before = shadows.leader();
-            if shadows.mirror(tokens, namespace, self.live_pages.len()) {
-                let (capacity, arc_target) = (shadows.capacity(), shadows.arc_target());
+    /// Shows an insert to the chooser; follows its leader when it changed.
+    pub(super) fn show_chooser(&mut self, tokens: &[Token], namespace: &Namespace) {
+        if let Some(chooser) = self.chooser.as_mut() {
+            let before = chooser.leader();
+            if chooser.watch(tokens, namespace, self.live_pages.len()) {
+                let (capacity, arc_target) = (chooser.capacity(), chooser.arc_target());
+                self.leader = chooser.leader();
                 self.follow(before, capacity, arc_target);
             }
         }
     }
 
-    /// Moves the tree from ranking `before` to the shadows' new leader. A
+    /// Moves the tree from ranking `before` to the chooser's new leader. A
     /// queue policy's state is built when it takes over and dropped again
     /// when a ranking leads. S3-FIFO queues each node as its shadow holds the
     /// same content, what the shadow let go first (`transplant`). ARC queues
@@ -53,8 +86,11 @@ impl PrefixTree {
         if let Some(policy) = after.queue_policy() {
             let mut state = QueueState::new(policy);
             if policy == Policy::S3fifo {
-                let shadows = self.shadows.as_ref().expect("a following tree has shadows");
-                for (id, held) in queue_order(self, shadows.leader_tree()) {
+                let chooser = self
+                    .chooser
+                    .as_ref()
+                    .expect("a following tree has a chooser");
+                for (id, held) in chooser.queue_order(self) {
                     let slot = state.adopted_as(held);
                     self.update(id, |n| (n.queue_slot, n.priority) = (slot, 0));
                 }
@@ -112,13 +148,20 @@ impl PrefixTree {
     pub(crate) fn make_shadow(&mut self, ranking: Ranking) {
         self.fixed_ranking = Some(ranking);
     }
+
+    /// Puts a fresh ghost tree under the layer that chooses its ranking.
+    pub(crate) fn follow_chooser(&mut self, chooser: Box<dyn RankingChooser>) {
+        debug_assert!(self.policy == Policy::Ghost && self.is_empty());
+        self.leader = chooser.leader();
+        self.chooser = Some(chooser);
+    }
 }
 
 /// The policy whose queue state a tree keeps: its own, or for a ghost tree
-/// the queue policy its shadows' leader is (`Policy::Ghost`, none, while a
+/// the queue policy its chooser's leader is (`Policy::Ghost`, none, while a
 /// ranking leads).
-pub(super) fn queue_owner(policy: Policy, shadows: Option<&Shadows>) -> Policy {
-    shadows
-        .and_then(|s| s.leader().queue_policy())
+pub(super) fn queue_owner(policy: Policy, chooser: Option<&dyn RankingChooser>) -> Policy {
+    chooser
+        .and_then(|c| c.leader().queue_policy())
         .unwrap_or(policy)
 }

@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::child_key::{child_word, DEPARTED_KEPT};
 use crate::digest::tokens_hash;
+use crate::evictable::PolicyKey;
 use crate::ids::{HostKey, NodeId, Tier};
 use crate::namespace::Namespace;
 use crate::page_set::PageSet;
@@ -17,7 +18,7 @@ impl PrefixTree {
     /// digest equal their from-scratch recomputation. For tests; O(n).
     pub fn check_invariants(&self) -> Result<(), String> {
         let ps = self.page_size;
-        let mut expected: BTreeMap<Tier, Vec<(crate::PolicyKey, NodeId)>> = BTreeMap::new();
+        let mut expected: BTreeMap<Tier, Vec<(PolicyKey, NodeId)>> = BTreeMap::new();
         let mut pages_seen = PageSet::default();
         let mut host_refs: BTreeMap<HostKey, usize> = BTreeMap::new();
         let mut host_pages = 0;
@@ -137,12 +138,15 @@ impl PrefixTree {
         if queued {
             self.queues.check(self.pages_per_queue())?;
         }
-        let owner = queue_owner(self.policy, self.shadows.as_deref());
+        let owner = queue_owner(self.policy, self.chooser.as_deref());
         if !self.queues.belongs_to(owner) {
             return Err(format!("queue state is not {}'s", owner.name()));
         }
-        if let Some(shadows) = &self.shadows {
-            shadows.check()?;
+        if let Some(chooser) = &self.chooser {
+            chooser.check()?;
+            if chooser.leader() != self.leader {
+                return Err("the tree follows another ranking than its chooser's leader".into());
+            }
         }
         if self.ghost.digest() != self.ghost.digest_from_scratch() {
             return Err("ghost history digest differs from recomputation".into());

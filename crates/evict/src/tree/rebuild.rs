@@ -7,16 +7,37 @@ use crate::arena::NodeArena;
 use crate::child_key::child_word;
 use crate::clock::{LogicalClock, Stamp};
 use crate::digest::{namespace_hash, tokens_hash};
-use crate::ghost::GhostHistory;
+use crate::ghost_history::GhostHistory;
 use crate::ids::NodeId;
 use crate::namespace::Namespace;
 use crate::node::Node;
 use crate::policy::Policy;
 use crate::queues::QueueState;
-use crate::shadow::{Ranking, Shadows};
+use crate::ranking::Ranking;
 
-use super::following::queue_owner;
+use super::following::{queue_owner, RankingChooser};
 use super::PrefixTree;
+
+/// Everything a snapshot decoded (`snapshot.rs`), for the tree to rebuild
+/// itself from.
+pub(crate) struct Decoded {
+    pub page_size: usize,
+    pub policy: Policy,
+    pub clock: u64,
+    pub floor: u64,
+    /// Each slot's generation and, when live, its node.
+    pub slots: Vec<(u32, Option<Node>)>,
+    pub free: Vec<u32>,
+    pub roots: BTreeMap<Namespace, NodeId>,
+    pub idle_roots: BTreeMap<NodeId, u64>,
+    pub ghost: GhostHistory,
+    /// The queue policies' books (page counts left to the rebuild).
+    pub queues: QueueState,
+    /// `Policy::Ghost`: the layer it follows (its shadows), or in a shadow
+    /// the ranking it keeps.
+    pub chooser: Option<Box<dyn RankingChooser>>,
+    pub fixed_ranking: Option<Ranking>,
+}
 
 impl PrefixTree {
     pub(crate) fn floor(&self) -> Stamp {
@@ -37,8 +58,8 @@ impl PrefixTree {
     pub(crate) fn queue_state(&self) -> &QueueState {
         &self.queues
     }
-    pub(crate) fn shadow_state(&self) -> Option<&Shadows> {
-        self.shadows.as_deref()
+    pub(crate) fn chooser(&self) -> Option<&dyn RankingChooser> {
+        self.chooser.as_deref()
     }
     pub(crate) fn fixed(&self) -> Option<Ranking> {
         self.fixed_ranking
@@ -46,9 +67,9 @@ impl PrefixTree {
 
     /// A tree from decoded snapshot state: every derived structure rebuilt,
     /// every invariant checked; an inconsistency is an error, not a panic.
-    pub(crate) fn rebuild(d: crate::snapshot::Decoded) -> Result<Self, String> {
+    pub(crate) fn rebuild(d: Decoded) -> Result<Self, String> {
         let ps = d.page_size;
-        let mut tree = Self::without_shadows(ps, d.policy).map_err(|e| e.to_string())?;
+        let mut tree = Self::without_chooser(ps, d.policy).map_err(|e| e.to_string())?;
         for (slot, (_, node)) in d.slots.iter().enumerate() {
             let Some(n) = node else { continue };
             if !d.queues.accepts(n.priority) {
@@ -69,8 +90,8 @@ impl PrefixTree {
         // The policy's own state first: the index keys below depend on it.
         if !d
             .queues
-            .belongs_to(queue_owner(d.policy, d.shadows.as_deref()))
-            || (d.policy == Policy::Ghost) != (d.shadows.is_some() || d.fixed_ranking.is_some())
+            .belongs_to(queue_owner(d.policy, d.chooser.as_deref()))
+            || (d.policy == Policy::Ghost) != (d.chooser.is_some() || d.fixed_ranking.is_some())
         {
             return Err(format!(
                 "policy state does not match policy {}",
@@ -78,7 +99,8 @@ impl PrefixTree {
             ));
         }
         tree.queues = d.queues;
-        tree.shadows = d.shadows;
+        tree.leader = d.chooser.as_ref().map_or(Ranking::Priority, |s| s.leader());
+        tree.chooser = d.chooser;
         tree.fixed_ranking = d.fixed_ranking;
         tree.nodes = NodeArena::from_parts(d.slots, d.free)?;
         let ids: Vec<NodeId> = tree.nodes().map(|n| n.id).collect();

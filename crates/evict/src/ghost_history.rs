@@ -22,8 +22,8 @@ use std::collections::hash_map::Entry as Slot;
 use std::collections::{HashMap, VecDeque};
 
 use crate::ids::{NodeId, Token};
-use crate::wire::{Reader, Writer};
 use cpkv_hash::{Hasher64, WordHashing};
+use cpkv_wire::{Reader, Writer};
 
 /// `Policy::Ghost`'s weights, in sixteenths of the horizon: how far behind
 /// its access one-shot content goes, and how far ahead each reuse puts it.

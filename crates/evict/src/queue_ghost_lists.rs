@@ -1,6 +1,6 @@
 //! Tagged first-in first-out lists of content that left the tree, for the
 //! queue policies (`Policy::Arc`'s B1 and B2, `Policy::S3fifo`'s ghost
-//! queue). Entries are keyed by content (`ghost::content_key`), carry the
+//! queue). Entries are keyed by content (`ghost_history::content_key`), carry the
 //! number of pages they stood for, and are forgotten oldest first when the
 //! owner trims a list to its bound. Looked up by key only, never iterated in
 //! a decision; the digest is an order-free sum plus the counters.
@@ -8,8 +8,8 @@
 use std::collections::hash_map::Entry as Slot;
 use std::collections::{HashMap, VecDeque};
 
-use crate::wire::{Reader, Writer};
 use cpkv_hash::{Hasher64, WordHashing};
+use cpkv_wire::{Reader, Writer};
 
 /// How many tagged lists one `GhostLists` keeps.
 pub const LISTS: usize = 2;
