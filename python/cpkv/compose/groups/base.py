@@ -6,10 +6,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence, TypeVar
 
-from cpkv.compose.config import compose_config
 from cpkv.compose.debug import check_current, check_plan
 from cpkv.compose.plan import ComposePlan, PlanCache
 from cpkv.compose.spans import SlotSpans
+from cpkv.config import config
 from cpkv.runtime.agree import agree
 from cpkv.runtime.timeouts import guarded
 from cpkv.errors import GroupBrokenError, InvalidArgumentError
@@ -281,7 +281,7 @@ def check_current_rows(plan: ComposePlan, rank: int, current: Any, row_bytes: in
         )
     if rows.shape[1] != row_bytes:
         raise InvalidArgumentError(f"rank {rank}: current rows are {rows.shape[1]} bytes, pool rows {row_bytes}")
-    if compose_config().debug:
+    if config().debug:
         check_current(plan, rank, rows.shape[0], staging_rows)
         check_plan(plan, rank)
     return rows
