@@ -304,3 +304,30 @@ def test_refused_calls_change_nothing(ops) -> None:
         assert seen_all.digest() == seen_accepted.digest()
     assert seen_all.digest() == seen_all.digest_from_scratch()
     seen_all.check_invariants()
+
+
+# ---- one error mapping: the binding raises the cpkv.errors classes it imported once ------------
+
+@pytest.mark.parametrize("name, call", [
+    ("InvalidArgumentError", lambda: tier_cache().lookup([1, 2, 3, 4], namespace=-1)),  # the argument rule
+    ("ArgumentTypeError", lambda: cpkv.PrefixTree(4, policy=3)),
+    ("UnknownPolicyError", lambda: tier_cache(policy="nope")),  # an evict core error
+    ("UnknownNodeError", lambda: cpkv.PrefixTree(4).unlock(-1)),
+    ("UnknownKeyError", lambda: cpkv.PageAllocator({"kv": 8}).release(7)),  # an allocator core error
+    ("InternalError", lambda: tier_cache()._panic_for_tests()),  # the poison rule
+    ("CopyTableError", lambda: cpkv._cpkv.copy_rows(np.zeros((2, 4), np.uint8), [np.zeros((2, 8), np.uint8)],
+                                                    np.zeros((1, 3), np.int64))),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_the_binding_raises_the_classes_it_imported_once_not_names_looked_up_later(monkeypatch, name, call):
+    import cpkv.errors as errors
+
+    original = getattr(errors, name)
+
+    class Impostor(Exception):
+        pass
+
+    # A later rebinding of the name must not change what the binding raises (it holds the class).
+    monkeypatch.setattr(errors, name, Impostor)
+    with pytest.raises(original) as caught:
+        call()
+    assert type(caught.value) is original

@@ -9,10 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import cpkv
-from cpkv.compose import ComposeConfig, ComposePlan, CudaIpcGroup, LocalGroup, PlanCache, SlotSpans, override_config
-from cpkv.compose import invalidate_config
+from cpkv.compose import ComposePlan, CudaIpcGroup, LocalGroup, PlanCache, SlotSpans
 from cpkv.runtime.layout import CpLayout
-from cpkv.compose.config import DEBUG_ENV, compose_config
+from cpkv.config import DEBUG_ENV, CpkvConfig, config, invalidate_config, override_config
 from cpkv.compose.debug import ComposeCheckError, check_plan
 from cpkv.compose.workload import random_batch
 from cpkv.errors import InvalidArgumentError, SpanError
@@ -21,7 +20,7 @@ from compose_reference import DTYPES, as_bytes, last_pages, random_rows, referen
 
 @pytest.fixture(autouse=True)
 def _debug_on():
-    override_config(ComposeConfig(debug=True))
+    override_config(CpkvConfig(debug=True))
     yield
     invalidate_config()
 
@@ -265,15 +264,15 @@ def test_local_group_rejects_wrong_current_rows_and_pool_shapes():
 def test_debug_flag_is_read_once_and_invalidated_explicitly(monkeypatch):
     invalidate_config()
     monkeypatch.setenv(DEBUG_ENV, "1")
-    assert compose_config().debug
+    assert config().debug
     monkeypatch.setenv(DEBUG_ENV, "0")
-    assert compose_config().debug  # cached: the environment is not re-read
+    assert config().debug  # cached: the environment is not re-read
     invalidate_config()
-    assert not compose_config().debug
+    assert not config().debug
     monkeypatch.setenv(DEBUG_ENV, "maybe")
     invalidate_config()
     with pytest.raises(ValueError, match=DEBUG_ENV):
-        compose_config()
+        config()
 
 
 def test_debug_mode_catches_a_corrupted_plan():
@@ -289,7 +288,7 @@ def test_debug_mode_catches_a_corrupted_plan():
         corrupt(source, row)
         with pytest.raises(ComposeCheckError, match=match):
             LocalGroup(2).compose(bad, pools, current)
-    override_config(ComposeConfig(debug=False))
+    override_config(CpkvConfig(debug=False))
     bad = ComposePlan(2, 16, plan.requests, 8)
     source, _ = bad.descriptors(0)
     source.flags.writeable = True

@@ -12,7 +12,7 @@ import inspect
 import torch.distributed as dist
 
 from cpkv.compose import ComposePlan, CudaIpcGroup
-from cpkv.compose import gloo_group as gloo_module
+from cpkv.runtime import gloo_group as gloo_module
 from cpkv.compose.groups import cuda as cuda_module
 from cpkv.compose.groups.base import check_pool, resolve_device
 from cpkv.runtime.launch import run_ranks

@@ -9,6 +9,7 @@ import math
 import mmap
 import os
 import re
+import select
 import signal
 import time
 
@@ -181,9 +182,17 @@ def _kill_worker(rank: int, world: int, when: str, record: str) -> str:
         slab = HostSlab.create(PAYLOADS, num_pages=NUM_PAGES, num_layers=NUM_LAYERS, timeout_s=5)
     except CollectiveTimeoutError as err:
         return f"timeout: {err}"
+    pids: list = [None] * world
+    dist.all_gather_object(pids, os.getpid())
     if rank == 1:
         os.kill(os.getpid(), signal.SIGKILL)
-    time.sleep(0.5)  # the victim is gone; its region (payload 1) lives on in the survivors' mappings
+    # Until the victim has exited (its pidfd turns readable then): its region (payload 1) lives on in
+    # the survivors' mappings.
+    victim = os.pidfd_open(pids[1])
+    try:
+        assert select.select([victim], [], [], 30)[0], "the victim was still alive 30 s after its SIGKILL"
+    finally:
+        os.close(victim)
     rows = slab.rows("fp8")[rank]  # one layer per survivor: they write the same shared region
     rows.fill_(rank + 1)
     assert int(rows.sum()) == rows.numel() * (rank + 1)

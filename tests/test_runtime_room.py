@@ -33,5 +33,24 @@ def test_runtime_imports_no_room_above_it():
 
 def test_the_check_sees_an_import_from_compose(tmp_path):
     module = tmp_path / "m.py"
-    module.write_text("from cpkv.compose.config import invalidate_config\nimport cpkv.tier\n")
-    assert _cpkv_imports(module) == {"cpkv.compose.config", "cpkv.tier"}
+    module.write_text("from cpkv.compose.plan import plan_digest\nimport cpkv.tier\n")
+    assert _cpkv_imports(module) == {"cpkv.compose.plan", "cpkv.tier"}
+
+
+def test_the_tier_room_imports_nothing_from_compose():
+    # The cache shares with compose only what lives in runtime (the gloo group, the agreement).
+    tier = REPO_ROOT / "python" / "cpkv" / "tier"
+    compose = {m.name: sorted(name for name in _cpkv_imports(m) if name.startswith("cpkv.compose"))
+               for m in sorted(tier.glob("*.py"))}
+    assert compose and all(not names for names in compose.values()), compose
+
+
+def test_one_digest_agreement_implementation():
+    # Only runtime/agree.py issues a MIN or MAX all-reduce (the agreement and the commit frontier's MIN),
+    # besides the SGLang benchmark's replay of SGLang's own hit-sync MIN (the engine's, not cpkv's).
+    # The SGLang backend's checker switches to agree() at merge (the lead's step); until then it is listed.
+    package = REPO_ROOT / "python" / "cpkv"
+    found = sorted(str(p.relative_to(package)) for p in package.rglob("*.py")
+                   if "ReduceOp.MIN" in p.read_text() or "ReduceOp.MAX" in p.read_text())
+    found.remove("bench/sglang.py")
+    assert found in (["runtime/agree.py"], ["integrations/sglang/backend.py", "runtime/agree.py"]), found

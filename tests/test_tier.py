@@ -188,6 +188,9 @@ def test_a_single_divergent_operation_is_caught_on_every_rank(how: str) -> None:
     results = run_ranks(_diverge, 2, how, timeout_s=60)
     assert all(r.startswith("DivergenceError") for r in results), results
     assert "rank 0" in results[0] and "rank 1" in results[1]
+    # Every rank names both digests (the one agreement protocol, cpkv.runtime.agree).
+    assert all("digest check at forward 2" in r and "ranks [0] hold " in r and "ranks [1] hold " in r
+               for r in results), results
 
 
 def test_the_same_clock_divergence_is_not_the_clock() -> None:

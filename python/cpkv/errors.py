@@ -3,8 +3,9 @@
 Every error cpkv raises is a :class:`CpkvError`. Lookup failures are also
 ``KeyError``, bad arguments also ``ValueError`` (and, when the type is wrong,
 ``TypeError`` too), so callers can catch either the cpkv class or the builtin
-they already expect. The Rust extension raises these very classes, looked up
-by name in one place (``crates/cpkv-py/src/errors.rs``).
+they already expect. The Rust extension raises these very classes, imported
+once when it loads, with one conversion per core error type, in one place
+(``crates/cpkv-py/src/errors.rs``).
 """
 
 from __future__ import annotations

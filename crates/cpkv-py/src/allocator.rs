@@ -17,7 +17,7 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 use crate::convert::{
     describe, int_vector, invalid, ordered_items, signed, snapshot_bytes, uint, wrong_type,
 };
-use crate::errors::{alloc_error, cpkv_error};
+use crate::errors::{alloc_error, CpkvError, UnknownPayloadError};
 use crate::shared::{unshared, Shared};
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -44,10 +44,7 @@ fn pages_arg(key: u64, num_pages: &Bound<'_, PyAny>) -> PyResult<u64> {
 
 fn payload_name(name: &Bound<'_, PyAny>) -> PyResult<String> {
     name.extract::<String>().map_err(|_| {
-        cpkv_error(
-            "UnknownPayloadError",
-            format!("payload names are str, got {}", describe(name)),
-        )
+        UnknownPayloadError::new_err(format!("payload names are str, got {}", describe(name)))
     })
 }
 
@@ -136,14 +133,11 @@ impl PyPlacement {
     fn extents_of(&self, payload: &Bound<'_, PyAny>) -> PyResult<&[cpkv_allocator::Extent]> {
         let id = payload_id(&self.payloads, payload)?;
         self.placement.extents(id).ok_or_else(|| {
-            cpkv_error(
-                "UnknownPayloadError",
-                format!(
-                    "key {} has no pages in payload {:?}",
-                    self.key,
-                    self.payloads.name(id)
-                ),
-            )
+            UnknownPayloadError::new_err(format!(
+                "key {} has no pages in payload {:?}",
+                self.key,
+                self.payloads.name(id)
+            ))
         })
     }
 }
@@ -577,7 +571,7 @@ impl PyPageAllocator {
     fn verify(&self, py: Python<'_>) -> PyResult<()> {
         self.inner
             .detached(py, |a| a.verify())?
-            .map_err(|e| cpkv_error("CpkvError", e))
+            .map_err(CpkvError::new_err)
     }
 
     /// Raises `InternalError` the way a bug inside the core would (a panic),

@@ -24,16 +24,16 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyByteArray, PyBytes, PyInt, PyList, PyString, PyTuple};
 
-use crate::errors::cpkv_error;
+use crate::errors::{ArgumentTypeError, InvalidArgumentError, SnapshotError};
 
 /// An argument of the right type whose value cannot be accepted.
 pub(crate) fn invalid(message: String) -> PyErr {
-    cpkv_error("InvalidArgumentError", message)
+    InvalidArgumentError::new_err(message)
 }
 
 /// An argument of the wrong type.
 pub(crate) fn wrong_type(message: String) -> PyErr {
-    cpkv_error("ArgumentTypeError", message)
+    ArgumentTypeError::new_err(message)
 }
 
 /// A short description of a value for an error message: its repr (cut to a
@@ -349,10 +349,10 @@ pub(crate) fn snapshot_bytes(data: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
     if let Ok(b) = data.cast::<PyByteArray>() {
         return Ok(b.to_vec());
     }
-    Err(cpkv_error(
-        "SnapshotError",
-        format!("snapshot data must be bytes, got {}", describe(data)),
-    ))
+    Err(SnapshotError::new_err(format!(
+        "snapshot data must be bytes, got {}",
+        describe(data)
+    )))
 }
 
 pub(crate) fn pages_array(py: Python<'_>, pages: &[u64]) -> Py<PyArray1<i64>> {

@@ -24,7 +24,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyList, PyString, PyTuple};
 
 use crate::convert::{invalid, uint};
-use crate::errors::cpkv_error;
+use crate::errors::CopyTableError;
 use crate::shared::unshared;
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -36,7 +36,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 }
 
 fn refused(message: String) -> PyErr {
-    cpkv_error("CopyTableError", message)
+    CopyTableError::new_err(message)
 }
 
 /// One checked buffer: where its bytes are and how they split into rows.

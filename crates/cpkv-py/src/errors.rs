@@ -2,21 +2,72 @@
 //!
 //! The hierarchy itself lives in `cpkv/errors.py` (Python allows the multiple
 //! inheritance it needs: `UnknownKeyError` is both a `CpkvError` and a
-//! `KeyError`); this module looks the classes up once and raises them.
+//! `KeyError`). Each class the binding raises is a Rust type here
+//! (`import_exception!`), its class object imported once, when the module is
+//! initialised (`import_classes`), so a call site names a type, never a string,
+//! and a missing class fails the import rather than a later call. Each core
+//! error type has one conversion: `alloc_error`, `evict_error`, `tier_error`.
 
+use pyo3::exceptions::{PyException, PyImportError};
+use pyo3::import_exception;
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;
 
-static ERRORS_MODULE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
+/// One Rust type per class, and `import_classes`, from one list.
+macro_rules! cpkv_errors {
+    ($($class:ident),+ $(,)?) => {
+        $(import_exception!(cpkv.errors, $class);)+
+
+        /// Imports every class once, at module initialisation: a class missing
+        /// from `cpkv.errors` (or not an exception) fails `import cpkv._cpkv`
+        /// with an `ImportError`; afterwards each is cached in its type.
+        pub(crate) fn import_classes(py: Python<'_>) -> PyResult<()> {
+            let module = py.import("cpkv.errors")?;
+            $(
+                // Checked here first: the type's own lookup would panic.
+                let found = module.getattr(stringify!($class)).ok();
+                let class = found.and_then(|c| c.cast_into::<PyType>().ok());
+                if !class.is_some_and(|c| c.is_subclass_of::<PyException>().unwrap_or(false)) {
+                    return Err(PyImportError::new_err(concat!(
+                        "cpkv.errors.", stringify!($class), " is missing or not an exception class"
+                    )));
+                }
+                py.get_type::<$class>();
+            )+
+            Ok(())
+        }
+    };
+}
+
+cpkv_errors!(
+    CpkvError,
+    UnknownKeyError,
+    DuplicateKeyError,
+    UnknownNodeError,
+    InvalidArgumentError,
+    ArgumentTypeError,
+    UnknownPayloadError,
+    NotCommittedError,
+    SnapshotError,
+    UnknownPolicyError,
+    LockError,
+    CopyTableError,
+    DivergenceError,
+    InternalError,
+);
 
 /// Builds an exception of the `cpkv.errors` class `class_name` with `message`.
+///
+/// Kept only for `offload.rs` (edited elsewhere while this mapping changed);
+/// its two call sites switch to `UnknownKeyError::new_err` and
+/// `DivergenceError::new_err` at merge, and then this goes.
 pub(crate) fn cpkv_error(class_name: &str, message: String) -> PyErr {
     Python::attach(|py| {
         let lookup = || -> PyResult<Bound<'_, PyType>> {
-            let module = ERRORS_MODULE
-                .get_or_try_init(py, || py.import("cpkv.errors").map(Bound::unbind))?;
-            Ok(module.bind(py).getattr(class_name)?.cast_into::<PyType>()?)
+            Ok(py
+                .import("cpkv.errors")?
+                .getattr(class_name)?
+                .cast_into::<PyType>()?)
         };
         match lookup() {
             Ok(class) => PyErr::from_type(class, message),
@@ -28,38 +79,59 @@ pub(crate) fn cpkv_error(class_name: &str, message: String) -> PyErr {
 /// `cpkv_allocator::AllocError` as its `cpkv.errors` class.
 pub(crate) fn alloc_error(err: cpkv_allocator::AllocError) -> PyErr {
     use cpkv_allocator::AllocError as E;
-    let class = match &err {
-        E::UnknownKey { .. } => "UnknownKeyError",
-        E::DuplicateKey { .. } | E::RepeatedKeyInBatch { .. } => "DuplicateKeyError",
+    let message = err.to_string();
+    match &err {
+        E::UnknownKey { .. } => UnknownKeyError::new_err(message),
+        E::DuplicateKey { .. } | E::RepeatedKeyInBatch { .. } => {
+            DuplicateKeyError::new_err(message)
+        }
         E::UnknownPayload { .. } | E::EmptyPayloadName | E::RepeatedPayload { .. } => {
-            "UnknownPayloadError"
+            UnknownPayloadError::new_err(message)
         }
         E::NoPayloads
         | E::TooManyPayloads { .. }
         | E::InvalidCapacity { .. }
         | E::InvalidPages { .. }
         | E::InvalidSplit { .. }
-        | E::SameSplitKeys { .. } => "InvalidArgumentError",
-        E::NotCommitted { .. } => "NotCommittedError",
-        E::CorruptSnapshot { .. } => "SnapshotError",
-    };
-    cpkv_error(class, err.to_string())
+        | E::SameSplitKeys { .. } => InvalidArgumentError::new_err(message),
+        E::NotCommitted { .. } => NotCommittedError::new_err(message),
+        E::CorruptSnapshot { .. } => SnapshotError::new_err(message),
+    }
 }
 
 /// `cpkv_evict::EvictError` as its `cpkv.errors` class.
 pub(crate) fn evict_error(err: cpkv_evict::EvictError) -> PyErr {
     use cpkv_evict::EvictError as E;
-    let class = match &err {
-        E::UnknownNode(_) => "UnknownNodeError",
-        E::UnknownPolicy(_) => "UnknownPolicyError",
-        E::LockUnderflow(_) => "LockError",
-        E::HostKeyInUse(_) => "DuplicateKeyError",
+    let message = err.to_string();
+    match &err {
+        E::UnknownNode(_) => UnknownNodeError::new_err(message),
+        E::UnknownPolicy(_) => UnknownPolicyError::new_err(message),
+        E::LockUnderflow(_) => LockError::new_err(message),
+        E::HostKeyInUse(_) => DuplicateKeyError::new_err(message),
         E::InvalidTokens(_)
         | E::PageCountMismatch { .. }
         | E::InvalidTier { .. }
         | E::PageInUse(_)
-        | E::RootNode(_) => "InvalidArgumentError",
-        E::CorruptSnapshot(_) => "SnapshotError",
-    };
-    cpkv_error(class, err.to_string())
+        | E::RootNode(_) => InvalidArgumentError::new_err(message),
+        E::CorruptSnapshot(_) => SnapshotError::new_err(message),
+    }
+}
+
+/// `cpkv_tier::TierError` as its `cpkv.errors` class (a wrapped tree or
+/// allocator error as that error's own class).
+pub(crate) fn tier_error(err: cpkv_tier::TierError) -> PyErr {
+    use cpkv_tier::TierError as E;
+    match err {
+        E::Tree(e) => evict_error(e),
+        E::Host(e) => alloc_error(e),
+        E::NotLocked(_) => LockError::new_err(err.to_string()),
+        E::Divergence(_) => DivergenceError::new_err(err.to_string()),
+        E::Config { .. }
+        | E::Argument { .. }
+        | E::PageOutOfRange { .. }
+        | E::PageNotHeld { .. }
+        | E::RepeatedPage { .. }
+        | E::FutureTicket { .. }
+        | E::BadKey { .. } => InvalidArgumentError::new_err(err.to_string()),
+    }
 }

@@ -1,7 +1,8 @@
 //! `cpkv._cpkv`: the thin Python binding over the pure-Rust cores.
 //!
 //! Each module wraps one core type; `errors` maps every core error to the
-//! Python exception hierarchy defined in `cpkv.errors`, in one place;
+//! Python exception hierarchy defined in `cpkv.errors`, in one place (one
+//! conversion per core error type, the class objects imported once);
 //! `convert` is the one argument-conversion rule and `shared` the one
 //! concurrency and poison rule of every class.
 
@@ -18,6 +19,7 @@ use pyo3::prelude::*;
 
 #[pymodule]
 fn _cpkv(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    errors::import_classes(m.py())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     // The one policy every part of cpkv starts with.
     m.add("DEFAULT_POLICY", cpkv_evict::Policy::DEFAULT.name())?;

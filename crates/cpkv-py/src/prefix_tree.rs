@@ -12,7 +12,7 @@ use pyo3::types::{PyBytes, PyDict, PyTuple};
 use crate::convert::{
     count, int_vector, invalid, namespace, pages_array, snapshot_bytes, uint, PolicyArg,
 };
-use crate::errors::{cpkv_error, evict_error};
+use crate::errors::{evict_error, UnknownNodeError};
 use crate::shared::{unshared, Shared};
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -31,10 +31,9 @@ fn node_id(value: &Bound<'_, PyAny>) -> PyResult<NodeId> {
     match uint(value, "node") {
         Ok(id) => Ok(NodeId(id)),
         Err(err) => match value.extract::<i128>() {
-            Ok(negative) if negative < 0 => Err(cpkv_error(
-                "UnknownNodeError",
-                format!("unknown node {negative} (negative id)"),
-            )),
+            Ok(negative) if negative < 0 => Err(UnknownNodeError::new_err(format!(
+                "unknown node {negative} (negative id)"
+            ))),
             _ => Err(err),
         },
     }

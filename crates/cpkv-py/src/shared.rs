@@ -23,16 +23,14 @@ use std::sync::{Mutex, MutexGuard, TryLockError};
 
 use pyo3::prelude::*;
 
-use crate::errors::cpkv_error;
+use crate::errors::InternalError;
 
 pub(crate) struct Shared<T>(Mutex<T>);
 
 fn poisoned() -> PyErr {
-    cpkv_error(
-        "InternalError",
+    InternalError::new_err(
         "this object is unusable: an earlier call failed inside cpkv (a bug) and may have \
-         left it half-changed; build a new one"
-            .into(),
+         left it half-changed; build a new one",
     )
 }
 
@@ -43,10 +41,9 @@ fn panicked(payload: &(dyn std::any::Any + Send), after: &str) -> PyErr {
         .map(|s| (*s).to_owned())
         .or_else(|| payload.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "a panic".into());
-    cpkv_error(
-        "InternalError",
-        format!("a call failed inside cpkv (a bug): {what}; {after}"),
-    )
+    InternalError::new_err(format!(
+        "a call failed inside cpkv (a bug): {what}; {after}"
+    ))
 }
 
 /// Runs `f`, work on no shared core (building one from arguments or bytes,

@@ -7,8 +7,7 @@
 //! is released.
 
 use cpkv_tier::{
-    Backup as CoreBackup, LoadPlan as CorePlan, NodeId, TierCache as Core, TierConfig, TierError,
-    TierStats,
+    Backup as CoreBackup, LoadPlan as CorePlan, NodeId, TierCache as Core, TierConfig, TierStats,
 };
 use numpy::{PyArray1, PyArray2};
 use pyo3::prelude::*;
@@ -18,7 +17,7 @@ use crate::convert::{
     int_vector, invalid, namespace as namespace_arg, pages_array, uint, PolicyArg,
 };
 use crate::copy::run_table;
-use crate::errors::{alloc_error, cpkv_error, evict_error};
+use crate::errors::CpkvError;
 use crate::shared::{unshared, Shared};
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -32,22 +31,8 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     Ok(())
 }
 
-pub(crate) fn tier_error(err: TierError) -> PyErr {
-    let class = match &err {
-        TierError::Tree(e) => return evict_error(e.clone()),
-        TierError::Host(e) => return alloc_error(e.clone()),
-        TierError::NotLocked(_) => "LockError",
-        TierError::Divergence(_) => "DivergenceError",
-        TierError::Config { .. }
-        | TierError::Argument { .. }
-        | TierError::PageOutOfRange { .. }
-        | TierError::PageNotHeld { .. }
-        | TierError::RepeatedPage { .. }
-        | TierError::FutureTicket { .. }
-        | TierError::BadKey { .. } => "InvalidArgumentError",
-    };
-    cpkv_error(class, err.to_string())
-}
+// offload.rs takes the conversion from here until it is switched at merge.
+pub(crate) use crate::errors::tier_error;
 
 /// This rank's share of a batch of pages (`owned_rows`).
 #[pyclass(frozen, get_all, module = "cpkv._cpkv")]
@@ -399,7 +384,7 @@ impl TierCache {
     fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
         self.core
             .detached(py, |c| c.check_invariants())?
-            .map_err(|why| cpkv_error("CpkvError", why))
+            .map_err(CpkvError::new_err)
     }
 
     /// Raises `InternalError` the way a bug inside the core would (a panic),

@@ -3,20 +3,19 @@
 - :mod:`~cpkv.compose.spans`: :class:`SlotSpans`, the one description of a batch's dense buffer;
 - :mod:`~cpkv.compose.plan`: :class:`ComposePlan` (built once per batch) and :class:`PlanCache`;
 - :mod:`~cpkv.compose.groups`: :class:`LocalGroup`, :class:`ShmGroup`, :class:`CudaIpcGroup`;
-- :mod:`~cpkv.compose.config` / :mod:`~cpkv.compose.debug`: ``CPKV_DEBUG_COMPOSE`` and its checks;
+- :mod:`~cpkv.compose.debug`: the plan and staging checks ``CPKV_DEBUG_COMPOSE=1`` turns on (read,
+  like every setting, through :mod:`cpkv.config`);
 - :mod:`~cpkv.compose.workload`: random and uniform batches (tests, benchmarks);
 - the gather itself lives in :mod:`cpkv.kernels.gather` (torch/numpy on CPU, Triton on a device);
 - page ownership (:class:`~cpkv.runtime.layout.CpLayout`), ShmGroup's memory, the barrier timeouts and
   the rank launcher live in :mod:`cpkv.runtime`.
 """
 
-from cpkv.compose.config import ComposeConfig, compose_config, invalidate_config, override_config
 from cpkv.compose.groups import ComposeGroup, CudaIpcGroup, GroupStats, LocalGroup, ShmGroup
 from cpkv.compose.plan import ComposePlan, PlanCache, PlanKey
 from cpkv.compose.spans import SlotSpans
 
 __all__ = [
-    "ComposeConfig",
     "ComposeGroup",
     "ComposePlan",
     "CudaIpcGroup",
@@ -26,7 +25,4 @@ __all__ = [
     "PlanKey",
     "ShmGroup",
     "SlotSpans",
-    "compose_config",
-    "invalidate_config",
-    "override_config",
 ]

@@ -1,6 +1,6 @@
 """Debug-mode checks of a plan and of the rows about to be staged (``CPKV_DEBUG_COMPOSE=1``).
 
-Groups call these only when :func:`cpkv.compose.config.compose_config` says
+Groups call these only when :func:`cpkv.config.config` says
 ``debug``; with it off, nothing here runs.
 """
 

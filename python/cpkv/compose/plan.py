@@ -244,6 +244,13 @@ def plan_digest(key: PlanKey) -> int:
     request, in order. Leaves out the device (each rank has its own) and the payload name (the k and
     v plans of one batch share a digest, so one agreement per batch covers both; payloads are agreed
     at registration). SHA-256 of a fixed little-endian int64 encoding: the same on every platform.
+
+    A deliberate second construction beside ``crates/hash`` (whose own doc leaves canonical digests,
+    SHA-256 over a fixed encoding, to the structures that need them, as the snapshots do): the plan
+    digest is a one-off fingerprint of a whole description computed once per batch (plans are cached),
+    not an incrementally updated digest of replicated state, so the Rust mixer's O(1) updates buy
+    nothing here, while SHA-256 in the standard library needs no binding call and its value is pinned
+    by a test (``PINNED_TINY_DIGEST``), which a switch would change.
     """
     words = [_DIGEST_VERSION, key.cp_size, key.page_size, key.num_slots,
              -1 if key.pool_rows is None else key.pool_rows, len(key.requests)]
@@ -253,7 +260,8 @@ def plan_digest(key: PlanKey) -> int:
             for span in spans:
                 words.extend(span)
     data = np.array(words, dtype="<i8").tobytes()
-    # 63 bits, so that -digest fits in an int64 (a MAX all-reduce of [d, -d] gives max and min).
+    # 63 bits: the pinned definition. The agreement (cpkv.runtime.agree) carries all 64 bits; nothing
+    # depends on the top bit being clear any more.
     return int.from_bytes(hashlib.sha256(data).digest()[:8], "little") >> 1
 
 

@@ -1,4 +1,4 @@
-"""Turning a failed or stalled barrier/collective into an error that names rank and layer."""
+"""Turning a failed or stalled barrier/collective into an error that names rank and step (and layer)."""
 
 from __future__ import annotations
 
@@ -19,8 +19,10 @@ def as_timedelta(seconds: float) -> datetime.timedelta:
     return datetime.timedelta(seconds=seconds)
 
 
-def guarded(what: str, rank: int, layer: int, timeout_s: float, call: Callable[[], T]) -> T:
+def guarded(what: str, rank: int, layer: int | None, timeout_s: float, call: Callable[[], T]) -> T:
     """Runs one collective; a timeout or a vanished peer becomes :class:`CollectiveTimeoutError`.
+
+    ``layer`` None: a collective of no layer (a commit, an agreement), named by ``what`` alone.
 
     Gloo reports a dead peer as a closed connection and a stalled one as a
     timeout; both mean to the caller that this layer cannot finish, but the
@@ -41,7 +43,8 @@ def guarded(what: str, rank: int, layer: int, timeout_s: float, call: Callable[[
             how = f"failed after {elapsed:.1f} s, before its {timeout_s:g} s timeout (a peer failed or died)"
         else:
             how = f"did not complete within {timeout_s:g} s (a peer died or stalled)"
-        raise CollectiveTimeoutError(f"rank {rank}: {what} of layer {layer} {how}: {text}") from err
+        where = what if layer is None else f"{what} of layer {layer}"
+        raise CollectiveTimeoutError(f"rank {rank}: {where} {how}: {text}") from err
 
 
 # How gloo words a peer whose process is gone (its sockets closed by the kernel).

@@ -17,7 +17,8 @@ One forward (``C``: a collective, every rank issues it in the same order, whatev
     ctl.insert(tokens, pages)               # the tree adopts the pages; backups are reserved
     ctl.release(hit)                        # the lookup's lock
     ctl.end_forward()                       # C: MIN of the done frontiers -> commit;
-                                            # C every k forwards: MIN/MAX of the digest
+                                            # C every k forwards: the digest agreement
+                                            # (cpkv.runtime.agree)
 
 A backup reserved by ``insert`` is copied by the ``backup_layer`` calls that follow (the next
 forward's layers, or :meth:`flush_backups`), and committed by the first ``end_forward`` after
@@ -46,11 +47,11 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from cpkv._cpkv import InsertOutcome, Lookup, TierCache
-from cpkv.compose.gloo_group import gloo_group_of
+from cpkv.runtime.agree import agree, all_reduce_min
+from cpkv.runtime.gloo_group import gloo_group_of
 from cpkv.runtime.layout import CpLayout
-from cpkv.runtime.timeouts import as_timedelta, guarded
 from cpkv.config import CpkvConfig, config
-from cpkv.errors import ArgumentTypeError, CollectiveTimeoutError, DivergenceError, InvalidArgumentError
+from cpkv.errors import ArgumentTypeError, CollectiveTimeoutError, InvalidArgumentError
 from cpkv.tier import streams as _streams
 from cpkv.tier.copy import RowCopy, SlabCopier, word_dtype
 from cpkv.tier.slab import HostSlab, SlabSpec
@@ -451,19 +452,16 @@ class CacheController:
             self.check_agreement()
 
     def check_agreement(self) -> None:
-        """C: one all-reduce MIN over (digest, -digest) in 32-bit halves; equal on every rank or
-        :class:`DivergenceError` on every rank, with this rank's digest and the range seen."""
+        """C: the digest agreement (:func:`cpkv.runtime.agree.agree`, all 64 bits in one MIN
+        all-reduce): equal on every rank or :class:`DivergenceError` on every rank, naming which
+        ranks hold which digest."""
         self._check_open()
         digest = self.core.digest()
-        hi, lo = digest >> 32, digest & 0xFFFFFFFF
-        min_hi, min_lo, neg_max_hi, neg_max_lo = self._all_reduce_min([hi, lo, -hi, -lo], "agreement check")
-        self.counters["agreement_checks"] += 1
-        if (min_hi, min_lo) != (-neg_max_hi, -neg_max_lo):
-            lowest = (min_hi << 32) | min_lo
-            highest = (-neg_max_hi << 32) | -neg_max_lo
-            raise DivergenceError(
-                f"rank {self.layout.rank}: digests differ across ranks at forward {self.forwards} "
-                f"(this rank {digest:#018x}; per 32-bit half, lowest {lowest:#018x}, highest {highest:#018x})")
+        self.counters["collectives"] += 1
+        if self._dist is not None:
+            agree(digest, group=self._host_pg, rank=self.layout.rank,
+                  step=f"digest check at forward {self.forwards}", timeout_s=self.settings.collective_timeout_s)
+        self.counters["agreement_checks"] += 1  # passed ones (the replay report's "agreement checks passed")
 
     def digest(self) -> int:
         return self.core.digest()
@@ -608,17 +606,8 @@ class CacheController:
 
     def _all_reduce_min(self, values: list[int], what: str) -> list[int]:
         self.counters["collectives"] += 1
-        dist = self._dist
-        if dist is None:
+        if self._dist is None:
             return values
-        import torch
-
-        tensor = torch.tensor(values, dtype=torch.int64)  # host values, over the gloo group: no device sync
-        timeout = as_timedelta(self.settings.collective_timeout_s)
-
-        def reduce() -> None:
-            work = dist.all_reduce(tensor, op=dist.ReduceOp.MIN, group=self._host_pg, async_op=True)
-            work.wait(timeout)
-
-        guarded(what, self.layout.rank, -1, self.settings.collective_timeout_s, reduce)
-        return [int(v) for v in tensor.tolist()]
+        # Host values, over the gloo group: no device sync.
+        return all_reduce_min(values, group=self._host_pg, rank=self.layout.rank, step=what,
+                              timeout_s=self.settings.collective_timeout_s)

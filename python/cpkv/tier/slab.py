@@ -1,9 +1,13 @@
-"""HostSlab: the node's shared host (L2) region of the two-tier cache, one region per payload.
+"""HostSlab: one node's shared host (L2) memory, one region per payload.
 
-Each payload's region is ``[num_layers, num_pages, row_bytes]`` uint8, layer-major, so that one
-layer's copy of a run of pages is one contiguous range. Every rank of the process group maps every
-region; which page holds what is decided elsewhere (the replicated allocator), so this module only
-owns bytes, processes and time.
+The host tier's bytes wherever cpkv keeps a host tier: :class:`~cpkv.tier.CacheController` (the
+main job, ``cpkv replay``), the vLLM backend's workers (one slab over vLLM's gloo group) and the
+SGLang backend (one slab per host pool and node). Each payload's region is
+``[num_layers, num_pages, row_bytes]`` uint8, layer-major, so that one layer's copy of a run of
+pages is one contiguous range. Every rank of the process group maps every region. Which row holds
+what is decided elsewhere, by the Rust core every rank drives with the same calls (``TierCache`` for
+the controller, ``OffloadIndex`` for the engines), so this module only owns bytes, processes and
+time: it never decides placement.
 
 :meth:`HostSlab.create` is collective, in four steps:
 

@@ -6,12 +6,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence, TypeVar
 
-from cpkv.compose.config import compose_config
 from cpkv.compose.debug import check_current, check_plan
 from cpkv.compose.plan import ComposePlan, PlanCache
 from cpkv.compose.spans import SlotSpans
+from cpkv.config import config
+from cpkv.runtime.agree import agree
 from cpkv.runtime.timeouts import guarded
-from cpkv.errors import DivergenceError, GroupBrokenError, InvalidArgumentError
+from cpkv.errors import GroupBrokenError, InvalidArgumentError
 from cpkv.kernels.gather import as_byte_rows, gather_runs
 
 
@@ -70,9 +71,9 @@ class DistributedGroup(ComposeGroup):
     ``page_shape`` and ``pools``, one per rank), ``_out`` and ``_compose``, and
     call :meth:`_init_protocol`.
 
-    Agreement: a batch's plan is agreed by one small MAX all-reduce of ``[digest, -digest]`` when
-    its first layer (``layer == 0``) is composed; ranks that differ raise :class:`DivergenceError` on
-    every rank. The trigger reads only replicated values (the layer index and the call sequence),
+    Agreement: a batch's plan is agreed by :func:`cpkv.runtime.agree.agree` (one small all-reduce
+    of its digest, all 64 bits) when its first layer (``layer == 0``) is composed; ranks that
+    differ raise :class:`DivergenceError` on every rank, naming which ranks hold which digest. The trigger reads only replicated values (the layer index and the call sequence),
     so every rank issues the all-reduce or none does: a plan that changed since the last layer-0
     call is agreed again, and consecutive layer-0 calls with one plan (one per payload: every
     payload of a batch shares the digest) are agreed once. A rank whose plan alone changes in the
@@ -177,28 +178,10 @@ class DistributedGroup(ComposeGroup):
         self._last_call = (layer, digest)
         if not first_layer and digest == self._batch_digest:
             return
-        import torch
-
-        group = self._agreement_group()
-        bounds = torch.tensor([digest, -digest], dtype=torch.int64)
-        guarded("plan agreement", self.rank, layer, self.timeout_s,
-                lambda: self._dist.all_reduce(bounds, op=self._dist.ReduceOp.MAX, group=group))
         self.stats.collectives += 1
         self.stats.agreements += 1
-        high, low = int(bounds[0]), -int(bounds[1])
-        if high != low:
-            # Every rank saw the same bounds, so every rank takes this branch: name who holds what.
-            digests: list[Any] = [None] * self.cp_size
-            guarded("plan agreement", self.rank, layer, self.timeout_s,
-                    lambda: self._dist.all_gather_object(digests, digest, group=group))
-            by_digest: dict[int, list[int]] = {}
-            for r, d in enumerate(digests):
-                by_digest.setdefault(d, []).append(r)
-            held = "; ".join(f"ranks {ranks} hold {d:016x}" for d, ranks in sorted(by_digest.items()))
-            raise DivergenceError(
-                f"rank {self.rank}: layer {layer}: the ranks composed with different plans: this rank's plan "
-                f"digest is {digest:016x} ({plan!r}); {held}"
-            )
+        agree(digest, group=self._agreement_group(), rank=self.rank,
+              step=f"layer {layer}: the plan agreement ({plan!r})", timeout_s=self.timeout_s)
         self._batch_digest = digest
 
     def _payload(self, payload: str) -> Any:
@@ -298,7 +281,7 @@ def check_current_rows(plan: ComposePlan, rank: int, current: Any, row_bytes: in
         )
     if rows.shape[1] != row_bytes:
         raise InvalidArgumentError(f"rank {rank}: current rows are {rows.shape[1]} bytes, pool rows {row_bytes}")
-    if compose_config().debug:
+    if config().debug:
         check_current(plan, rank, rows.shape[0], staging_rows)
         check_plan(plan, rank)
     return rows

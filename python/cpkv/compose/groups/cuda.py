@@ -26,7 +26,7 @@ driver), never in the peer's device index: in one-GPU-per-rank mode that would p
 context of the peer's GPU, created in this process, which this rank's kernels cannot use.
 
 Handles travel over gloo: the process group itself when it is gloo, else a gloo group of exactly its
-ranks (:func:`~cpkv.compose.gloo_group.gloo_group_of`), made with the group's timeout.
+ranks (:func:`~cpkv.runtime.gloo_group.gloo_group_of`), made with the group's timeout.
 
 Importing this module needs neither CUDA nor triton; constructing the group does.
 """
@@ -40,7 +40,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from cpkv.compose.gloo_group import gloo_group_of
+from cpkv.runtime.gloo_group import gloo_group_of
 from cpkv.compose.groups.base import DistributedGroup, check_current_rows, check_pool, on_every_rank, resolve_device
 from cpkv.compose.plan import ComposePlan, PlanCache, PlanKey
 from cpkv.runtime.timeouts import DEFAULT_TIMEOUT_S, as_timedelta, guarded

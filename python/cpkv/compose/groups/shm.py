@@ -18,7 +18,7 @@ peers' composes with :meth:`ShmGroup.barrier`.
 Rank-uniform by construction: every branch before the barrier (staging
 capacity, fallback, pool rows) is decided from the plan and the registered
 pools, which are the same on every rank, and the plan itself is agreed once per
-batch (one MAX all-reduce of its digest; :class:`~cpkv.errors.DivergenceError`
+batch (one all-reduce of its digest, :mod:`cpkv.runtime.agree`; :class:`~cpkv.errors.DivergenceError`
 on every rank when they differ). Only a caller's own mistake (wrong number of
 current rows) raises on one rank; its peers then fail at the barrier with
 :class:`~cpkv.errors.CollectiveTimeoutError` instead of hanging, and every rank
