@@ -9,7 +9,8 @@
 //! when it is stored starts a path under its namespace root, which is still
 //! exact. The tree evicts leaves in the policy's order, so a block never
 //! leaves before the blocks that continue it: what stays is a usable prefix.
-//! A victim loses only the rows the call still needs, cut from its tail.
+//! A victim loses only the rows the call still needs, cut from its tail
+//! (ghost by its own tail rule: at most half of a victim, else all of it).
 //!
 //! Pins are tree locks: a store pins its blocks until each completes, a load
 //! pins what it reads until `complete_load`, and `prepare_store` pins the
@@ -222,10 +223,11 @@ impl OffloadIndex {
             });
         }
         let mut tree = PrefixTree::new(1, policy)?;
-        tree.set_event_limit(0); // no one reads the tree's residency events here
-                                 // A call needs a few rows and a victim may be a long chain: it loses
-                                 // only what the call needs, from its tail (vLLM's own LRU evicts per
-                                 // block), under every policy.
+        // No one reads the tree's residency events here.
+        tree.set_event_limit(0);
+        // A call needs a few rows and a victim may be a long chain: it loses
+        // only what the call needs, from its tail (vLLM's own LRU evicts per
+        // block), under every policy but ghost, which has a rule of its own.
         tree.set_trim_tails(true);
         Ok(Self {
             capacity: capacity as u32,
