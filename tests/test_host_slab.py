@@ -367,8 +367,8 @@ def test_larger_than_dev_shm_fails_at_once(no_huge_pages):
     ({"payloads": {"": PAYLOADS["k"]}}, UnknownPayloadError, "non-empty strings, got ''"),
     ({"payloads": {3: PAYLOADS["k"]}}, UnknownPayloadError, "non-empty strings, got 3"),
     ({"payloads": {"k": ((4,), torch.bfloat16)}}, InvalidArgumentError, "payload 'k': expected a SlabSpec"),
-    ({"timeout_s": 0}, InvalidArgumentError, "timeout_s must be a finite number > 0, got 0"),
-    ({"timeout_s": math.nan}, InvalidArgumentError, "timeout_s must be a finite number > 0, got nan"),
+    ({"timeout_s": 0}, InvalidArgumentError, "timeout_s must be a finite number of seconds in [0.001, 604800], got 0"),
+    ({"timeout_s": math.nan}, InvalidArgumentError, "timeout_s must be a finite number of seconds in [0.001, 604800], got nan"),
     ({"pin": "yes"}, InvalidArgumentError, "pin must be True, False or None, got 'yes'"),
     ({"num_pages": 1 << 62}, InvalidArgumentError, "does not fit in an address space"),
 ])

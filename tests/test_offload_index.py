@@ -217,3 +217,21 @@ def test_bad_synchronous_calls_are_typed_errors_and_change_nothing(call, error, 
         call(ix)
     assert words in str(caught.value)
     assert (ix.digest(), ix.resident_keys(), ix.num_pins) == before
+
+
+@pytest.mark.parametrize("policy", sorted(cpkv.PrefixTree.POLICIES))
+def test_a_call_needing_one_row_evicts_one_row_cut_from_a_tail(policy):
+    """Capacity 8 holding a 6-key and a 2-key chain: a store needing one row took the whole 6-key
+    chain under lru, lfu, fifo, slru, arc and s3fifo. Now one row leaves, the last of its chain, and
+    the rest of that chain stays readable."""
+    ix = OffloadIndex(8, policy, [CHUNK], (MISS, HIT, PENDING))
+    six, two = keys(1, 2, 3, 4, 5, 6), keys(9, 8)
+    for ks, request in ((six, "a"), (two, "b")):
+        ix.complete_store(ix.prepare_store(ks, request, positions(ks))[0])
+        ix.request_finished(request)
+    ix.touch(two, "c", positions(two))
+    _, _, evicted = ix.prepare_store([b"new!" + bytes(4)], "d")
+    assert len(evicted) == 1 and evicted[0] in (six[-1], two[-1]), evicted
+    survivors = six if evicted[0] == six[-1] else two
+    assert [ix.lookup(k) for k in survivors[:-1]] == [HIT] * (len(survivors) - 1)
+    ix.check()

@@ -132,7 +132,9 @@ def test_full_host_with_everything_pinned_refuses_the_store() -> None:
     assert m.prepare_store(more, other) is None
     m.complete_store(keys, ctx)
     out = m.prepare_store(more, other)
-    assert out is not None and out.evicted_keys == keys, "the whole unpinned chain, head to tail"
+    # Two rows needed: the unpinned chain loses exactly two, from its tail; its head stays readable.
+    assert out is not None and out.evicted_keys == keys[1:]
+    assert m.lookup(keys[0], ctx) is LookupResult.HIT
     m.check()
 
 
@@ -181,21 +183,41 @@ def test_config_rejects_bad_values(extra, error) -> None:
         CpkvOffloadConfig.from_extra_config(extra)
 
 
-def test_host_blocks_share_the_allocators_one_limit() -> None:
-    import cpkv
+def test_host_blocks_share_the_core_index_one_limit() -> None:
+    """The limit lives once, in the core (OffloadIndex.MAX_ROWS: rows are int32): the top value builds
+    a manager (rows are placed lazily), one past it is refused by the config, naming key and limit."""
+    from cpkv._cpkv import OffloadIndex
 
-    top = CpkvOffloadConfig.from_extra_config({"cpkv_host_blocks": cpkv.MAX_PAGES})
-    assert top.host_blocks == cpkv.MAX_PAGES
-    cpkv.PageAllocator({"kv": top.host_blocks})  # what the manager builds from it: accepted, lazily
-    for beyond in (cpkv.MAX_PAGES + 1, 1 << 33):
+    top = CpkvOffloadConfig.from_extra_config({"cpkv_host_blocks": OffloadIndex.MAX_ROWS})
+    assert top.host_blocks == OffloadIndex.MAX_ROWS == 2**31 - 1
+    assert CpkvOffloadingManager(top.host_blocks, tokens_per_chunk=(CHUNK,)).stats()["host_blocks"] == 2**31 - 1
+    for beyond in (OffloadIndex.MAX_ROWS + 1, 2**32 - 1, 2**32, 1 << 33):
         with pytest.raises(InvalidArgumentError, match="cpkv_host_blocks") as caught:
             CpkvOffloadConfig.from_extra_config({"cpkv_host_blocks": beyond})
-        assert str(cpkv.MAX_PAGES) in str(caught.value)
+        assert str(OffloadIndex.MAX_ROWS) in str(caught.value)
+
+
+@pytest.mark.parametrize("key", ["cpkv_polcy", "cpkv_host_block", "cpkv_", "cpkv_timeout"])
+def test_an_unknown_cpkv_key_is_refused_naming_it_and_the_known_ones(key) -> None:
+    with pytest.raises(InvalidArgumentError) as caught:
+        CpkvOffloadConfig.from_extra_config({"cpkv_host_blocks": 8, key: "lfu"})
+    text = str(caught.value)
+    assert repr(key) in text and all(known in text for known in
+                                     ("cpkv_host_blocks", "cpkv_policy", "cpkv_slab", "cpkv_timeout_s"))
+    # vLLM's own keys are vLLM's business.
+    assert CpkvOffloadConfig.from_extra_config({"cpkv_host_blocks": 8, "spec_name": "x"}).host_blocks == 8
+
+
+@pytest.mark.parametrize("value", [1e15, 1e300, 1e-9, 0, -1, float("nan"), float("inf"), True, "30", None])
+def test_a_bad_timeout_is_refused_naming_the_key(value) -> None:
+    with pytest.raises(InvalidArgumentError, match="cpkv_timeout_s"):
+        CpkvOffloadConfig.from_extra_config({"cpkv_host_blocks": 8, "cpkv_timeout_s": value})
 
 
 def test_config_accepts_good_values() -> None:
-    got = CpkvOffloadConfig.from_extra_config({"cpkv_host_blocks": "128", "cpkv_policy": "ghost", "cpkv_slab": "private"})
-    assert got == CpkvOffloadConfig(128, "ghost", "private")
+    got = CpkvOffloadConfig.from_extra_config({"cpkv_host_blocks": "128", "cpkv_policy": "ghost", "cpkv_slab": "private",
+                                               "cpkv_timeout_s": 5})
+    assert got == CpkvOffloadConfig(128, "ghost", "private", 5.0)
     assert CpkvOffloadConfig.from_extra_config({"cpkv_host_blocks": 8.0}).host_blocks == 8
 
 

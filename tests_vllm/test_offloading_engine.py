@@ -186,6 +186,15 @@ def test_failed_load_leaves_nothing_pinned(failure_policy: str) -> None:
     ({"cpkv_host_blocks": True}, InvalidArgumentError, ["cpkv_host_blocks", "True"]),
     ({"cpkv_policy": "mru"}, UnknownPolicyError, ["cpkv_policy", "mru"]),
     ({"cpkv_slab": "gpu"}, InvalidArgumentError, ["cpkv_slab", "gpu"]),
+    ({"cpkv_host_blocks": 2**31}, InvalidArgumentError, ["cpkv_host_blocks", str(2**31 - 1)]),
+    ({"cpkv_polcy": "lfu"}, InvalidArgumentError, ["'cpkv_polcy'", "cpkv_policy"]),
+    ({"cpkv_timeout_s": 1e15}, InvalidArgumentError, ["cpkv_timeout_s", "1000000000000000.0"]),
+    ({"cpkv_timeout_s": 1e300}, InvalidArgumentError, ["cpkv_timeout_s"]),
+    ({"cpkv_timeout_s": 1e-9}, InvalidArgumentError, ["cpkv_timeout_s"]),
+    ({"cpkv_timeout_s": float("nan")}, InvalidArgumentError, ["cpkv_timeout_s"]),
+    # 2**31 - 1 blocks of this engine's rows: hundreds of TB, refused before any byte is allocated.
+    ({"cpkv_host_blocks": 2**31 - 1}, InvalidArgumentError, ["cpkv_host_blocks=2147483647", "memory"]),
+    ({"cpkv_host_blocks": 2**31 - 1, "cpkv_slab": "shared"}, InvalidArgumentError, ["cpkv_host_blocks=2147483647", "memory"]),
 ])
 def test_bad_config_fails_at_construction(extra: dict, error: type, words: list[str]) -> None:
     with pytest.raises(error) as caught:

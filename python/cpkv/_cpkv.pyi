@@ -438,16 +438,21 @@ class OffloadIndex:
     ``store``/``locate``), one call per engine call: keys are the engine's ``bytes``
     (the last four bytes name the KV cache group), chained into a prefix tree by their end
     positions in the request, placed in rows, pinned as tree locks, evicted leaf-first in the
-    policy's order. Keys of the wrong type raise ``ArgumentTypeError``; a key shorter than four
-    bytes or a ``prepare_load`` of a key that is not readable raises ``InvalidArgumentError``;
-    a refused call changes nothing."""
+    policy's order; a victim loses only the rows a call needs, cut from its tail, under every
+    policy. Keys of the wrong type raise ``ArgumentTypeError``: so do numpy ``S``/``U`` arrays
+    and their ``bytes_``/``str_`` items (they drop trailing NUL bytes), and, for every call but the
+    completions, a set, mapping or mapping view of keys (their order differs between processes;
+    ``complete_load``/``complete_store`` take any collection, their effect does not depend on
+    order). A key shorter than the four bytes that name its group raises ``InvalidArgumentError``
+    in every call, as does a ``prepare_load`` of a key that is not readable; a refused call
+    changes nothing."""
 
     MAX_ROWS: int  # the most rows (``capacity``) an index takes: rows are int32
 
     def __new__(cls, capacity: int, policy: str, tokens_per_chunk: _IntVector,
                 results: tuple[object, object, object] | None = None) -> OffloadIndex:
-        """``results``: what ``lookup`` answers (miss, readable, in flight); by default ``False``,
-        ``True``, ``None``."""
+        """``results``: what ``lookup`` answers (miss, readable, in flight), a tuple of three; by
+        default (``None``) ``False``, ``True``, ``None``."""
     def lookup(self, key: bytes, req_context: object = None) -> object:
         """``results[0]`` (miss or failed store), ``[1]`` (readable) or ``[2]`` (store in flight)."""
     def prepare_load(self, keys: Iterable[bytes], request: str,
@@ -458,7 +463,8 @@ class OffloadIndex:
                       ) -> tuple[list[bytes], npt.NDArray[np.int32], list[bytes]] | None:
         """``None`` when nothing can be placed, else (keys to store: the offered objects, their
         rows, keys evicted to make room in eviction order)."""
-    def complete_store(self, keys: Iterable[bytes], success: bool = True, report: bool = False) -> list[bytes] | None: ...
+    def complete_store(self, keys: Iterable[bytes], success: bool = True, report: bool = False) -> list[bytes] | None:
+        """``success`` and ``report`` are ``bool`` (numpy's too), never an int or ``None``."""
     def request_finished(self, request: str) -> None: ...
     def evict(self, num: int) -> list[bytes]: ...
     def store(self, keys: Iterable[str | bytes], prefix: str | bytes | None = None) -> npt.NDArray[np.int64]:

@@ -7,8 +7,10 @@
 //!   (numpy's included), a float, a str or bytes;
 //! - a sequence of integers (tokens, pages, keys) is a 1-D numpy integer
 //!   array or an ordered iterable of such integers (list, tuple, range, ...);
-//!   never a str, bytes, bytearray, memoryview, mapping or set. Its length is
-//!   what iteration yields: `__len__` is never trusted to size a buffer.
+//!   never a str, bytes, bytearray, memoryview, mapping, set or mapping view
+//!   (whose order is not the caller's). Its length is what iteration yields:
+//!   `__len__` is never trusted to size a buffer;
+//! - a flag is a Python `bool` or a numpy bool scalar, never an int or None.
 //!
 //! A value of the wrong type is an `ArgumentTypeError` (also `TypeError`),
 //! one of the right type out of range an `InvalidArgumentError` (also
@@ -149,6 +151,40 @@ fn exact_int_u64(obj: &Bound<'_, PyAny>) -> Option<u64> {
     Some(u64::from(value))
 }
 
+/// A flag by the rule above; `what` names it in errors.
+pub(crate) fn flag(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<bool> {
+    if let Ok(b) = obj.cast::<PyBool>() {
+        return Ok(b.is_true());
+    }
+    // numpy's bool scalar (`bool_` in numpy 1, `bool` in numpy 2).
+    let numpy_bool = obj
+        .get_type()
+        .module()
+        .is_ok_and(|m| m.to_str().is_ok_and(|m| m == "numpy"))
+        && obj
+            .get_type()
+            .name()
+            .is_ok_and(|n| n.to_str().is_ok_and(|n| n == "bool_" || n == "bool"));
+    if numpy_bool {
+        return obj.is_truthy();
+    }
+    Err(wrong_type(format!(
+        "{what} must be a bool (True or False), got {}",
+        describe(obj)
+    )))
+}
+
+/// Whether `obj` is a numpy `bytes_` or `str_` scalar: an item of an `S` or
+/// `U` array, which has lost its trailing NUL bytes or characters.
+pub(crate) fn is_numpy_text(obj: &Bound<'_, PyAny>) -> bool {
+    let ty = obj.get_type();
+    ty.module()
+        .is_ok_and(|m| m.to_str().is_ok_and(|m| m == "numpy"))
+        && ty
+            .name()
+            .is_ok_and(|n| n.to_str().is_ok_and(|n| n == "bytes_" || n == "str_"))
+}
+
 /// `uint` as a count in memory (`usize`); a count beyond the address space
 /// asks for everything there is.
 pub(crate) fn count(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<usize> {
@@ -156,7 +192,8 @@ pub(crate) fn count(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<usize> {
 }
 
 /// Types that iterate but are not ordered sequences of ints: text and bytes
-/// (which iterate as characters or byte values), mappings and sets.
+/// (which iterate as characters or byte values), mappings, sets and mapping
+/// views (`dict.keys()`, `.values()`, `.items()`).
 fn unordered_types(py: Python<'_>) -> PyResult<&Bound<'_, PyTuple>> {
     static TYPES: PyOnceLock<Py<PyTuple>> = PyOnceLock::new();
     TYPES
@@ -170,6 +207,7 @@ fn unordered_types(py: Python<'_>) -> PyResult<&Bound<'_, PyTuple>> {
                 builtins.getattr("memoryview")?,
                 abc.getattr("Mapping")?,
                 abc.getattr("Set")?,
+                abc.getattr("MappingView")?,
             ];
             Ok::<_, PyErr>(PyTuple::new(py, names)?.unbind())
         })
@@ -216,7 +254,7 @@ pub(crate) fn int_vector(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u64
 
 /// An iterator over an ordered iterable by the rule above; `refusal` is the
 /// message of the `ArgumentTypeError` for anything else.
-fn ordered_iter<'py>(
+pub(crate) fn ordered_iter<'py>(
     obj: &Bound<'py, PyAny>,
     refusal: impl Fn() -> String,
 ) -> PyResult<Bound<'py, pyo3::types::PyIterator>> {

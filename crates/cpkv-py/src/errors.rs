@@ -56,26 +56,6 @@ cpkv_errors!(
     InternalError,
 );
 
-/// Builds an exception of the `cpkv.errors` class `class_name` with `message`.
-///
-/// Kept only for `offload.rs` (edited elsewhere while this mapping changed);
-/// its two call sites switch to `UnknownKeyError::new_err` and
-/// `DivergenceError::new_err` at merge, and then this goes.
-pub(crate) fn cpkv_error(class_name: &str, message: String) -> PyErr {
-    Python::attach(|py| {
-        let lookup = || -> PyResult<Bound<'_, PyType>> {
-            Ok(py
-                .import("cpkv.errors")?
-                .getattr(class_name)?
-                .cast_into::<PyType>()?)
-        };
-        match lookup() {
-            Ok(class) => PyErr::from_type(class, message),
-            Err(err) => err,
-        }
-    })
-}
-
 /// `cpkv_allocator::AllocError` as its `cpkv.errors` class.
 pub(crate) fn alloc_error(err: cpkv_allocator::AllocError) -> PyErr {
     use cpkv_allocator::AllocError as E;

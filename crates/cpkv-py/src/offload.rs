@@ -12,16 +12,18 @@
 //! indexes its row stamps with directly.
 
 use cpkv_tier::{key_hex, KeyState, OffloadIndex as Core, Placed, GROUP_BYTES, MAX_OFFLOAD_ROWS};
-use numpy::{PyArray1, PyArray2, PyArrayMethods};
+use numpy::{
+    PyArray1, PyArray2, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods,
+};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyList, PyString, PyTuple};
 
 use crate::convert::{
-    count, describe, int_vector, invalid, uint, uint_named, wrong_type, PolicyArg,
+    count, describe, flag, int_vector, invalid, is_numpy_text, ordered_iter, uint, uint_named,
+    wrong_type, PolicyArg,
 };
-use crate::errors::cpkv_error;
+use crate::errors::{tier_error, DivergenceError, UnknownKeyError};
 use crate::shared::{unshared, Shared};
-use crate::tier::tier_error;
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<OffloadIndex>()?;
@@ -40,10 +42,26 @@ pub(crate) struct OffloadIndex {
     results: [Py<PyAny>; 3],
 }
 
-/// The items of a call's key collection, in order: a list, tuple or other
-/// iterable (never one `str` or `bytes`), of at most `MAX_KEYS_PER_CALL`;
-/// `kind` says what the keys must be.
-fn key_items<'py>(keys: &Bound<'py, PyAny>, kind: &str) -> PyResult<Vec<Bound<'py, PyAny>>> {
+/// How a call takes its key collection.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Order {
+    /// In the caller's order, which decides rows, paths and answers: a
+    /// list, tuple or other ordered iterable, never a set, mapping or
+    /// mapping view (their order differs between processes).
+    Kept,
+    /// Any collection: a completion, whose effect does not depend on the
+    /// keys' order (vLLM completes Python sets).
+    Any,
+}
+
+/// The items of a call's key collection: a list, tuple or other iterable
+/// by `order` (never one `str` or `bytes`, nor a numpy text array), of at
+/// most `MAX_KEYS_PER_CALL`; `kind` says what the keys must be.
+fn key_items<'py>(
+    keys: &Bound<'py, PyAny>,
+    kind: &str,
+    order: Order,
+) -> PyResult<Vec<Bound<'py, PyAny>>> {
     let too_many = |n: usize| invalid(format!("keys: {n} is more than {MAX_KEYS_PER_CALL} keys"));
     if let Ok(list) = keys.cast::<PyList>() {
         if list.len() > MAX_KEYS_PER_CALL {
@@ -57,17 +75,33 @@ fn key_items<'py>(keys: &Bound<'py, PyAny>, kind: &str) -> PyResult<Vec<Bound<'p
         }
         return Ok(tuple.iter().collect());
     }
-    let not_keys = || {
-        wrong_type(format!(
-            "keys must be a collection of {kind} keys, got {}",
-            describe(keys)
-        ))
-    };
-    if keys.is_instance_of::<PyBytes>() || keys.is_instance_of::<PyString>() {
-        return Err(not_keys());
+    if let Ok(array) = keys.cast::<PyUntypedArray>() {
+        let dtype = array.dtype();
+        if matches!(dtype.kind(), b'S' | b'U') {
+            return Err(wrong_type(format!(
+                "keys: a numpy array of dtype {} drops each key's trailing NUL bytes, so a key \
+                 would be read as another; pass a list of {kind}",
+                dtype.str()?
+            )));
+        }
     }
+    let not_keys = || {
+        format!(
+            "keys must be an ordered collection (a list or tuple) of {kind} keys, got {}",
+            describe(keys)
+        )
+    };
+    let items = match order {
+        Order::Kept => ordered_iter(keys, not_keys)?,
+        Order::Any => {
+            if keys.is_instance_of::<PyBytes>() || keys.is_instance_of::<PyString>() {
+                return Err(wrong_type(not_keys()));
+            }
+            keys.try_iter().map_err(|_| wrong_type(not_keys()))?
+        }
+    };
     let mut out = Vec::new();
-    for (i, item) in keys.try_iter().map_err(|_| not_keys())?.enumerate() {
+    for (i, item) in items.enumerate() {
         if i >= MAX_KEYS_PER_CALL {
             return Err(invalid(format!("keys: more than {MAX_KEYS_PER_CALL} keys")));
         }
@@ -76,25 +110,55 @@ fn key_items<'py>(keys: &Bound<'py, PyAny>, kind: &str) -> PyResult<Vec<Bound<'p
     Ok(out)
 }
 
-/// The `bytes` keys of a call, in order.
-fn key_objects<'py>(keys: &Bound<'py, PyAny>) -> PyResult<Vec<Bound<'py, PyBytes>>> {
-    key_items(keys, "bytes")?
+/// A numpy `bytes_`/`str_` key, refused naming why; `what` names it.
+fn numpy_text_key(item: &Bound<'_, PyAny>, what: &dyn Fn() -> String) -> PyErr {
+    wrong_type(format!(
+        "{} is a numpy {} scalar, which has lost the key's trailing NUL bytes; pass bytes or str",
+        what(),
+        item.get_type()
+            .name()
+            .map_or_else(|_| "text".to_owned(), |n| n.to_string())
+    ))
+}
+
+/// One `bytes` key: `bytes` or a subclass, never numpy's (see
+/// `numpy_text_key`).
+fn bytes_key<'py>(
+    item: Bound<'py, PyAny>,
+    what: &dyn Fn() -> String,
+) -> PyResult<Bound<'py, PyBytes>> {
+    if !item.is_exact_instance_of::<PyBytes>() && is_numpy_text(&item) {
+        return Err(numpy_text_key(&item, what));
+    }
+    item.cast_into::<PyBytes>().map_err(|e| {
+        wrong_type(format!(
+            "{} must be bytes, got {}",
+            what(),
+            describe(&e.into_inner())
+        ))
+    })
+}
+
+/// The `bytes` keys of a call, each at least the four bytes that name its
+/// group (checked here for the calls the core does not check).
+fn key_objects<'py>(keys: &Bound<'py, PyAny>, order: Order) -> PyResult<Vec<Bound<'py, PyBytes>>> {
+    let objects = key_items(keys, "bytes", order)?
         .into_iter()
         .enumerate()
-        .map(|(i, item)| match item.cast_into::<PyBytes>() {
-            Ok(b) => Ok(b),
-            Err(e) => Err(wrong_type(format!(
-                "keys[{i}] must be bytes, got {}",
-                describe(&e.into_inner())
-            ))),
-        })
-        .collect()
+        .map(|(i, item)| bytes_key(item, &|| format!("keys[{i}]")))
+        .collect::<PyResult<Vec<_>>>()?;
+    Core::check_keys(&slices(&objects)).map_err(tier_error)?;
+    Ok(objects)
 }
 
 /// A key of the synchronous calls: `bytes` as they are; a `str` (SGLang's
 /// page hash) is its UTF-8 bytes then group 0's four bytes, the same on
 /// every rank. `what` names the argument in errors.
 fn engine_key(item: &Bound<'_, PyAny>, what: &dyn Fn() -> String) -> PyResult<Vec<u8>> {
+    let exact = item.is_exact_instance_of::<PyString>() || item.is_exact_instance_of::<PyBytes>();
+    if !exact && is_numpy_text(item) {
+        return Err(numpy_text_key(item, what));
+    }
     if let Ok(text) = item.cast::<PyString>() {
         let text = text.to_str().map_err(|_| {
             invalid(format!(
@@ -118,12 +182,17 @@ fn engine_key(item: &Bound<'_, PyAny>, what: &dyn Fn() -> String) -> PyResult<Ve
     }
 }
 
+/// The keys of a synchronous call, in order, each long enough to name its
+/// group.
 fn engine_keys(keys: &Bound<'_, PyAny>) -> PyResult<Vec<Vec<u8>>> {
-    key_items(keys, "str or bytes")?
+    let keys = key_items(keys, "str or bytes", Order::Kept)?
         .iter()
         .enumerate()
         .map(|(i, item)| engine_key(item, &|| format!("keys[{i}]")))
-        .collect()
+        .collect::<PyResult<Vec<_>>>()?;
+    let refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+    Core::check_keys(&refs).map_err(tier_error)?;
+    Ok(keys)
 }
 
 /// Rows of `columns` int64 values as a 2-D array.
@@ -169,9 +238,18 @@ fn positions(
 }
 
 fn request_id(request: &Bound<'_, PyAny>) -> PyResult<String> {
-    request
-        .extract::<String>()
-        .map_err(|_| wrong_type(format!("request must be a str, got {}", describe(request))))
+    match request.cast::<PyString>() {
+        Ok(text) => text.to_str().map(str::to_owned).map_err(|_| {
+            invalid(format!(
+                "request is a str that is not valid UTF-8: {}",
+                describe(request)
+            ))
+        }),
+        Err(_) => Err(wrong_type(format!(
+            "request must be a str, got {}",
+            describe(request)
+        ))),
+    }
 }
 
 fn bytes_list<'py>(py: Python<'py>, keys: &[Box<[u8]>]) -> PyResult<Bound<'py, PyList>> {
@@ -183,14 +261,64 @@ fn rows_array(py: Python<'_>, rows: Vec<u32>) -> Bound<'_, PyArray1<i32>> {
     PyArray1::from_vec(py, rows.into_iter().map(|r| r as i32).collect())
 }
 
-fn single_key<'a>(key: &'a Bound<'_, PyAny>) -> PyResult<&'a [u8]> {
-    match key.cast::<PyBytes>() {
-        Ok(b) => Ok(b.as_bytes()),
-        Err(_) => Err(wrong_type(format!(
-            "key must be bytes, got {}",
-            describe(key)
-        ))),
+/// `complete_store`'s flags by the one flag rule, named in errors (an
+/// explicit `None` is refused, not read as the default).
+struct Success(bool);
+struct Report(bool);
+
+impl<'a, 'py> FromPyObject<'a, 'py> for Success {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        flag(&obj, "success").map(Self)
     }
+}
+
+impl<'a, 'py> FromPyObject<'a, 'py> for Report {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        flag(&obj, "report").map(Self)
+    }
+}
+
+/// `lookup`'s three answers: `None` (the default ones) or a tuple of three
+/// objects.
+fn lookup_results(results: Option<&Bound<'_, PyAny>>) -> PyResult<Option<[Py<PyAny>; 3]>> {
+    let Some(results) = results.filter(|r| !r.is_none()) else {
+        return Ok(None);
+    };
+    let tuple = results.cast::<PyTuple>().map_err(|_| {
+        wrong_type(format!(
+            "results must be None or a tuple (miss, readable, in flight), got {}",
+            describe(results)
+        ))
+    })?;
+    if tuple.len() != 3 {
+        return Err(invalid(format!(
+            "results must hold 3 objects (miss, readable, in flight), got {}",
+            describe(results)
+        )));
+    }
+    let item = |i: usize| tuple.get_item(i).map(Bound::unbind);
+    Ok(Some([item(0)?, item(1)?, item(2)?]))
+}
+
+/// The key of a one-key call: `bytes` (never numpy's), at least the four
+/// bytes that name its group.
+fn single_key<'a>(key: &'a Bound<'_, PyAny>) -> PyResult<&'a [u8]> {
+    let bytes = match key.cast::<PyBytes>() {
+        Ok(b) if b.is_exact_instance_of::<PyBytes>() || !is_numpy_text(key) => b.as_bytes(),
+        Ok(_) => return Err(numpy_text_key(key, &|| "key".to_owned())),
+        Err(_) => {
+            return Err(wrong_type(format!(
+                "key must be bytes, got {}",
+                describe(key)
+            )))
+        }
+    };
+    Core::check_keys(&[bytes]).map_err(tier_error)?;
+    Ok(bytes)
 }
 
 #[pymethods]
@@ -208,8 +336,9 @@ impl OffloadIndex {
         capacity: &Bound<'_, PyAny>,
         policy: PolicyArg,
         tokens_per_chunk: &Bound<'_, PyAny>,
-        results: Option<(Py<PyAny>, Py<PyAny>, Py<PyAny>)>,
+        results: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
+        let results = lookup_results(results)?;
         let capacity = uint(capacity, "capacity")?;
         if capacity == 0 || capacity > MAX_OFFLOAD_ROWS {
             return Err(invalid(format!(
@@ -225,7 +354,7 @@ impl OffloadIndex {
         }
         let core = unshared(py, || Core::new(capacity, policy.0, tokens))?.map_err(tier_error)?;
         let results = match results {
-            Some((miss, readable, in_flight)) => [miss, readable, in_flight],
+            Some(given) => given,
             None => {
                 let flag = |b: bool| PyBool::new(py, b).to_owned().into_any().unbind();
                 [flag(false), flag(true), py.None()]
@@ -265,7 +394,7 @@ impl OffloadIndex {
         request: &Bound<'py, PyAny>,
         positions: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyArray1<i32>>> {
-        let objects = key_objects(keys)?;
+        let objects = key_objects(keys, Order::Kept)?;
         let request = request_id(request)?;
         let ends = self::positions(&objects, positions)?;
         let keys = slices(&objects);
@@ -282,7 +411,7 @@ impl OffloadIndex {
         keys: &Bound<'_, PyAny>,
         request: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        let objects = key_objects(keys)?;
+        let objects = key_objects(keys, Order::Any)?;
         let request = request_id(request)?;
         let keys = slices(&objects);
         self.core.with(py, |c| c.complete_load(&request, &keys))
@@ -296,7 +425,7 @@ impl OffloadIndex {
         request: &Bound<'_, PyAny>,
         positions: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        let objects = key_objects(keys)?;
+        let objects = key_objects(keys, Order::Kept)?;
         let request = request_id(request)?;
         let ends = self::positions(&objects, positions)?;
         let keys = slices(&objects);
@@ -315,7 +444,7 @@ impl OffloadIndex {
         request: &Bound<'py, PyAny>,
         positions: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Option<Bound<'py, PyTuple>>> {
-        let objects = key_objects(keys)?;
+        let objects = key_objects(keys, Order::Kept)?;
         let request = request_id(request)?;
         let ends = self::positions(&objects, positions)?;
         let keys = slices(&objects);
@@ -335,15 +464,19 @@ impl OffloadIndex {
 
     /// Completes stores; with `report`, returns the keys that became
     /// readable (the offered objects), else None.
-    #[pyo3(signature = (keys, success = true, report = false))]
+    #[pyo3(
+        signature = (keys, success = Success(true), report = Report(false)),
+        text_signature = "(self, /, keys, success=True, report=False)"
+    )]
     fn complete_store<'py>(
         &self,
         py: Python<'py>,
         keys: &Bound<'py, PyAny>,
-        success: bool,
-        report: bool,
+        success: Success,
+        report: Report,
     ) -> PyResult<Option<Bound<'py, PyList>>> {
-        let objects = key_objects(keys)?;
+        let (success, report) = (success.0, report.0);
+        let objects = key_objects(keys, Order::Any)?;
         let keys = slices(&objects);
         let stored = self.core.with(py, |c| c.complete_store(&keys, success))?;
         if !report {
@@ -443,10 +576,7 @@ impl OffloadIndex {
     fn row_of(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<u32> {
         let k = single_key(key)?;
         self.core.with(py, |c| c.row_of(k))?.ok_or_else(|| {
-            cpkv_error(
-                "UnknownKeyError",
-                format!("key {} is not on the host", key_hex(k)),
-            )
+            UnknownKeyError::new_err(format!("key {} is not on the host", key_hex(k)))
         })
     }
 
@@ -502,6 +632,6 @@ impl OffloadIndex {
     fn check(&self, py: Python<'_>) -> PyResult<()> {
         self.core
             .detached(py, |c| c.check())?
-            .map_err(|e| cpkv_error("DivergenceError", e))
+            .map_err(DivergenceError::new_err)
     }
 }

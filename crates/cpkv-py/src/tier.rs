@@ -17,7 +17,7 @@ use crate::convert::{
     int_vector, invalid, namespace as namespace_arg, pages_array, uint, PolicyArg,
 };
 use crate::copy::run_table;
-use crate::errors::CpkvError;
+use crate::errors::{tier_error, CpkvError};
 use crate::shared::{unshared, Shared};
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -30,9 +30,6 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(owned_rows, m)?)?;
     Ok(())
 }
-
-// offload.rs takes the conversion from here until it is switched at merge.
-pub(crate) use crate::errors::tier_error;
 
 /// This rank's share of a batch of pages (`owned_rows`).
 #[pyclass(frozen, get_all, module = "cpkv._cpkv")]

@@ -9,6 +9,8 @@
 //! when it is stored starts a path under its namespace root, which is still
 //! exact. The tree evicts leaves in the policy's order, so a block never
 //! leaves before the blocks that continue it: what stays is a usable prefix.
+//! A victim loses only the rows the call still needs, cut from its tail
+//! (ghost by its own tail rule: at most half of a victim, else all of it).
 //!
 //! Pins are tree locks: a store pins its blocks until each completes, a load
 //! pins what it reads until `complete_load`, and `prepare_store` pins the
@@ -114,6 +116,13 @@ enum Parent {
     Slot(u32),
 }
 
+/// A store call's keys, checked: each key's token, and the first occurrence
+/// of each key (its index, its slot when resident), in offer order.
+struct Offer {
+    tokens: Vec<u64>,
+    unique: Vec<(usize, Option<u32>)>,
+}
+
 /// What `prepare_store` decided.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct StorePlan {
@@ -214,7 +223,12 @@ impl OffloadIndex {
             });
         }
         let mut tree = PrefixTree::new(1, policy)?;
-        tree.set_event_limit(0); // no one reads the tree's residency events here
+        // No one reads the tree's residency events here.
+        tree.set_event_limit(0);
+        // A call needs a few rows and a victim may be a long chain: it loses
+        // only what the call needs, from its tail (vLLM's own LRU evicts per
+        // block), under every policy but ghost, which has a rule of its own.
+        tree.set_trim_tails(true);
         Ok(Self {
             capacity: capacity as u32,
             policy,
@@ -394,6 +408,13 @@ impl OffloadIndex {
         positions: &[Option<u64>],
     ) -> Result<Option<StorePlan>> {
         Self::check_call(keys, positions)?;
+        let offer = self.offer(keys)?;
+        self.place_offer(request, keys, positions, offer)
+    }
+
+    /// The offered keys as `place_offer` takes them; reads only, and is
+    /// where a store call is refused (before anything changes).
+    fn offer(&self, keys: &[&[u8]]) -> Result<Offer> {
         // The first occurrence of each key, in offer order, its token and
         // its slot when resident (eviction below spares them: they are
         // locked). Two distinct keys with one token (odds of about 2^-64 a
@@ -420,6 +441,18 @@ impl OffloadIndex {
             };
             unique.push((i, slot));
         }
+        Ok(Offer { tokens, unique })
+    }
+
+    /// `prepare_store` once its keys are checked.
+    fn place_offer(
+        &mut self,
+        request: &str,
+        keys: &[&[u8]],
+        positions: &[Option<u64>],
+        offer: Offer,
+    ) -> Result<Option<StorePlan>> {
+        let Offer { tokens, unique } = offer;
         let mut in_call: Map<(u32, u64), usize> = Map::default();
         let mut parents = vec![Parent::None; keys.len()];
         let chain = self.requests.get(request);
@@ -523,6 +556,10 @@ impl OffloadIndex {
     /// Marks stored keys readable (or, on failure, unreadable until a later
     /// offer rewrites them); keys not in flight are ignored.
     /// Returns the indexes of the keys that became readable.
+    ///
+    /// The result does not depend on the keys' order (vLLM completes a
+    /// Python `set`): each key only changes its own chunk and pin, and a
+    /// pin's release stamps nothing.
     pub fn complete_store(&mut self, keys: &[&[u8]], success: bool) -> Vec<usize> {
         let mut stored = Vec::new();
         for (i, key) in keys.iter().enumerate() {
@@ -603,11 +640,14 @@ impl OffloadIndex {
             .zip(1u64..)
             .map(|(k, i)| i.checked_mul(step(k))) // past u64: no parent, still exact
             .collect();
+        // Refused (a key hash collision) before the prefix is stamped: a
+        // refused call changes nothing.
+        let offer = self.offer(keys)?;
         let anchor = prefix.filter(|p| self.lookup(p) == KeyState::Ready);
         if let Some(p) = anchor {
             self.prepare_load(STORE_REQUEST, &[p], &[Some(0)])?;
         }
-        let plan = self.prepare_store(STORE_REQUEST, keys, &positions);
+        let plan = self.place_offer(STORE_REQUEST, keys, &positions, offer);
         if let Ok(Some(plan)) = &plan {
             let stored: Vec<&[u8]> = plan.store.iter().map(|&i| keys[i]).collect();
             self.complete_store(&stored, true);
@@ -1030,6 +1070,24 @@ mod tests {
             (index.lookup(&a), index.lookup(&b)),
             (KeyState::Ready, KeyState::Miss)
         );
+        index.check().unwrap();
+    }
+
+    #[test]
+    fn a_refused_store_leaves_its_prefix_unstamped() {
+        let a = *b"first key, and group 0:\0";
+        let b = colliding(&a);
+        let prefix = *b"the prefix, in group 0:\0";
+        let mut index = OffloadIndex::new(4, Policy::Lru, vec![1]).unwrap();
+        index.store(&[&prefix], None).unwrap();
+        index.store(&[&a], None).unwrap();
+        let before = index.digest();
+        // `b` collides with resident `a`: the call is refused, and the
+        // readable prefix it continues is not stamped (nor locked).
+        let err = index.store(&[&b], Some(&prefix));
+        assert!(matches!(err, Err(TierError::BadKey { .. })), "{err:?}");
+        assert_eq!(index.digest(), before);
+        assert_eq!(index.num_pins(), 0);
         index.check().unwrap();
     }
 }

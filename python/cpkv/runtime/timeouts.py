@@ -1,22 +1,40 @@
-"""Turning a failed or stalled barrier/collective into an error that names rank and step (and layer)."""
+"""The timeout rule (which timeouts are accepted), and turning a failed or stalled
+barrier/collective into an error that names rank and step (and layer)."""
 
 from __future__ import annotations
 
 import datetime
+import math
 import time
-from typing import Callable, TypeVar
+from typing import Any, Callable, TypeVar
 
-from cpkv.errors import CollectiveTimeoutError
+from cpkv.errors import CollectiveTimeoutError, InvalidArgumentError
 
 T = TypeVar("T")
 
 DEFAULT_TIMEOUT_S = 30.0
+# torch.distributed and gloo count timeouts in whole milliseconds: a shorter one is zero (gloo's
+# store refuses it). A week is longer than any wait a live peer needs, and far inside what
+# datetime.timedelta and gloo's millisecond counters hold (1e15 s overflows both).
+MIN_TIMEOUT_S = 1e-3
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
 
 
-def as_timedelta(seconds: float) -> datetime.timedelta:
-    if not seconds > 0:
-        raise ValueError(f"timeout must be > 0 seconds, got {seconds!r}")
-    return datetime.timedelta(seconds=seconds)
+def checked_timeout_s(value: Any, what: str = "timeout_s") -> float:
+    """``value`` as a timeout in seconds by the one rule: a finite int or float in
+    ``[MIN_TIMEOUT_S, MAX_TIMEOUT_S]`` (never a bool or a str); anything else is an
+    :class:`InvalidArgumentError` naming ``what`` and the value."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidArgumentError(f"{what} must be a number of seconds, got {value!r}")
+    seconds = float(value)
+    if not (math.isfinite(seconds) and MIN_TIMEOUT_S <= seconds <= MAX_TIMEOUT_S):
+        raise InvalidArgumentError(
+            f"{what} must be a finite number of seconds in [{MIN_TIMEOUT_S:g}, {MAX_TIMEOUT_S:g}], got {value!r}")
+    return seconds
+
+
+def as_timedelta(seconds: float, what: str = "timeout_s") -> datetime.timedelta:
+    return datetime.timedelta(seconds=checked_timeout_s(seconds, what))
 
 
 def guarded(what: str, rank: int, layer: int | None, timeout_s: float, call: Callable[[], T]) -> T:

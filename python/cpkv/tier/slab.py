@@ -50,7 +50,7 @@ from typing import Any, Callable, Mapping
 
 from cpkv.errors import CpkvError, FallbackError, InvalidArgumentError, UnknownPayloadError
 from cpkv.runtime.shm import SHM_DIR, create_owned, shm_room, unlink_now
-from cpkv.runtime.timeouts import DEFAULT_TIMEOUT_S, as_timedelta, guarded
+from cpkv.runtime.timeouts import DEFAULT_TIMEOUT_S, as_timedelta, checked_timeout_s, guarded
 
 __all__ = ["HostSlab", "SlabSpec"]
 
@@ -231,8 +231,7 @@ def _check_arguments(payloads: Any, num_pages: Any, num_layers: Any, timeout_s: 
         if not isinstance(spec, SlabSpec):
             raise InvalidArgumentError(f"payload {name!r}: expected a SlabSpec, got {spec!r}")
         checked.append((name, spec))
-    if not _valid_timeout(timeout_s):
-        raise InvalidArgumentError(f"timeout_s must be a finite number > 0, got {timeout_s!r}")
+    checked_timeout_s(timeout_s, "timeout_s")
     request = _Request(tuple(checked), _count("num_pages", num_pages), _count("num_layers", num_layers))
     for name, spec in request.payloads:
         if request.region_bytes(spec) > sys.maxsize:
@@ -260,8 +259,11 @@ def _check_pin(pin: Any) -> bool:
 
 
 def _valid_timeout(timeout_s: Any) -> bool:
-    return (isinstance(timeout_s, (int, float)) and not isinstance(timeout_s, bool)
-            and math.isfinite(timeout_s) and timeout_s > 0)
+    try:
+        checked_timeout_s(timeout_s)
+    except InvalidArgumentError:
+        return False
+    return True
 
 
 def _node_id() -> str:

@@ -7,10 +7,14 @@ Enable it with ``--kv-transfer-config`` (see the README)::
                                    "spec_module_path": "cpkv.integrations.vllm",
                                    "cpkv_host_blocks": 4096, "cpkv_policy": "lru"}}
 
-- :class:`CpkvOffloadingSpec` (vLLM loads it by module path) builds
-- :class:`CpkvOffloadingManager` (scheduler side: cpkv's PrefixTree + PageAllocator decide what is on
-  the host and what leaves, deterministically) and
-- :class:`CpkvOffloadingWorker` (worker side: copies between vLLM's KV tensors and a cpkv HostSlab).
+- :class:`CpkvOffloadingSpec` (vLLM loads it by module path) checks the ``cpkv_`` keys once
+  (:class:`CpkvOffloadConfig`: an unknown one is refused by name) and builds
+- :class:`CpkvOffloadingManager` (scheduler side: one call per vLLM call into the Rust core's
+  ``OffloadIndex``, which chains the block hashes into a prefix tree, gives each chunk a slab row,
+  pins transfers as tree locks and evicts deterministically, a victim losing only the rows a call
+  needs) and
+- :class:`CpkvOffloadingWorker` (worker side: copies between vLLM's KV tensors and the rows of a cpkv
+  HostSlab shared by the node's workers, or of this process's own memory).
 """
 
 from ._version import REQUIRED_VLLM, check_vllm_version

@@ -39,7 +39,7 @@ class CpkvOffloadingSpec(OffloadingSpec):
         if self._worker is None:
             self._worker = CpkvOffloadingWorker(
                 kv_caches, blocks_per_chunk=self.blocks_per_chunk, host_blocks=self.cpkv.host_blocks,
-                slab=self.cpkv.slab, process_group=_node_group())
+                slab=self.cpkv.slab, process_group=_node_group(), timeout_s=self.cpkv.timeout_s)
         return self._worker
 
 

@@ -21,6 +21,8 @@ import numpy as np
 import torch
 
 from cpkv.errors import InvalidArgumentError
+from cpkv.runtime.memory import check_host_bytes
+from cpkv.runtime.timeouts import DEFAULT_TIMEOUT_S
 from cpkv.tier.copy import RowCopy, SlabCopier, word_dtype
 from cpkv.tier.slab import HostSlab, SlabSpec
 
@@ -39,7 +41,7 @@ __all__ = ["CpkvOffloadingWorker"]
 
 class CpkvOffloadingWorker(OffloadingWorker):
     def __init__(self, kv_caches: CanonicalKVCaches, *, blocks_per_chunk: int, host_blocks: int,
-                 slab: str = "shared", process_group: Any = None) -> None:
+                 slab: str = "shared", process_group: Any = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         if not kv_caches.tensors:
             raise InvalidArgumentError("vLLM registered no KV cache tensors to offload")
         self.blocks_per_chunk = int(blocks_per_chunk)
@@ -53,13 +55,16 @@ class CpkvOffloadingWorker(OffloadingWorker):
         layers = len(self._device)
         if slab == "shared":
             rank, world = _rank_and_world(process_group)
+            check_host_bytes(world * layers * host_blocks * row_bytes,
+                             f"cpkv_slab='shared' with cpkv_host_blocks={host_blocks}: {world} workers x {layers} "
+                             f"layers x {host_blocks} blocks x {row_bytes} bytes")
             spec = {f"{PAYLOAD}{r}": SlabSpec((row_bytes,), torch.uint8) for r in range(world)}
             self.slab: HostSlab | None = HostSlab.create(spec, num_pages=host_blocks, num_layers=layers,
-                                                          process_group=process_group)
+                                                          process_group=process_group, timeout_s=timeout_s)
             rows = self.slab.rows(f"{PAYLOAD}{rank}")
         elif slab == "private":
             self.slab = None
-            rows = torch.zeros((layers, host_blocks, row_bytes), dtype=torch.uint8)
+            rows = _private_rows(layers, host_blocks, row_bytes)
         else:
             raise InvalidArgumentError(f"slab must be 'shared' or 'private', got {slab!r}")
         # Per vLLM tensor: the slab as sub-rows of one page each (chunk row r, page i -> r*bpc + i).
@@ -147,6 +152,18 @@ class CpkvOffloadingWorker(OffloadingWorker):
         self._views.clear()
         if self.slab is not None:
             self.slab.close()
+
+
+def _private_rows(layers: int, host_blocks: int, row_bytes: int) -> torch.Tensor:
+    """``cpkv_slab='private'``: this process's own ``[layers, host_blocks, row_bytes]`` bytes, checked
+    against this machine's memory before anything is allocated; a failed allocation is typed too."""
+    what = (f"cpkv_slab='private' with cpkv_host_blocks={host_blocks}: {layers} layers x {host_blocks} blocks x "
+            f"{row_bytes} bytes")
+    check_host_bytes(layers * host_blocks * row_bytes, what)
+    try:
+        return torch.zeros((layers, host_blocks, row_bytes), dtype=torch.uint8)
+    except (RuntimeError, MemoryError) as err:  # torch's allocator says RuntimeError
+        raise InvalidArgumentError(f"{what}: cannot allocate: {str(err).splitlines()[0]}") from err
 
 
 def _rank_and_world(process_group: Any) -> tuple[int, int]:
