@@ -145,9 +145,8 @@ class PoolSlab:
         which = np.searchsorted(self.bases, ptrs, side="right") - 1
         inside = (which >= 0) & (sizes == self.sizes[None, :])
         inside &= (ptrs + sizes) <= self.ends[np.maximum(which, 0)]
-        bad = np.argwhere(~inside)
-        if len(bad):
-            page, entry = (int(v) for v in bad[0])
+        if not inside.all():
+            page, entry = (int(v) for v in np.argwhere(~inside)[0])
             raise InvalidArgumentError(
                 f"pool {self.name!r}: page {page} (host index {int(firsts[page])}) entry {entry} at "
                 f"{int(ptrs[page, entry]):#x} + {int(sizes[page, entry])} bytes is outside the pool's buffers")
@@ -170,6 +169,10 @@ class PoolSlab:
             if not (offset % entry).any():
                 host_rows = offset // entry
                 slab_rows = (rows[None, :] * self.entries + np.arange(self.entries, dtype=np.int64)[:, None]).reshape(-1)
+                if (which == which[0]).all():  # the usual case: one host buffer
+                    self.copier.copy(RowCopy(host_rows, slab_rows), self.host_rows[int(which[0])], self.slab_rows,
+                                     to_slab=to_slab)
+                    return
                 for b in np.unique(which):  # one copy per host buffer (a pool has one or a few)
                     mask = which == b
                     self.copier.copy(RowCopy(host_rows[mask], slab_rows[mask]), self.host_rows[b],
