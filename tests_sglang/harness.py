@@ -11,6 +11,8 @@ SGLang's own strategy objects:
 - ``kind="dsa"``: ``DSATokenToKVPool`` (MLA latent + the DSA indexer, GLM-5/DeepSeek-V3.2's pool) and
   ``_DsaStrategy`` (``MLATokenToKVPoolHost`` + ``DSAIndexerPoolHost``, the indexer a sidecar whose
   indices come from the KV pool);
+- ``kind="mla"``: ``MLATokenToKVPool`` (plain MLA, the latent only) and ``_PlainKvStrategy`` with an
+  ``MLATokenToKVPoolHost``;
 
 with a storage backend (cpkv's through ``dynamic``, or SGLang's ``file``), then drives it the way
 SGLang's scheduler does: ``write_storage`` with the sidecar transfers ``_build_sidecar_transfers``
@@ -155,9 +157,15 @@ class Rank:
             return DSATokenToKVPool(tokens, ps, geo.get("kv_lora_rank", 16), torch.bfloat16,
                                     geo.get("qk_rope_head_dim", 8), geo.get("layers", layers), "cpu", 128, False,
                                     geo.get("kv_lora_rank", 16) + geo.get("qk_rope_head_dim", 8))
+        geo = self.options.get("geometry", {})
+        if self.kind == "mla":  # plain MLA (DeepSeek-V3 without the indexer): the latent only
+            from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
+
+            return MLATokenToKVPool(tokens, ps, torch.bfloat16, geo.get("kv_lora_rank", 16),
+                                    geo.get("qk_rope_head_dim", 8), geo.get("layers", layers), "cpu", False,
+                                    start_layer=0, end_layer=geo.get("layers", layers) - 1)
         from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
-        geo = self.options.get("geometry", {})
         return MHATokenToKVPool(tokens, ps, torch.float16, geo.get("heads", 2), geo.get("head_dim", 8),
                                 geo.get("layers", layers), "cpu", False, start_layer=0,
                                 end_layer=geo.get("layers", layers) - 1)
@@ -172,7 +180,7 @@ class Rank:
         from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
 
         self.kv = self.device_pool()
-        dtype = torch.bfloat16 if self.kind == "dsa" else torch.float16
+        dtype = torch.float16 if self.kind == "gqa" else torch.bfloat16
         self.alloc = PagedTokenToKVPoolAllocator(self.kv.size, self.page_size, dtype, "cpu", self.kv, False)
         params = CacheInitParams(disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=self.alloc,
                                  page_size=self.page_size, tp_cache_group=self.test_group,
@@ -207,7 +215,7 @@ class Rank:
     def tag(self) -> str:
         """The same on every rank that holds the same content: GQA attention-TP ranks hold other
         heads; an MLA model's latent is the same on every rank."""
-        return "all" if self.kind == "dsa" else f"tp{self.attn_tp_rank}"
+        return f"tp{self.attn_tp_rank}" if self.kind == "gqa" else "all"
 
     def fill(self, host: Any, indices: Any, hashes: list[str], pool: str = "kv") -> None:
         import torch
