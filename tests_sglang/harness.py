@@ -1,15 +1,30 @@
-"""Real SGLang HiCacheControllers in gloo processes acting as one attention-CP group.
+"""The cache-controller stack SGLang's server builds, in gloo processes acting as its ranks.
 
-``launch(world, scenario, **options)`` starts ``world`` ranks (cpkv's launcher, ``run_ranks``: gloo set up,
-a rank that dies named, none outliving the test); each builds SGLang's own CPU pools
-(``MHATokenToKVPool`` on "cpu", ``MHATokenToKVPoolHost`` page_first_direct, unpinned) and a
-``HiCacheController`` with a storage backend (cpkv's through ``dynamic``, or SGLang's ``file``),
-then drives it the way SGLang's scheduler does: ``write_storage`` and the backup acks,
-``prefetch``, the hit queue, the host allocation, the prefetch buffer and its acks. Each rank
-returns what it saw; ``launch`` returns the ranks' results in rank order.
+``launch(world, scenario, **options)`` starts ``world`` ranks (cpkv's launcher, ``run_ranks``: gloo set
+up, a rank that dies named, none outliving the test). Each publishes SGLang's runtime config
+(``ServerArgs`` with HiCache on, page_first_direct, direct IO) and its parallel state (attention DP x CP
+x TP as SGLang numbers them), then builds the stack the server's ``UnifiedRadixCache`` builds, through
+SGLang's own strategy objects:
 
-Nothing here mocks SGLang: the controller's threads, its MIN hit sync over the CP group and the
-storage factory are SGLang's. Every wait has a timeout.
+- ``kind="gqa"``: ``MHATokenToKVPool`` on "cpu" and ``_PlainKvStrategy`` (``build_kv_only_stack``: an
+  ``MHATokenToKVPoolHost`` in a ``HostPoolGroup`` under a ``HybridCacheController``);
+- ``kind="dsa"``: ``DSATokenToKVPool`` (MLA latent + the DSA indexer, GLM-5/DeepSeek-V3.2's pool) and
+  ``_DsaStrategy`` (``MLATokenToKVPoolHost`` + ``DSAIndexerPoolHost``, the indexer a sidecar whose
+  indices come from the KV pool);
+- ``kind="mla"``: ``MLATokenToKVPool`` (plain MLA, the latent only) and ``_PlainKvStrategy`` with an
+  ``MLATokenToKVPoolHost``;
+
+with a storage backend (cpkv's through ``dynamic``, or SGLang's ``file``), then drives it the way
+SGLang's scheduler does: ``write_storage`` with the sidecar transfers ``_build_sidecar_transfers``
+makes, the backup acks, ``prefetch`` with the prefetch sidecars, the hit queue, the host allocation,
+the prefetch buffer and its acks. Each rank returns what it saw; ``launch`` returns the ranks'
+results in rank order.
+
+Nothing here mocks SGLang: the controller's threads, its writer election, its MIN hit syncs over the
+attention-CP and attention-TP groups and the storage factory are SGLang's. One shim: the host pools
+register their memory with CUDA (``_cuda_host_register``) and pin their scratch pages, which cannot
+run without a GPU; the registration is replaced by a no-op and ``pin_memory`` set false, so the pools
+are plain unpinned CPU memory. Every wait has a timeout.
 """
 
 from __future__ import annotations
@@ -27,9 +42,10 @@ from typing import Any
 
 WAIT_S = 60.0  # any single wait inside a rank
 CPKV = {"backend_name": "cpkv", "module_path": "cpkv.integrations.sglang", "class_name": "CpkvHiCacheStorage"}
+DSA_PAGE = 64  # SGLang 0.5.23 runs DSA with 64-token pages
 
 
-def launch(world: int, scenario: str, wall_s: float = 240.0, **options: Any) -> list[dict]:
+def launch(world: int, scenario: str, wall_s: float = 300.0, **options: Any) -> list[dict]:
     """Runs ``scenario`` on ``world`` ranks through cpkv's launcher; returns each rank's result (None
     for a rank that died)."""
     from cpkv.runtime.launch import run_ranks
@@ -63,12 +79,24 @@ def _rank_entry(rank: int, world: int, scenario: str, options: dict) -> dict:
 # -- one rank's world ------------------------------------------------------------------------------
 
 
-def page_bytes(key: str, tag: int, nbytes: int) -> Any:
-    """The bytes a page of ``key`` holds (``tag``: 0 for replicated content, rank + 1 for a rank's slice)."""
+def page_bytes(key: str, tag: str, nbytes: int) -> Any:
+    """The bytes a page of ``key`` holds in one pool (``tag``: the pool and whose content it is)."""
     import numpy as np
 
     seed = int.from_bytes(hashlib.blake2b(f"{key}/{tag}".encode(), digest_size=8).digest(), "little")
     return np.random.default_rng(seed).integers(0, 256, nbytes, dtype=np.uint8)
+
+
+def _publish_server_args() -> Any:
+    import sglang.srt.mem_cache.pool_host.common as host_common
+    from sglang.srt import runtime_context
+    from sglang.srt.server_args import ServerArgs
+
+    host_common._cuda_host_register = lambda *args, **kwargs: None  # no GPU: plain CPU host pools
+    args = ServerArgs(model_path="dummy", hicache_mem_layout="page_first_direct", hicache_io_backend="direct",
+                      hicache_ratio=2.0)
+    runtime_context.publish(args, role="scheduler")
+    return args
 
 
 class Rank:
@@ -76,81 +104,137 @@ class Rank:
         import torch.distributed as dist
 
         self.rank, self.world, self.options = rank, world, options
+        self.kind = options.get("kind", "gqa")
+        self.server_args = _publish_server_args()
         from sglang.srt.runtime_context import get_parallel
 
-        # TP = world; attention CP of `cp` ranks (default all), attention TP = world / cp:
-        # tp_rank = cp_rank * attn_tp + attn_tp_rank, as SGLang numbers them without attention DP.
-        cp = options.get("cp", world)
-        attn_tp = world // cp
-        self.cp_rank, self.attn_tp_rank = rank // attn_tp, rank % attn_tp
+        # TP = world = attention DP x CP x TP, numbered as SGLang does:
+        # tp_rank = (attn_dp_rank * attn_cp_size + attn_cp_rank) * attn_tp_size + attn_tp_rank.
+        dp = options.get("dp", 1)
+        cp = options.get("cp", world // dp)
+        tp = world // (dp * cp)
+        self.dp, self.cp, self.tp = dp, cp, tp
+        self.dp_rank, rest = divmod(rank, cp * tp)
+        self.cp_rank, self.attn_tp_rank = divmod(rest, tp)
         get_parallel().override_permanently(
             tp_rank=rank, tp_size=world, pp_rank=0, pp_size=1, attn_cp_rank=self.cp_rank, attn_cp_size=cp,
-            attn_tp_rank=self.attn_tp_rank, attn_tp_size=attn_tp, attn_dp_rank=0, attn_dp_size=1,
-            attn_dcp_rank=0, attn_dcp_size=1)
-        for t in range(attn_tp):  # every rank creates every CP group, in one order
-            group = dist.new_group([t + k * attn_tp for k in range(cp)], backend="gloo")
-            if t == self.attn_tp_rank:
-                self.cp_group = group
+            attn_tp_rank=self.attn_tp_rank, attn_tp_size=tp, attn_dp_rank=self.dp_rank, attn_dp_size=dp,
+            attn_dcp_rank=0, attn_dcp_size=1, moe_ep_size=1, moe_dp_size=1, moe_tp_size=world)
+
+        def number(d: int, c: int, t: int) -> int:
+            return (d * cp + c) * tp + t
+
+        # Every rank creates every group, in one order: attention CP (per DP, TP), attention TP (per DP, CP).
+        self.cp_group = self.tp_group = None
+        for d in range(dp):
+            for t in range(tp):
+                group = dist.new_group([number(d, c, t) for c in range(cp)], backend="gloo")
+                if (d, t) == (self.dp_rank, self.attn_tp_rank):
+                    self.cp_group = group
+            for c in range(cp):
+                group = dist.new_group([number(d, c, t) for t in range(tp)], backend="gloo")
+                if (d, c) == (self.dp_rank, self.cp_rank):
+                    self.tp_group = group
         self.test_group = dist.new_group(list(range(world)), backend="gloo")  # the test's own barriers
-        self.page_size = options.get("page_size", 4)
-        self.layout = options.get("layout", "replicated")
-        self.sharded = self.layout != "replicated"
+        self.page_size = DSA_PAGE if self.kind == "dsa" else options.get("page_size", 4)
 
     def barrier(self) -> None:
         import torch.distributed as dist
 
         dist.barrier(group=self.test_group)
 
-    def pools(self, heads: int = 2, head_dim: int = 8, layers: int = 2, tokens: int = 1024) -> tuple[Any, Any, Any]:
+    # -- the stack the server builds ----------------------------------------------------------------
+
+    def device_pool(self, layers: int = 2, tokens: int = 2048) -> Any:
+        import torch
+
+        ps = self.page_size
+        if self.kind == "dsa":
+            from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool
+
+            geo = self.options.get("geometry", {})
+            # MLA latent (kv_lora_rank + qk_rope_head_dim) in bf16, the indexer's 128-dim fp8 keys + scales.
+            return DSATokenToKVPool(tokens, ps, geo.get("kv_lora_rank", 16), torch.bfloat16,
+                                    geo.get("qk_rope_head_dim", 8), geo.get("layers", layers), "cpu", 128, False,
+                                    geo.get("kv_lora_rank", 16) + geo.get("qk_rope_head_dim", 8))
+        geo = self.options.get("geometry", {})
+        if self.kind == "mla":  # plain MLA (DeepSeek-V3 without the indexer): the latent only
+            from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
+
+            return MLATokenToKVPool(tokens, ps, torch.bfloat16, geo.get("kv_lora_rank", 16),
+                                    geo.get("qk_rope_head_dim", 8), geo.get("layers", layers), "cpu", False,
+                                    start_layer=0, end_layer=geo.get("layers", layers) - 1)
+        from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+
+        return MHATokenToKVPool(tokens, ps, torch.float16, geo.get("heads", 2), geo.get("head_dim", 8),
+                                geo.get("layers", layers), "cpu", False, start_layer=0,
+                                end_layer=geo.get("layers", layers) - 1)
+
+    def controller(self, backend: str = "dynamic", extra: dict | None = None) -> Any:
         import torch
 
         from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
-        from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
-        from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
+        from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+        from sglang.srt.mem_cache.hicache_storage import PoolName
+        from sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler import _select_strategy
+        from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
 
-        ps = self.page_size
-        kv = MHATokenToKVPool(tokens, ps, torch.float16, heads, head_dim, layers, "cpu", False,
-                              start_layer=0, end_layer=layers - 1)
-        alloc = PagedTokenToKVPoolAllocator(tokens, ps, torch.float16, "cpu", kv, False)
-        host = MHATokenToKVPoolHost(kv.get_device_pool_infos()[0].buffer_info, 2.0, 0, ps, "page_first_direct",
-                                    pin_memory=False, device_capacity_tokens=kv.size, start_layer=kv.start_layer,
-                                    end_layer=kv.end_layer, write_back_staging=kv.hicache_write_back_staging)
-        return kv, alloc, host
-
-    def controller(self, backend: str = "dynamic", extra: dict | None = None) -> Any:
-
-        from sglang.srt.managers.cache_controller import HiCacheController
-
-        self.kv, self.alloc, self.host = self.pools(**self.options.get("geometry", {}))
-        self.ctl = HiCacheController(
-            self.alloc, self.host, self.page_size, tp_group=self.cp_group, load_cache_event=threading.Event(),
-            attn_cp_group=self.cp_group, io_backend="direct", storage_backend=backend,
-            storage_backend_extra_config=dict(extra or {}), prefetch_threshold=self.page_size)
+        self.kv = self.device_pool()
+        dtype = torch.float16 if self.kind == "gqa" else torch.bfloat16
+        self.alloc = PagedTokenToKVPoolAllocator(self.kv.size, self.page_size, dtype, "cpu", self.kv, False)
+        params = CacheInitParams(disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=self.alloc,
+                                 page_size=self.page_size, tp_cache_group=self.test_group,
+                                 attn_cp_cache_group=self.cp_group, attn_tp_cache_group=self.tp_group)
+        # The strategy the server's UnifiedRadixCache selects for this device pool.
+        strategy = _select_strategy(self.kv, {ComponentType.FULL})
+        self.strategy = type(strategy).__name__
+        result = strategy.build(cache=None, kvcache=self.kv, params=params, server_args=self.server_args,
+                                load_cache_event=threading.Event(), storage_backend=backend,
+                                storage_backend_extra_config=dict(extra or {}), prefetch_threshold=self.page_size)
+        self.ctl = result.cache_controller
+        self.group = result.host_pool_group
+        for entry in self.group.entries:  # the no-GPU shim: scratch pages (the tensor calls') unpinned too
+            entry.host_pool.pin_memory = False
+        self.sidecars = result.sidecars
+        self.host = self.group.get_pool(PoolName.KV)
+        self.side_host = self.group.get_pool(PoolName.INDEXER) if self.kind == "dsa" else None
         self.backend = self.ctl.storage_backend
         return self.ctl
 
+    def sidecar_transfers(self, keys: list[str] | None) -> list[Any] | None:
+        """What UnifiedRadixCache._build_sidecar_transfers makes: one PoolTransfer per sidecar spec,
+        its indices from the KV pool's (``keys`` None for a prefetch)."""
+        from sglang.srt.mem_cache.hicache_storage import PoolTransfer
+
+        out = [PoolTransfer(name=s.pool_name, keys=keys, hit_policy=s.hit_policy, indices_from_pool=s.indices_from_pool)
+               for s in self.sidecars]
+        return out or None
+
     # -- content ----------------------------------------------------------------------------------
 
-    def tag(self) -> int:
-        """Replicated content is the same on the ranks of a CP group; attention-TP ranks hold other heads."""
-        return self.attn_tp_rank * 1000 + (self.cp_rank + 1 if self.sharded else 0)
+    def tag(self) -> str:
+        """The same on every rank that holds the same content: GQA attention-TP ranks hold other
+        heads; an MLA model's latent is the same on every rank."""
+        return f"tp{self.attn_tp_rank}" if self.kind == "gqa" else "all"
 
-    def fill(self, host: Any, indices: Any, hashes: list[str]) -> None:
+    def fill(self, host: Any, indices: Any, hashes: list[str], pool: str = "kv") -> None:
         import torch
 
-        nbytes = host.get_data_page(int(indices[0])).numel() * host.dtype.itemsize
+        nbytes = host.get_data_page(int(indices[0])).numel() * host.get_data_page(int(indices[0])).element_size()
+        dtype = host.get_data_page(int(indices[0])).dtype
         for i, h in enumerate(hashes):
-            data = torch.from_numpy(page_bytes(h, self.tag(), nbytes)).view(host.dtype)
+            data = torch.from_numpy(page_bytes(h, f"{pool}/{self.tag()}", nbytes)).view(dtype)
             host.set_from_flat_data_page(int(indices[i * self.page_size]), data)
 
-    def check(self, host: Any, indices: Any, hashes: list[str]) -> int:
+    def check(self, host: Any, indices: Any, hashes: list[str], pool: str = "kv") -> int:
         """Pages whose bytes are wrong."""
         import numpy as np
+        import torch
 
         wrong = 0
         for i, h in enumerate(hashes):
-            got = host.get_data_page(int(indices[i * self.page_size])).contiguous().view(-1).numpy().view(np.uint8)
-            if not np.array_equal(got, page_bytes(h, self.tag(), got.size)):
+            got = host.get_data_page(int(indices[i * self.page_size])).contiguous().view(-1).view(torch.uint8).numpy()
+            if not np.array_equal(got, page_bytes(h, f"{pool}/{self.tag()}", got.size)):
                 wrong += 1
         return wrong
 
@@ -161,25 +245,31 @@ class Rank:
 
         return get_storage_hash_str(tokens, None, page_size=self.page_size)
 
-    def write(self, tokens: list[int], delay_ack: bool = False) -> tuple[Any, list[str]]:
+    def write(self, tokens: list[int]) -> tuple[Any, list[str]]:
         """Fills host pages with the request's content and hands them to the backup thread."""
         hashes = self.hashes(tokens)
         n = len(hashes) * self.page_size
-        idx = self.host.alloc(n)
+        idx = self.group.alloc(n)
         assert idx is not None, "host pool full"
         self.fill(self.host, idx, hashes)
-        self.ctl.write_storage(idx, tokens[:n], hash_value=hashes, prefix_keys=[])
+        if self.side_host is not None:
+            self.fill(self.side_host, idx, hashes, "indexer")
+        self.ctl.write_storage(idx, tokens[:n], hash_value=hashes, prefix_keys=None,
+                               extra_pools=self.sidecar_transfers(hashes))
         return idx, hashes
 
-    def wait_backup(self, idx: Any) -> None:
+    def wait_backup(self, idx: Any) -> Any:
         op = self.ctl.ack_backup_queue.get(timeout=WAIT_S)
-        self.host.free(idx)
+        self.group.free(idx)
         return op
 
-    def prefetch(self, rid: str, tokens: list[int], sidecars: list[Any] | None = None) -> dict:
+    def prefetch(self, rid: str, tokens: list[int]) -> dict:
         """One prefetch as SGLang's scheduler drives it; returns the hit counts and the check."""
+        from sglang.srt.mem_cache.base_prefix_cache import CacheRequestHandle
+
         before = len(getattr(self.backend, "exists_log", []))
-        op = self.ctl.prefetch(rid, tokens, None, prefix_keys=[])
+        op = self.ctl.prefetch(CacheRequestHandle(rid, 0), tokens, None, prefix_keys=None,
+                               extra_pools=self.sidecar_transfers(None))
         got = self.ctl.prefetch_hit_queue.get(timeout=WAIT_S)
         assert got is op
         log = getattr(self.backend, "exists_log", None)
@@ -187,22 +277,21 @@ class Rank:
         result = {"pre": pre, "post": got.storage_hit_count, "loaded": 0, "wrong": 0, "sidecar_wrong": 0}
         if got.storage_hit_count == 0:
             return result
-        dst = self.host.alloc(got.storage_hit_count)
+        dst = self.ctl.alloc_prefetch_host_buffers(got, got.storage_hit_count)
         assert dst is not None, "host pool full"
         got.host_indices = dst
-        if sidecars:
-            got.pool_transfers = sidecars
         self.ctl.prefetch_buffer.put(got)
         while True:
             ack = self.ctl.ack_prefetch_queue.get(timeout=WAIT_S)
             if ack.completed_req:
                 break
-            result["loaded"] = ack.completed_tokens
+            if ack.completed_tokens is not None:  # None: the sidecar ack (its pool hits)
+                result["loaded"] = ack.completed_tokens
         pages = result["loaded"] // self.page_size
         result["wrong"] = self.check(self.host, dst, got.hash_value[:pages])
-        if sidecars:
-            result["sidecar_wrong"] = self.check(self.side_host, dst, got.hash_value[:pages])
-        self.host.free(dst)
+        if self.side_host is not None:
+            result["sidecar_wrong"] = self.check(self.side_host, dst, got.hash_value[:pages], "indexer")
+        self.group.free(dst)
         return result
 
 
@@ -227,59 +316,39 @@ def shared_prefix_requests(n: int, seed: int, page_size: int, prefixes: int = 6,
 
 def _cpkv_extra(options: dict, **more: Any) -> dict:
     extra = dict(CPKV, interface_v1=int(options.get("v1", True)), cpkv_pages=options.get("pages", 4096),
-                 cpkv_layout=options.get("layout", "replicated"), cpkv_check_every=options.get("check_every", 4),
-                 cpkv_timeout_s=options.get("timeout_s", 20))
+                 cpkv_check_every=options.get("check_every", 4), cpkv_timeout_s=options.get("timeout_s", 20))
     if options.get("ranks_per_node"):
         extra["cpkv_ranks_per_node"] = options["ranks_per_node"]
     extra.update(more)
     return extra
 
 
-def roundtrip(r: Rank, requests: int = 8, seed: int = 1, sidecar: bool = False) -> dict:
-    """Every rank writes the same requests, then every rank prefetches each one."""
-
-    from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransfer
-
-    r.controller("dynamic", _cpkv_extra(r.options))
-    if sidecar:
-        _, _, r.side_host = r.pools(heads=1, head_dim=4, layers=2)
-        r.backend.register_mem_host_pool_v2(r.side_host, PoolName.INDEXER)
-    reqs = shared_prefix_requests(requests, seed, r.page_size)
-    distinct: set[str] = set()
-    for tokens in reqs:
-        idx, hashes = r.write(tokens)
-        r.wait_backup(idx)
-        distinct.update(hashes)
-        if sidecar:
-            # The sidecar's pages, stored through v2 on every rank at the same point of the stream.
-            side_idx = r.side_host.alloc(len(hashes) * r.page_size)
-            r.fill(r.side_host, side_idx, hashes)
-            res = r.backend.batch_set_v2([PoolTransfer(name=PoolName.INDEXER, host_indices=side_idx, keys=hashes)])
-            assert all(res[PoolName.INDEXER]), res
-            r.side_host.free(side_idx)
-    r.barrier()
-    side = [PoolTransfer(name=PoolName.INDEXER, indices_from_pool=PoolName.KV)] if sidecar else None
-    fetched = [r.prefetch(f"req{i}", tokens, side) for i, tokens in enumerate(reqs)]
-    r.backend.wait_checks(WAIT_S)
-    out = {"fetched": fetched, "stats": r.backend.stats(), "distinct_pages": len(distinct),
-           "pages": [len(t) // r.page_size for t in reqs], "digest": r.backend.digest(),
-           "slab_bytes_in_use": r.backend.slab_bytes_in_use(), "row_bytes": r.backend.pools["kv"].row_bytes,
-           "part_bytes": r.backend.pools["kv"].part_bytes,
-           "host_pool_bytes": int(r.host.kv_buffer.numel() * r.host.kv_buffer.element_size())}
-    if sidecar:
-        hashes = r.hashes(reqs[0])
-        exists = r.backend.batch_exists_v2(hashes, [PoolTransfer(name=PoolName.INDEXER, keys=hashes)])
-        out["exists_v2"] = [exists.kv_hit_pages, {str(k): v for k, v in exists.extra_pool_hit_pages.items()}]
-        kv_dst = r.host.alloc(len(hashes) * r.page_size)
-        side_dst = r.side_host.alloc(len(hashes) * r.page_size)
-        got = r.backend.batch_get_v2([PoolTransfer(name=PoolName.KV, host_indices=kv_dst, keys=hashes),
-                                      PoolTransfer(name=PoolName.INDEXER, host_indices=side_dst, keys=hashes)])
-        out["get_v2"] = {str(k): sum(v) for k, v in got.items()}
-        out["get_v2_wrong"] = r.check(r.host, kv_dst, hashes) + r.check(r.side_host, side_dst, hashes)
-        out["side_slab_bytes_in_use"] = r.backend.slab_bytes_in_use(str(PoolName.INDEXER))
+def _finish(r: Rank, out: dict) -> dict:
     r.barrier()
     r.backend.close()
     return out
+
+
+def roundtrip(r: Rank, requests: int = 8, seed: int = 1) -> dict:
+    """Every rank hands the same requests to its backup thread, then every rank prefetches each one."""
+    r.controller("dynamic", _cpkv_extra(r.options))
+    # Each attention-DP group is a scheduler of its own: its own requests.
+    reqs = shared_prefix_requests(requests, seed + 100 * r.dp_rank, r.page_size, max_pages=12 if r.kind == "dsa" else 24)
+    distinct: set[str] = set()
+    for tokens in reqs:
+        idx, hashes = r.write(tokens)
+        op = r.wait_backup(idx)
+        assert op.completed_tokens == len(hashes) * r.page_size, (op.completed_tokens, len(hashes))
+        distinct.update(hashes)
+    r.barrier()
+    fetched = [r.prefetch(f"req{i}", tokens) for i, tokens in enumerate(reqs)]
+    r.backend.wait_checks(WAIT_S)
+    out = {"fetched": fetched, "stats": r.backend.stats(), "distinct_pages": len(distinct),
+           "pages": [len(t) // r.page_size for t in reqs], "digest": r.backend.digest(), "strategy": r.strategy,
+           "controller": type(r.ctl).__name__, "writer": r.ctl.storage_config.is_storage_writer,
+           "slab_bytes_in_use": {name: r.backend.slab_bytes_in_use(name) for name in r.backend.pools},
+           "page_bytes": {name: p.page_bytes for name, p in r.backend.pools.items()}}
+    return _finish(r, out)
 
 
 def pressure(r: Rank, requests: int = 40, seed: int = 2, backend: str = "cpkv", lag: int = 0,
@@ -290,78 +359,78 @@ def pressure(r: Rank, requests: int = 40, seed: int = 2, backend: str = "cpkv", 
     ``lag`` = 0: every rank's stores finish (barrier) before the next prefetch. ``lag`` = k > 0:
     rank 1 hands each request to its backup thread k requests late (ranks skewed in timing; no
     barrier), so what the MIN removes shows."""
-    extra: dict
     if backend == "cpkv":
-        extra = _cpkv_extra(r.options)
-        r.controller("dynamic", extra)
+        r.controller("dynamic", _cpkv_extra(r.options))
     else:
-        extra = {"file_storage_path": r.options["file_dir"]}
+        extra: dict = {"file_storage_path": r.options["file_dir"]}
         if max_bytes:
             extra["max_size"] = str(max_bytes)
         r.controller("file", extra)
-        # The file backend reports hits through batch_exists; count them before the MIN as well.
         _count_exists(r.backend)
-    reqs = shared_prefix_requests(requests, seed, r.page_size, prefixes=8, max_pages=32)
+    reqs = shared_prefix_requests(requests, seed, r.page_size, prefixes=8, max_pages=12 if r.kind == "dsa" else 32)
     fetched = []
-    pending: list[tuple[Any, list[int]]] = []
+    pending: list[list[int]] = []
     my_lag = lag if r.rank == 1 else 0
     for i, tokens in enumerate(reqs):
         fetched.append(r.prefetch(f"req{i}", tokens))
-        pending.append((None, tokens))
+        pending.append(tokens)
         while len(pending) > my_lag:
-            _, t = pending.pop(0)
-            idx, _ = r.write(t)
+            idx, _ = r.write(pending.pop(0))
             r.wait_backup(idx)
         if lag == 0:
             r.barrier()
-    for _, t in pending:
+    for t in pending:
         idx, _ = r.write(t)
         r.wait_backup(idx)
     r.barrier()
+    out: dict = {"fetched": fetched, "distinct_pages": len({h for t in reqs for h in r.hashes(t)})}
     if backend == "cpkv":
         r.backend.wait_checks(WAIT_S)
-    stats = r.backend.stats() if hasattr(r.backend, "stats") else {}
-    out = {"fetched": fetched, "stats": stats}
-    if backend == "cpkv":
-        out["slab_bytes_in_use"] = r.backend.slab_bytes_in_use()
-        out["row_bytes"] = r.backend.pools["kv"].row_bytes
-        out["digest"] = r.backend.digest()
-        r.backend.close()
+        out.update(stats=r.backend.stats(), digest=r.backend.digest(),
+                   slab_bytes_in_use=r.backend.slab_bytes_in_use(), page_bytes=r.backend.pools["kv"].page_bytes)
+        return _finish(r, out)
     r.barrier()
     return out
 
 
 def _count_exists(backend: Any) -> None:
-    """Records the hit pages of each batch_exists call of a backend that does not log them itself."""
+    """Records the hit pages of each hit query of a backend that does not log them itself."""
     log: list[int] = []
-    inner = backend.batch_exists
+    inner, inner_v2 = backend.batch_exists, backend.batch_exists_v2
 
     def counted(keys: Any, extra_info: Any = None) -> int:
         n = inner(keys, extra_info)
         log.append(n)
         return n
 
+    def counted_v2(keys: Any, pool_transfers: Any = None, extra_info: Any = None) -> Any:
+        result = inner_v2(keys, pool_transfers, extra_info)
+        log.append(result.kv_hit_pages)
+        return result
+
     backend.batch_exists = counted
+    backend.batch_exists_v2 = counted_v2
     backend.exists_log = log
 
 
-def killed(r: Rank, requests: int = 6) -> dict:
-    """Rank 1 dies (SIGKILL) in the middle of writing its first page into the slab; the others
-    must get a typed error from the backend within its timeout, then exit."""
-    import cpkv.integrations.sglang.backend as backend_module
+def killed(r: Rank, requests: int = 6, victim: int = 1) -> dict:
+    """Rank ``victim`` dies (SIGKILL) in the middle of writing its first page into the slab; the
+    others must get a typed error from the backend within its timeout, never serve the page it was
+    writing, then exit."""
+    import cpkv.integrations.sglang.pool as pool_module
+    import numpy as np
 
     r.controller("dynamic", _cpkv_extra(r.options, cpkv_check_every=1))
     run_id = r.backend.pools["kv"].slab.run_id
-    if r.rank == 1:
-        real_copy = backend_module._PoolSlab.copy
-
+    real_copy = pool_module.PoolSlab.copy
+    if r.rank == victim:
         def dying_copy(self: Any, *args: Any, **kwargs: Any) -> None:
             if kwargs.get("to_slab"):
                 os.kill(os.getpid(), signal.SIGKILL)
             return real_copy(self, *args, **kwargs)
 
-        backend_module._PoolSlab.copy = dying_copy
-    reqs = shared_prefix_requests(requests, 3, r.page_size)
+        pool_module.PoolSlab.copy = dying_copy
+    reqs = shared_prefix_requests(requests, 3, r.page_size, max_pages=8)
     started = time.monotonic()
     for tokens in reqs:
         idx, _ = r.write(tokens)
@@ -371,12 +440,15 @@ def killed(r: Rank, requests: int = 6) -> dict:
     while r.backend.stats()["broken"] is None and time.monotonic() < deadline:
         time.sleep(0.05)
     broken = r.backend.stats()["broken"]
+    seconds = time.monotonic() - started
+    # The victim's rows were left mid-write: stamped -handle, so no rank reads them.
+    torn = sum(int((np.asarray(p.stamps) < 0).sum()) for p in r.backend.pools.values())
     try:
         r.backend.batch_exists(r.hashes(reqs[0]))
         after = None
     except Exception as err:  # noqa: BLE001
         after = type(err).__name__
-    return {"broken": broken, "seconds": time.monotonic() - started, "after": after, "run_id": run_id,
+    return {"broken": broken, "seconds": seconds, "after": after, "run_id": run_id, "torn_rows": torn,
             "pid": os.getpid()}
 
 
@@ -384,7 +456,7 @@ def diverged(r: Rank, requests: int = 4) -> dict:
     """Rank 1's last store carries a different page than rank 0's: the next digest check must raise
     DivergenceError on every rank."""
     r.controller("dynamic", _cpkv_extra(r.options, cpkv_check_every=1))
-    reqs = shared_prefix_requests(requests, 4, r.page_size)
+    reqs = shared_prefix_requests(requests, 4, r.page_size, max_pages=8)
     if r.rank == 1:
         reqs[-1] = reqs[-1][:-r.page_size] + [7] * r.page_size  # one page the others never store
     for tokens in reqs:
@@ -398,4 +470,87 @@ def diverged(r: Rank, requests: int = 4) -> dict:
     return {"error_seen": error, "stats": r.backend.stats()}
 
 
-SCENARIOS = {"roundtrip": roundtrip, "pressure": pressure, "killed": killed, "diverged": diverged}
+def missed_store(r: Rank, requests: int = 8, missed: int = 2) -> dict:
+    """Rank 1's backup thread never gets request ``missed`` (its index diverges: every later page
+    gets another row or handle there than on rank 0), and the digest check is too far off to catch
+    it first. Then every rank prefetches every request: a page is loaded with its own bytes or not
+    at all, never with another key's."""
+    r.controller("dynamic", _cpkv_extra(r.options, cpkv_check_every=1 << 20))
+    reqs = [[1000 * (i + 1) + t for t in range(3 * r.page_size)] for i in range(requests)]  # disjoint, 3 pages
+    for i, tokens in enumerate(reqs):
+        if r.rank == 1 and i == missed:
+            continue
+        idx, _ = r.write(tokens)
+        r.wait_backup(idx)
+    r.barrier()
+    fetched = [r.prefetch(f"req{i}", tokens) for i, tokens in enumerate(reqs)]
+    return _finish(r, {"fetched": fetched, "digest": r.backend.digest(), "stats": r.backend.stats()})
+
+
+def bad_indices(r: Rank) -> dict:
+    """Host indices outside SGLang's host pool, on every v1/v2 path of the backend SGLang built: each
+    call raises a typed error naming the index, and changes nothing (index digest, slab stamps, host
+    pool and slab bytes)."""
+    import numpy as np
+    import torch
+
+    from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransfer
+
+    r.controller("dynamic", _cpkv_extra(r.options, cpkv_check_every=1 << 20))
+    b = r.backend
+    ps = r.page_size
+    tokens = [5000 + t for t in range(2 * ps)]
+    good, keys = r.write(tokens)
+    r.wait_backup(good)
+    good = r.group.alloc(2 * ps)
+    size = r.host.size
+
+    def page(first: int) -> Any:
+        return torch.arange(first, first + ps, dtype=torch.int64)
+
+    bad = {
+        "past_end": torch.cat([page(0), page(size)]),
+        "far": torch.cat([page(0), page(size * 4096)]),
+        "negative": torch.cat([page(0), page(-ps)]),
+        "short": page(0),  # one page of indices for two keys
+    }
+    new_keys = [k + "-new" for k in keys]
+
+    def snapshot() -> tuple:
+        pools = [r.host] + ([r.side_host] if r.side_host is not None else [])
+        host = [hashlib.blake2b(p.kv_buffer.view(-1).view(torch.uint8).numpy().tobytes()
+                                if hasattr(p, "kv_buffer") and p.kv_buffer is not None
+                                else p.index_k_with_scale_buffer.numpy().tobytes()).hexdigest() for p in pools]
+        slab = [hashlib.blake2b(p.data.numpy().tobytes()).hexdigest() for p in b.pools.values()]
+        stamps = [np.asarray(p.stamps).copy().tolist() for p in b.pools.values()]
+        return b.digest(), host, slab, stamps
+
+    calls: dict[str, Any] = {
+        "batch_set_v1": lambda idx: b.batch_set_v1(new_keys, idx),
+        "batch_get_v1": lambda idx: b.batch_get_v1(keys, idx),
+        "batch_set_v2": lambda idx: b.batch_set_v2([PoolTransfer(name=PoolName.KV, host_indices=idx, keys=new_keys)]),
+        "batch_get_v2": lambda idx: b.batch_get_v2([PoolTransfer(name=PoolName.KV, host_indices=idx, keys=keys)]),
+    }
+    if r.side_host is not None:
+        calls["batch_set_v2_indexer"] = lambda idx: b.batch_set_v2(
+            [PoolTransfer(name=PoolName.KV, host_indices=good, keys=new_keys),
+             PoolTransfer(name=PoolName.INDEXER, host_indices=idx, keys=new_keys)])
+        calls["batch_get_v2_indexer"] = lambda idx: b.batch_get_v2(
+            [PoolTransfer(name=PoolName.INDEXER, host_indices=idx, keys=keys)])
+    outcomes: dict[str, str] = {}
+    for call_name, call in calls.items():
+        for bad_name, idx in bad.items():
+            before = snapshot()
+            try:
+                got = call(idx)
+                outcome = f"returned {got!r}"
+            except Exception as err:  # noqa: BLE001
+                outcome = f"{type(err).__name__}: {err}"
+            outcomes[f"{call_name}/{bad_name}"] = outcome + ("" if snapshot() == before else " AND CHANGED STATE")
+    # The same calls with good indices still work.
+    ok = b.batch_get_v1(keys, good)
+    return _finish(r, {"outcomes": outcomes, "good_read": ok, "wrong": r.check(r.host, good, keys), "size": size})
+
+
+SCENARIOS = {"roundtrip": roundtrip, "pressure": pressure, "killed": killed, "diverged": diverged,
+             "missed_store": missed_store, "bad_indices": bad_indices}

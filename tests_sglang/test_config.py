@@ -27,7 +27,16 @@ def _config(extra: dict) -> HiCacheStorageConfig:
     ({"cpkv_pages": 8, "cpkv_page": 8}, InvalidArgumentError, "cpkv_page"),
     ({"cpkv_pages": 8, "cpkv_policy": "mru"}, UnknownPolicyError, "cpkv_policy"),
     ({"cpkv_pages": 8, "cpkv_layout": "striped2"}, InvalidArgumentError, "cpkv_layout"),
+    # Layouts SGLang 0.5.23 cannot produce under CP.
+    ({"cpkv_pages": 8, "cpkv_layout": "striped"}, InvalidArgumentError, "cpkv_layout"),
+    ({"cpkv_pages": 8, "cpkv_layout": "sliced"}, InvalidArgumentError, "cpkv_layout"),
     ({"cpkv_pages": 8, "cpkv_timeout_s": float("nan")}, InvalidArgumentError, "cpkv_timeout_s"),
+    # Finite and in range: these raised untyped OverflowError / DistStoreError before (issue 32).
+    ({"cpkv_pages": 8, "cpkv_timeout_s": 1e15}, InvalidArgumentError, "cpkv_timeout_s"),
+    ({"cpkv_pages": 8, "cpkv_timeout_s": 1e300}, InvalidArgumentError, "cpkv_timeout_s"),
+    ({"cpkv_pages": 8, "cpkv_timeout_s": 1e-9}, InvalidArgumentError, "cpkv_timeout_s"),
+    ({"cpkv_pages": 8, "cpkv_timeout_s": float("inf")}, InvalidArgumentError, "cpkv_timeout_s"),
+    ({"cpkv_pages": 8, "cpkv_timeout_s": "30"}, InvalidArgumentError, "cpkv_timeout_s"),
     ({"cpkv_pages": 8, "cpkv_check_every": 0}, InvalidArgumentError, "cpkv_check_every"),
     ({"cpkv_pages": 8, "cpkv_ranks_per_node": -1}, InvalidArgumentError, "cpkv_ranks_per_node"),
     ({"cpkv_pages": 8, "interface_v1": 2}, InvalidArgumentError, "interface_v1"),

@@ -54,6 +54,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--page-kb", default="4,64", metavar="N,N",
                         help="page sizes of part 2 in KiB (default %(default)s; each 4..1024, a power of 2)")
     parser.add_argument("--reps", type=integer(1, 50), default=5, help="passes of part 2, best kept (default %(default)s)")
+    parser.add_argument("--dsa-cp", default="2,4,8", metavar="N,N",
+                        help="CP sizes of part 3, DSA-shaped pools through SGLang's _DsaStrategy stack (default "
+                             "%(default)s; each 2..8; 0 skips it)")
+    parser.add_argument("--dsa-requests", type=integer(1, 10_000), default=40,
+                        help="requests of part 3, each cut to 64 pages of 64 tokens (default %(default)s)")
     parser.add_argument("--json", metavar="PATH", help="also write the tables as JSON")
 
 
@@ -99,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
     output_file(args.json, "--json")
     cps = _int_list(args.cp, "--cp", 2, 8)
     page_kbs = _int_list(args.page_kb, "--page-kb", 4, 1024, power_of_two=True)
+    dsa_cps = [] if args.dsa_cp == "0" else _int_list(args.dsa_cp, "--dsa-cp", 2, 8)
     # Importing the adapter checks SGLang's version: one line when SGLang is missing or another release.
     from cpkv.integrations.sglang._version import check_sglang_version
 
@@ -121,8 +127,24 @@ def run(args: argparse.Namespace) -> int:
     for kb in page_kbs:
         for row in _part2(kb, args.reps):
             speed.add(kb, *row)
-    emit("bench sglang", [hits, speed], args.json, trace=source, sglang=version, requests=len(chains),
-         distinct_pages=distinct, slab_pages=slab_pages, lag=args.lag, cp=cps, page_kb=page_kbs)
+    tables = [hits, speed]
+    if dsa_cps:
+        dsa_chains = [c[:64] for c in chains[:args.dsa_requests]]
+        dsa_distinct = len({k for c in dsa_chains for k in c})
+        dsa_slab = max(1, round(dsa_distinct * args.slab_fraction))
+        dsa = Table(
+            f"DSA-shaped pools (MLA latent {DSA_GEOMETRY['kv_lora_rank']}+{DSA_GEOMETRY['qk_rope_head_dim']} bf16 and "
+            f"the indexer, {DSA_GEOMETRY['layers']} layers, {DSA_PAGE}-token pages) through SGLang's _DsaStrategy "
+            f"stack: {len(dsa_chains)} requests, {dsa_distinct:,} distinct pages; rank 1 stores {args.lag} requests "
+            f"late; {dsa_slab:,} pages of storage per node",
+            ["cp", "storage", "host bytes / unique token", "hit tokens (synced)", "hit tokens removed by MIN",
+             "removed / best rank's hits"])
+        for cp in dsa_cps:
+            for row in _part3(cp, dsa_chains, dsa_slab, args.lag):
+                dsa.add(cp, *row)
+        tables.append(dsa)
+    emit("bench sglang", tables, args.json, trace=source, sglang=version, requests=len(chains),
+         distinct_pages=distinct, slab_pages=slab_pages, lag=args.lag, cp=cps, page_kb=page_kbs, dsa_cp=dsa_cps)
     return 0
 
 
@@ -359,3 +381,174 @@ def _speed(rank: int, world: int, page_kb: int, reps: int) -> list[list[Any]]:
     gbs = {name: total / seconds / 1e9 for name, seconds in best.items()}
     return [["batch_set_v1", kind, gbs["set"], gbs["memcpy in"], gbs["set"] / gbs["memcpy in"]],
             ["batch_get_v1", kind, gbs["get"], gbs["memcpy out"], gbs["get"] / gbs["memcpy out"]]]
+
+
+# -- part 3: DSA-shaped pools through the controller stack SGLang's server builds ------------------------
+
+# GLM-5 / DeepSeek-V3.2 per token and layer: the MLA latent (kv_lora_rank 512 + rope 64, bf16) and the
+# indexer's 128 fp8 key bytes + one fp32 scale; 64-token pages (SGLang's DSA page); few layers.
+DSA_GEOMETRY = {"kv_lora_rank": 512, "qk_rope_head_dim": 64, "layers": 2}
+DSA_PAGE = 64
+
+
+def _part3(cp: int, chains: list[list[str]], slab_pages: int, lag: int) -> list[list[Any]]:
+    from cpkv.runtime.launch import run_ranks
+
+    return run_ranks(_dsa_rank, cp, chains, slab_pages, lag, timeout_s=1800, collective_timeout_s=600)[0]
+
+
+def _dsa_tokens(keys: list[str]) -> list[int]:
+    """One 64-token page per chained key: the same prefix gives the same tokens (so SGLang's own page
+    hashes chain the same way)."""
+    out: list[int] = []
+    for key in keys:
+        seed = int(key[:8], 16)
+        out.extend((seed + 7919 * t) % 50000 + 1 for t in range(DSA_PAGE))
+    return out
+
+
+def _dsa_stack(rank: int, world: int, backend: str, extra: dict) -> Any:
+    """SGLang's runtime config, parallel state (attention CP = world, attention TP 1, as SGLang sets
+    DSA prefill CP up) and the stack ``_DsaStrategy`` builds, with its storage backend."""
+    import torch
+    import torch.distributed as dist
+
+    import sglang.srt.mem_cache.pool_host.common as host_common
+    from sglang.srt import runtime_context
+    from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    from sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler import _DsaStrategy
+    from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool
+    from sglang.srt.server_args import ServerArgs
+
+    host_common._cuda_host_register = lambda *a, **k: None  # no GPU: plain CPU host pools
+    args = ServerArgs(model_path="dummy", hicache_mem_layout="page_first_direct", hicache_io_backend="direct",
+                      hicache_ratio=2.0)
+    runtime_context.publish(args, role="scheduler")
+    runtime_context.get_parallel().override_permanently(
+        tp_rank=rank, tp_size=world, pp_rank=0, pp_size=1, attn_cp_rank=rank, attn_cp_size=world, attn_tp_rank=0,
+        attn_tp_size=1, attn_dp_rank=0, attn_dp_size=1, attn_dcp_rank=0, attn_dcp_size=1, moe_ep_size=1,
+        moe_dp_size=1, moe_tp_size=world)
+    cp_group = dist.new_group(list(range(world)), backend="gloo")
+    g = DSA_GEOMETRY
+    tokens = 64 * DSA_PAGE * 8
+    kv = DSATokenToKVPool(tokens, DSA_PAGE, g["kv_lora_rank"], torch.bfloat16, g["qk_rope_head_dim"], g["layers"], "cpu",
+                          128, False, g["kv_lora_rank"] + g["qk_rope_head_dim"])
+    alloc = PagedTokenToKVPoolAllocator(kv.size, DSA_PAGE, torch.bfloat16, "cpu", kv, False)
+    params = CacheInitParams(disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=alloc,
+                             page_size=DSA_PAGE, tp_cache_group=cp_group, attn_cp_cache_group=cp_group)
+    result = _DsaStrategy().build(cache=None, kvcache=kv, params=params, server_args=args,
+                                  load_cache_event=threading.Event(), storage_backend=backend,
+                                  storage_backend_extra_config=extra, prefetch_threshold=DSA_PAGE)
+    for entry in result.host_pool_group.entries:
+        entry.host_pool.pin_memory = False
+    return result
+
+
+def _dsa_rank(rank: int, world: int, chains: list[list[str]], slab_pages: int, lag: int) -> list[list[Any]]:
+    """One CP rank of part 3: the trace through cpkv's backend, then SGLang's file backend."""
+    _quiet()
+    import torch.distributed as dist
+
+    group: Any = dist.new_group(list(range(world)), backend="gloo")
+    rows = []
+    # One directory for the node, as a server's ranks share one --hicache-storage path.
+    made = tempfile.mkdtemp(prefix="cpkv-bench-dsa-file-") if rank == 0 else None
+    shared: list[Any] = [None] * world
+    dist.all_gather_object(shared, made, group=group)
+    files = shared[0]
+    try:
+        for name, backend, extra in (
+                ("cpkv (one slab per node)", "dynamic", {
+                    "backend_name": "cpkv", "module_path": "cpkv.integrations.sglang",
+                    "class_name": "CpkvHiCacheStorage", "interface_v1": 1, "cpkv_pages": slab_pages,
+                    "cpkv_timeout_s": 600}),
+                ("SGLang file, unbounded", "file", {"file_storage_path": files})):
+            rows.append([name, *_dsa_replay(rank, world, group, backend, extra, chains, lag, files)])
+    finally:
+        dist.barrier(group=group)
+        if made is not None:
+            import shutil
+
+            shutil.rmtree(made, ignore_errors=True)
+    return rows
+
+
+def _dsa_replay(rank: int, world: int, group: Any, backend: str, extra: dict, chains: list[list[str]], lag: int,
+                files: str) -> list[Any]:
+    """The trace driven as the scheduler drives the controller (prefetch with the indexer sidecar, MIN,
+    load; write_storage with it; rank 1 ``lag`` requests late): (host bytes per unique token, synced
+    hit tokens, hit tokens removed by the MIN, removed / best rank's hits)."""
+    import torch.distributed as dist
+
+    from sglang.srt.mem_cache.base_prefix_cache import CacheRequestHandle
+    from sglang.srt.mem_cache.hicache_storage import PoolTransfer
+    from sglang.srt.mem_cache.utils import get_storage_hash_str
+
+    stack = _dsa_stack(rank, world, backend, extra)
+    ctl, pools = stack.cache_controller, stack.host_pool_group
+    store = ctl.storage_backend
+    if not hasattr(store, "exists_log"):  # SGLang's backends do not log their hit queries
+        log: list[int] = []
+        inner = store.batch_exists_v2
+
+        def counted(keys: Any, transfers: Any = None, extra_info: Any = None) -> Any:
+            res = inner(keys, transfers, extra_info)
+            log.append(res.kv_hit_pages)
+            return res
+
+        store.batch_exists_v2 = counted
+        store.exists_log = log
+
+    def sidecars(keys: Any) -> list[Any]:
+        return [PoolTransfer(name=s.pool_name, keys=keys, hit_policy=s.hit_policy,
+                             indices_from_pool=s.indices_from_pool) for s in stack.sidecars]
+
+    def backup(keys: list[str]) -> None:
+        tokens = _dsa_tokens(keys)
+        hashes = get_storage_hash_str(tokens, None, page_size=DSA_PAGE)
+        idx = pools.alloc(len(tokens))
+        ctl.write_storage(idx, tokens, hash_value=hashes, prefix_keys=None, extra_pools=sidecars(hashes))
+        ctl.ack_backup_queue.get(timeout=600)
+        pools.free(idx)
+
+    pre_hits, post_hits, pending = [], [], []
+    my_lag = lag if rank == 1 else 0
+    stored: set[str] = set()
+    for i, keys in enumerate(chains):
+        before = len(store.exists_log)
+        op = ctl.prefetch(CacheRequestHandle(f"r{i}", 0), _dsa_tokens(keys), None, prefix_keys=None,
+                          extra_pools=sidecars(None))
+        got = ctl.prefetch_hit_queue.get(timeout=600)
+        assert got is op
+        pre_hits.append(sum(store.exists_log[before:]))
+        post_hits.append(got.storage_hit_count // DSA_PAGE)
+        if got.storage_hit_count:
+            got.host_indices = ctl.alloc_prefetch_host_buffers(got, got.storage_hit_count)
+            ctl.prefetch_buffer.put(got)
+            while not ctl.ack_prefetch_queue.get(timeout=600).completed_req:
+                pass
+            pools.free(got.host_indices)
+        pending.append(keys)
+        while len(pending) > my_lag:
+            k = pending.pop(0)
+            backup(k)
+            stored.update(k)
+    for k in pending:
+        backup(k)
+        stored.update(k)
+    everyone: list[Any] = [None] * world
+    dist.all_gather_object(everyone, pre_hits, group=group)
+    best = [max(col) for col in zip(*everyone)]
+    removed = sum(b - p for b, p in zip(best, post_hits)) * DSA_PAGE
+    unique_tokens = len(stored) * DSA_PAGE
+    if backend == "file":
+        dist.barrier(group=group)
+        used_bytes = sum(p.stat().st_size for p in Path(files).glob("*.bin"))  # the node's one directory
+    else:
+        store.wait_checks(600)
+        used_bytes = sum(store.slab_bytes_in_use(p) for p in store.pools)  # one node
+    dist.barrier(group=group)
+    ctl.detach_storage_backend()
+    return [used_bytes / max(unique_tokens, 1), sum(post_hits) * DSA_PAGE, removed,
+            removed / max(sum(best) * DSA_PAGE, 1)]

@@ -16,15 +16,18 @@ from typing import Any, Mapping
 from cpkv._cpkv import OffloadIndex
 from cpkv.errors import InvalidArgumentError, UnknownPolicyError
 
-LAYOUTS = ("replicated", "striped", "sliced")
+# SGLang 0.5.23 holds every page replicated on the ranks of a store group (see README: "What SGLang
+# holds"): per-rank slices come only from --enable-kv-cache-sharding, which refuses storage backends.
+LAYOUTS = ("replicated",)
+TIMEOUT_RANGE_S = (0.1, 86400.0)  # what torch.distributed's gloo timeouts and the slab's waits accept
 
 KEYS = {
     "cpkv_pages": "slab rows per node (one row holds one SGLang page of every rank that shares it), int >= 1; required",
     "cpkv_policy": "eviction policy, one of cpkv.PrefixTree.POLICIES (default cpkv.DEFAULT_POLICY)",
-    "cpkv_layout": "replicated (default: every CP rank holds the same page bytes), striped (--enable-kv-cache-sharding) or sliced (each rank holds a disjoint slice of every page)",
+    "cpkv_layout": "replicated, the only layout SGLang 0.5.23 produces (every rank of a store group holds the same page bytes)",
     "cpkv_ranks_per_node": "CP ranks per slab (default: the ranks on one machine); set it to simulate several nodes on one",
     "cpkv_check_every": "compare the replicated index's digest across the CP ranks every N stores, int >= 1 (default 64)",
-    "cpkv_timeout_s": "seconds any rank waits for its peers in a collective, > 0 (default 30)",
+    "cpkv_timeout_s": "seconds any rank waits for its peers in a collective, 0.1 to 86400 (default 30)",
 }
 
 
@@ -63,13 +66,18 @@ class CpkvStorageSettings:
                 f"(known: {', '.join(PrefixTree.POLICIES)})")
         layout = extra.get("cpkv_layout", "replicated")
         if layout not in LAYOUTS:
-            raise InvalidArgumentError(f"extra config key 'cpkv_layout': {layout!r} is not one of {', '.join(LAYOUTS)}")
+            raise InvalidArgumentError(
+                f"extra config key 'cpkv_layout': {layout!r} is not one of {', '.join(LAYOUTS)} (SGLang 0.5.23 "
+                "holds every page replicated on the ranks that share it)")
         ranks_per_node = _int(extra, "cpkv_ranks_per_node", 1) if extra.get("cpkv_ranks_per_node") is not None else None
         check_every = _int(extra, "cpkv_check_every", 1) if "cpkv_check_every" in extra else 64
         timeout_s = extra.get("cpkv_timeout_s", 30.0)
+        low, high = TIMEOUT_RANGE_S
         if (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not math.isfinite(timeout_s)
-                or timeout_s <= 0):
-            raise InvalidArgumentError(f"extra config key 'cpkv_timeout_s' must be a finite number > 0, got {timeout_s!r}")
+                or not low <= timeout_s <= high):
+            raise InvalidArgumentError(
+                f"extra config key 'cpkv_timeout_s' must be a finite number of seconds in [{low:g}, {high:g}], "
+                f"got {timeout_s!r}")
         v1 = extra.get("interface_v1", 0)
         if v1 not in (0, 1, True, False):
             raise InvalidArgumentError(f"extra config key 'interface_v1' must be 0 or 1, got {v1!r}")
