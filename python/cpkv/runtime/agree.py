@@ -15,15 +15,9 @@ ranks. On a disagreement (every rank sees the same bounds, so every rank takes t
 all-gather names each rank's digest.
 
 Users: :meth:`cpkv.tier.CacheController.check_agreement` (the cache's digest every
-``check_every`` forwards) and the compose groups' plan agreement
-(:mod:`cpkv.compose.groups.base`). The SGLang backend's checker thread switches with one call in
-``_digest_check`` (its own thread, its own gloo group; the digest queued as ``self.index.digest()``,
-all 64 bits, instead of ``_signed63(...)``)::
-
-    agree(digest, group=self.topology.cp_group, rank=self.topology.cp_rank,
-          step=f"the digest check after store {stores}", timeout_s=self.settings.timeout_s)
-
-(wrapped in ``try: ... except CpkvError as err: raise self._fail(err)`` to keep its errors sticky).
+``check_every`` forwards), the compose groups' plan agreement (:mod:`cpkv.compose.groups.base`)
+and the SGLang backend's index check (its own checker thread and gloo group, every
+``cpkv_check_every`` stores).
 
 :func:`all_reduce_min` is the collective under it, the same timeout rule for any host int64 MIN
 (the controller's commit frontier).
@@ -87,7 +81,7 @@ def all_reduce_min(values: Sequence[int], *, group: Any, rank: int, step: str, t
 
 
 def agree(digest: int, *, group: Any, rank: int, step: str, timeout_s: float) -> None:
-    """C over ``group``: returns when every rank passed the same 64-bit ``digest``.
+    """Collective over ``group``: returns when every rank passed the same 64-bit ``digest``.
 
     Raises :class:`~cpkv.errors.DivergenceError` on every rank when they differ (the message names
     this rank's digest and which ranks hold which), :class:`~cpkv.errors.CollectiveTimeoutError`

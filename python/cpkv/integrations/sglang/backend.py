@@ -8,7 +8,7 @@ every rank. What each part does:
 - placement and eviction: a :class:`~.index.ReplicatedIndex` fed only by the store calls, which
   SGLang's backup thread makes on every rank of a store group (:mod:`.topology`) with the same keys
   in the same order. No collective decides anything; every ``cpkv_check_every`` stores the ranks
-  compare the index's digest (MIN and MAX in one all-reduce on a gloo group of the backend's own)
+  compare the index's digest (:func:`cpkv.runtime.agree.agree`, on a gloo group of the backend's own)
   and a mismatch raises :class:`~cpkv.errors.DivergenceError` on every rank;
 - bytes: per registered host pool (the KV pool and any sidecar, such as the DSA indexer's) one
   :class:`~.pool.PoolSlab` shared by the group's ranks on one node, one row per index row. Every
@@ -41,12 +41,11 @@ import numpy as np
 import torch
 
 from cpkv.errors import (
-    CollectiveTimeoutError,
     CpkvError,
-    DivergenceError,
     InvalidArgumentError,
     UnknownPayloadError,
 )
+from cpkv.runtime.agree import agree
 
 from sglang.srt.mem_cache.hicache_storage import (
     HiCacheStorage,
@@ -69,10 +68,6 @@ __all__ = ["CpkvHiCacheStorage"]
 log = logging.getLogger("cpkv.sglang")
 
 KV = str(PoolName.KV)
-
-
-def _signed63(value: int) -> int:
-    return value >> 1  # 63 bits: -d never overflows int64
 
 
 # -- the backend ----------------------------------------------------------------------------------
@@ -174,7 +169,7 @@ class CpkvHiCacheStorage(HiCacheStorage):
             self._checker.start()
         with self._checked:
             self._checks_queued += 1
-        self._checks.put((self.index.stores, _signed63(self.index.digest())))
+        self._checks.put((self.index.stores, self.index.digest()))
 
     def _check_loop(self) -> None:
         while True:
@@ -191,21 +186,11 @@ class CpkvHiCacheStorage(HiCacheStorage):
                     self._checked.notify_all()
 
     def _digest_check(self, stores: int, digest: int) -> None:
-        import torch.distributed as dist
-
-        both = torch.tensor([digest, -digest], dtype=torch.int64)
         try:
-            dist.all_reduce(both, op=dist.ReduceOp.MIN, group=self.topology.group)
-        except (RuntimeError, TimeoutError, ConnectionError) as err:
-            first = str(err).splitlines()[0] if str(err) else type(err).__name__
-            raise self._fail(CollectiveTimeoutError(
-                f"store-group rank {self.topology.rank}: the digest check after store {stores} did not "
-                f"complete within {self.settings.timeout_s:g} s (a peer died or stalled): {first}")) from err
-        low, high = int(both[0]), -int(both[1])
-        if low != high:
-            raise self._fail(DivergenceError(
-                f"store-group rank {self.topology.rank}: the replicated index differs across ranks after store "
-                f"{stores} (digest {digest:#x}, min {low:#x}, max {high:#x})"))
+            agree(digest, group=self.topology.group, rank=self.topology.rank,
+                  step=f"the digest check after store {stores}", timeout_s=self.settings.timeout_s)
+        except CpkvError as err:
+            raise self._fail(err) from err
         with self._counters_lock:
             self.counters["digest_checks"] += 1
 
