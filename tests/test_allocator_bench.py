@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 
+import cpkv
 from cpkv.bench import _alloc_stream as stream_mod
 from cpkv.bench._reference_allocator import ReferenceAllocator
 from cpkv.cli import main
-
-import cpkv
 
 
 def test_bench_allocator_writes_json(tmp_path, capsys):

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 import cpkv
-from cpkv.errors import CpkvError
 from alloc_model import ModelAllocator
+from cpkv.errors import CpkvError
 
 POOLS = {"kv": 40, "index": 24}
 keys = st.integers(min_value=0, max_value=14)

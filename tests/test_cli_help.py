@@ -13,8 +13,8 @@ import sys
 import pytest
 
 import cpkv
-from cpkv.cli import COMMANDS, main
 from conftest import REPO_ROOT
+from cpkv.cli import COMMANDS, main
 
 COMMAND_MODULES = sorted({module for _, module, _ in COMMANDS})
 # reStructuredText or Markdown that a terminal would show raw: ``code``, `code`, :mod:`x`, **bold**.

@@ -9,13 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import cpkv
+from compose_reference import DTYPES, as_bytes, last_pages, random_rows, reference_dense, tail_not_aligned
 from cpkv.compose import ComposePlan, CudaIpcGroup, LocalGroup, PlanCache, SlotSpans
-from cpkv.runtime.layout import CpLayout
-from cpkv.config import DEBUG_ENV, CpkvConfig, config, invalidate_config, override_config
 from cpkv.compose.debug import ComposeCheckError, check_plan
 from cpkv.compose.workload import random_batch
+from cpkv.config import DEBUG_ENV, CpkvConfig, config, invalidate_config, override_config
 from cpkv.errors import InvalidArgumentError, SpanError
-from compose_reference import DTYPES, as_bytes, last_pages, random_rows, reference_dense, tail_not_aligned
+from cpkv.runtime.layout import CpLayout
 
 
 @pytest.fixture(autouse=True)

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from cpkv.compose import ComposePlan, ShmGroup, SlotSpans
-from cpkv.runtime.launch import run_ranks
 from cpkv.compose.plan import plan_digest
 from cpkv.compose.workload import uniform_batch
 from cpkv.errors import CollectiveTimeoutError, DivergenceError, GroupBrokenError, InvalidArgumentError
+from cpkv.runtime.launch import run_ranks
 
 PAGE_SIZE = 16
 ROW = (8,)

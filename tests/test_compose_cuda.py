@@ -3,23 +3,22 @@
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 import pytest
 import torch
-
-import inspect
-
 import torch.distributed as dist
 
+from compose_reference import DTYPES, as_bytes, random_rows, reference_dense
 from cpkv.compose import ComposePlan, CudaIpcGroup
-from cpkv.runtime import gloo_group as gloo_module
 from cpkv.compose.groups import cuda as cuda_module
 from cpkv.compose.groups.base import check_pool, resolve_device
-from cpkv.runtime.launch import run_ranks
 from cpkv.compose.workload import random_batch
 from cpkv.errors import FallbackError, GroupBrokenError, InvalidArgumentError
 from cpkv.kernels import gather as gather_module
-from compose_reference import DTYPES, as_bytes, random_rows, reference_dense
+from cpkv.runtime import gloo_group as gloo_module
+from cpkv.runtime.launch import run_ranks
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 
+from compose_reference import DTYPES, as_bytes, last_pages, random_rows, reference_dense, tail_not_aligned
 from cpkv.compose import ComposePlan, ShmGroup
-from cpkv.runtime.launch import run_ranks
 from cpkv.compose.workload import random_batch, uniform_batch
 from cpkv.errors import CollectiveTimeoutError, FallbackError, InvalidArgumentError
-from compose_reference import DTYPES, as_bytes, last_pages, random_rows, reference_dense, tail_not_aligned
+from cpkv.runtime.launch import run_ranks
 
 PAGE_SIZE = 16
 PAGE_SHAPE = (PAGE_SIZE, 4)

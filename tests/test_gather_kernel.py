@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import torch
 
+from compose_reference import DTYPES, random_rows
 from cpkv.compose import ComposePlan, SlotSpans
 from cpkv.compose.workload import random_batch
 from cpkv.kernels import gather
-from compose_reference import DTYPES, random_rows
 
 triton = pytest.importorskip("triton")
 

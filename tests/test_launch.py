@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 
 from conftest import process_alive, wait_for
-
 from cpkv.runtime.launch import LaunchError, death_text, run_ranks
 
 pytestmark = pytest.mark.slow

@@ -13,10 +13,9 @@ from pathlib import Path
 import pytest
 
 from conftest import default_sigint, descendants, maps_shm, process_alive, wait_for
-
-from cpkv.runtime.launch import run_ranks
 from cpkv.replay import ReplayOptions
 from cpkv.replay.options import parse_payloads
+from cpkv.runtime.launch import run_ranks
 from cpkv.workload import generate
 
 pytestmark = pytest.mark.slow

@@ -69,8 +69,8 @@ def _load_layer_events(log: list[tuple]) -> list[int]:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_the_device_path_composes_through_triton_orders_load_backs_and_checks_every_byte():
-    from cpkv.replay.options import parse_payloads
     from cpkv.replay import ReplayOptions
+    from cpkv.replay.options import parse_payloads
     from cpkv.replay.report import report
 
     options = ReplayOptions(payloads=parse_payloads("kv:4x8:float8_e4m3fn,index:16:bfloat16"), layers=LAYERS,

@@ -8,8 +8,7 @@ import json
 import pytest
 
 from cpkv.cli import COMMANDS
-from cpkv.scheduling import AffinityPolicy, BudgetConfig, RequestClass
-from cpkv.scheduling import sim
+from cpkv.scheduling import AffinityPolicy, BudgetConfig, RequestClass, sim
 from cpkv.traces import TraceRequest
 
 COST = sim.CostModel(fixed_s=0.03, per_extend_s=0.3e-3, per_cached_s=0.02e-3)

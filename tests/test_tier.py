@@ -14,12 +14,17 @@ import numpy as np
 import pytest
 import torch
 
-from cpkv.runtime.layout import CpLayout
-from cpkv.runtime.launch import run_ranks
 from cpkv.config import CpkvConfig
 from cpkv.errors import (
-    ArgumentTypeError, CollectiveTimeoutError, CpkvError, DivergenceError, InvalidArgumentError, LockError,
+    ArgumentTypeError,
+    CollectiveTimeoutError,
+    CpkvError,
+    DivergenceError,
+    InvalidArgumentError,
+    LockError,
 )
+from cpkv.runtime.launch import run_ranks
+from cpkv.runtime.layout import CpLayout
 from cpkv.tier import CacheController, LoadHandle, SlabSpec
 from cpkv.tier import streams as streams_module
 from stream_double import RecordingStreams

@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cpkv._cpkv import MAX_PAGES, owned_rows, row_runs
-from cpkv.runtime.layout import CpLayout
 from cpkv.errors import ArgumentTypeError, InvalidArgumentError
+from cpkv.runtime.layout import CpLayout
 from cpkv.tier.copy import MIN_MEAN_RUN, RowCopy, SlabCopier, word_dtype
 
 ROWS = 64

@@ -15,9 +15,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from cpkv.runtime.layout import CpLayout
-from cpkv.runtime.launch import run_ranks
 from cpkv.config import CpkvConfig
+from cpkv.runtime.launch import run_ranks
+from cpkv.runtime.layout import CpLayout
 from cpkv.tier import CacheController, SlabSpec
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

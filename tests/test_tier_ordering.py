@@ -14,11 +14,11 @@ import torch
 import torch.distributed as dist
 
 import cpkv.tier.slab as slab_module
+from conftest import wait_for
+from cpkv.errors import InvalidArgumentError
 from cpkv.runtime.launch import run_ranks
 from cpkv.tier import streams as streams_module
 from cpkv.tier.controller import _pools_device
-from cpkv.errors import InvalidArgumentError
-from conftest import wait_for
 from stream_double import RecordingStreams
 from test_tier import PAYLOADS, ROWS, _Engine, _settings, _tokens
 

@@ -13,8 +13,9 @@ import pytest
 import torch.distributed as dist
 
 import cpkv
-from cpkv.runtime.launch import run_ranks
 from cpkv.errors import CpkvError, InvalidArgumentError, SnapshotError, UnknownNodeError
+from cpkv.runtime.launch import run_ranks
+
 
 def test_rss_stays_flat_over_a_million_insert_evict_operations(tmp_path) -> None:
     out = tmp_path / "memory.json"

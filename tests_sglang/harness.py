@@ -172,7 +172,6 @@ class Rank:
 
     def controller(self, backend: str = "dynamic", extra: dict | None = None) -> Any:
         import torch
-
         from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
         from sglang.srt.mem_cache.cache_init_params import CacheInitParams
         from sglang.srt.mem_cache.hicache_storage import PoolName
@@ -417,8 +416,9 @@ def killed(r: Rank, requests: int = 6, victim: int = 1) -> dict:
     """Rank ``victim`` dies (SIGKILL) in the middle of writing its first page into the slab; the
     others must get a typed error from the backend within its timeout, never serve the page it was
     writing, then exit."""
-    import cpkv.integrations.sglang.pool as pool_module
     import numpy as np
+
+    import cpkv.integrations.sglang.pool as pool_module
 
     r.controller("dynamic", _cpkv_extra(r.options, cpkv_check_every=1))
     run_id = r.backend.pools["kv"].slab.run_id
@@ -493,7 +493,6 @@ def bad_indices(r: Rank) -> dict:
     pool and slab bytes)."""
     import numpy as np
     import torch
-
     from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransfer
 
     r.controller("dynamic", _cpkv_extra(r.options, cpkv_check_every=1 << 20))

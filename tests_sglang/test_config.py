@@ -4,11 +4,11 @@ naming the key; a wrong SGLang version is refused."""
 from __future__ import annotations
 
 import pytest
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
+from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 
 from cpkv.errors import EngineVersionError, InvalidArgumentError, UnknownPolicyError
 from cpkv.integrations.sglang._version import check_sglang_version
-from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
-from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 
 BASE = {"backend_name": "cpkv", "module_path": "cpkv.integrations.sglang", "class_name": "CpkvHiCacheStorage"}
 

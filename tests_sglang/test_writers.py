@@ -7,10 +7,10 @@ from __future__ import annotations
 import inspect
 
 import pytest
-
-from cpkv.integrations.sglang.writers import make_every_rank_a_writer
 from sglang.srt.managers.cache_controller import HiCacheController
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
+
+from cpkv.integrations.sglang.writers import make_every_rank_a_writer
 
 
 def _config(tp_rank: int, mla: bool) -> HiCacheStorageConfig:

@@ -8,11 +8,11 @@ from __future__ import annotations
 import random
 
 import pytest
+from vllm.v1.kv_offload.base import LookupResult, ReqContext, make_offload_key
 
 from cpkv.errors import EngineVersionError, InvalidArgumentError, UnknownPolicyError
 from cpkv.integrations.vllm import REQUIRED_VLLM, CpkvOffloadConfig, CpkvOffloadingManager
 from cpkv.integrations.vllm._version import check_vllm_version
-from vllm.v1.kv_offload.base import LookupResult, ReqContext, make_offload_key
 
 CHUNK = 16
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from vllm.v1.kv_offload.base import make_offload_key
 
 from cpkv.errors import InvalidArgumentError, UnknownPolicyError
 from engine import BLOCK_TOKENS, NUM_LAYERS, Engine, block_bytes, cpkv_extra, prompt
-from vllm.v1.kv_offload.base import make_offload_key
 
 
 def keys_of(request, blocks: int | None = None) -> list[bytes]:

@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-
-from cpkv.integrations.vllm.manager import CpkvLoadStoreSpec
-from cpkv.integrations.vllm.worker import CpkvOffloadingWorker
-
 from vllm.v1.kv_offload.base import (
     CanonicalKVCacheRef,
     CanonicalKVCaches,
     CanonicalKVCacheTensor,
     GPULoadStoreSpec,
 )
+
+from cpkv.integrations.vllm.manager import CpkvLoadStoreSpec
+from cpkv.integrations.vllm.worker import CpkvOffloadingWorker
 
 BLOCKS, HOST_CHUNKS, PER_CHUNK = 16, 8, 2
 PAGES = (64, 40)  # bytes per block of the two tensors; the slab's sub-rows are 64 bytes

@@ -35,10 +35,10 @@ from cpkv._cpkv import (
     __version__,
 )
 from cpkv.compose import ComposePlan, CudaIpcGroup, LocalGroup, PlanCache, ShmGroup, SlotSpans
-from cpkv.runtime.layout import CpLayout
-from cpkv.tier import CacheController, HostSlab, SlabSpec
 from cpkv.errors import *  # noqa: F403  (the exception hierarchy is public API)
 from cpkv.errors import __all__ as _error_names
+from cpkv.runtime.layout import CpLayout
+from cpkv.tier import CacheController, HostSlab, SlabSpec
 
 __all__ = [
     "__version__",

@@ -77,7 +77,6 @@ def grid_summary(rows: dict[int, dict[str, float]], belady: dict[int, float]) ->
 
 def configure(parser: argparse.ArgumentParser) -> None:
     from cpkv import PrefixTree
-
     from cpkv.workload import MIXES
 
     parser.add_argument("trace", nargs="*", help="Mooncake-format JSONL trace(s)")

@@ -113,9 +113,8 @@ def memory() -> None:
 
 
 def requests(n: int, policy: str) -> None:
-    from cpkv.workload import generate
-
     from cpkv import PrefixTree
+    from cpkv.workload import generate
 
     tree = PrefixTree(1, policy)
     _drive(tree, [tuple(r.hash_ids) for r in generate(4000, 0)][:n], 774)

@@ -172,7 +172,6 @@ def _geometry() -> dict[str, int]:
 
 def _pools(tokens: int) -> Any:
     import torch
-
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
     from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
 
@@ -197,7 +196,6 @@ def _hits_rank(rank: int, world: int, chains: list[list[str]], slab_pages: int, 
     _quiet()
     import torch
     import torch.distributed as dist
-
     from sglang.srt.mem_cache.hicache_storage import HiCacheFile
 
     from cpkv.integrations.sglang import CpkvHiCacheStorage
@@ -323,7 +321,6 @@ def _speed(rank: int, world: int, page_kb: int, reps: int) -> list[list[Any]]:
     import ctypes
 
     import torch
-
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
     from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
 
@@ -410,10 +407,9 @@ def _dsa_tokens(keys: list[str]) -> list[int]:
 def _dsa_stack(rank: int, world: int, backend: str, extra: dict) -> Any:
     """SGLang's runtime config, parallel state (attention CP = world, attention TP 1, as SGLang sets
     DSA prefill CP up) and the stack ``_DsaStrategy`` builds, with its storage backend."""
+    import sglang.srt.mem_cache.pool_host.common as host_common
     import torch
     import torch.distributed as dist
-
-    import sglang.srt.mem_cache.pool_host.common as host_common
     from sglang.srt import runtime_context
     from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
@@ -480,7 +476,6 @@ def _dsa_replay(rank: int, world: int, group: Any, backend: str, extra: dict, ch
     load; write_storage with it; rank 1 ``lag`` requests late): (host bytes per unique token, synced
     hit tokens, hit tokens removed by the MIN, removed / best rank's hits)."""
     import torch.distributed as dist
-
     from sglang.srt.mem_cache.base_prefix_cache import CacheRequestHandle
     from sglang.srt.mem_cache.hicache_storage import PoolTransfer
     from sglang.srt.mem_cache.utils import get_storage_hash_str

@@ -159,10 +159,11 @@ def run(args: argparse.Namespace) -> int:
                                  f"(known: {', '.join(PrefixTree.POLICIES)})")
     capacities = positive_ints(args.capacities, "--capacities") if args.capacities else None
     workloads = _workloads(args)
+    from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
+
     from cpkv._report import Table, emit
     from cpkv.integrations.vllm import CpkvOffloadingManager
     from cpkv.traces import BLOCK_TOKENS
-    from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
 
     cpkv_name = f"cpkv ({policy})"
     managers: list[tuple[str, Callable[[int], Any]]] = [

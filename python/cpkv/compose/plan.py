@@ -20,10 +20,10 @@ from typing import Sequence
 
 import numpy as np
 
-from cpkv.runtime.layout import CpLayout
 from cpkv.compose.spans import SlotSpans, validate_requests
 from cpkv.errors import InvalidArgumentError
 from cpkv.kernels.gather import RUN_COLUMNS, index_groups
+from cpkv.runtime.layout import CpLayout
 
 _NONE = -1  # construction placeholder; debug mode proves none survives
 

@@ -69,8 +69,8 @@ def replay_rank(rank: int, world: int, options: ReplayOptions, requests: list[tu
     its group is made (a test passes CPU tensors through the device path here)."""
     import torch
 
-    from cpkv.runtime.layout import CpLayout
     from cpkv.config import config, override_config
+    from cpkv.runtime.layout import CpLayout
     from cpkv.scheduling import AffinityPolicy, BudgetConfig, Candidate, ScanState, form_batch
     from cpkv.tier import CacheController
 

@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
-import multiprocessing.forkserver
 import multiprocessing.connection as mp_connection
+import multiprocessing.forkserver
 import os
 import signal
 import socket

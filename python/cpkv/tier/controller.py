@@ -35,8 +35,6 @@ backups issued so far.
 
 from __future__ import annotations
 
-from cpkv._cpkv import DEFAULT_POLICY
-
 import logging
 import operator
 import threading
@@ -46,12 +44,12 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from cpkv._cpkv import InsertOutcome, Lookup, TierCache
+from cpkv._cpkv import DEFAULT_POLICY, InsertOutcome, Lookup, TierCache
+from cpkv.config import CpkvConfig, config
+from cpkv.errors import ArgumentTypeError, CollectiveTimeoutError, InvalidArgumentError
 from cpkv.runtime.agree import agree, all_reduce_min
 from cpkv.runtime.gloo_group import gloo_group_of
 from cpkv.runtime.layout import CpLayout
-from cpkv.config import CpkvConfig, config
-from cpkv.errors import ArgumentTypeError, CollectiveTimeoutError, InvalidArgumentError
 from cpkv.tier import streams as _streams
 from cpkv.tier.copy import RowCopy, SlabCopier, word_dtype
 from cpkv.tier.slab import HostSlab, SlabSpec

@@ -10,11 +10,10 @@ from cpkv.compose.debug import check_current, check_plan
 from cpkv.compose.plan import ComposePlan, PlanCache
 from cpkv.compose.spans import SlotSpans
 from cpkv.config import config
-from cpkv.runtime.agree import agree
-from cpkv.runtime.timeouts import guarded
 from cpkv.errors import GroupBrokenError, InvalidArgumentError
 from cpkv.kernels.gather import as_byte_rows, gather_runs
-
+from cpkv.runtime.agree import agree
+from cpkv.runtime.timeouts import guarded
 
 _EVERY_RANK = "_cpkv_raised_on_every_rank"
 

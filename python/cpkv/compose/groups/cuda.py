@@ -40,12 +40,12 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from cpkv.runtime.gloo_group import gloo_group_of
 from cpkv.compose.groups.base import DistributedGroup, check_current_rows, check_pool, on_every_rank, resolve_device
 from cpkv.compose.plan import ComposePlan, PlanCache, PlanKey
-from cpkv.runtime.timeouts import DEFAULT_TIMEOUT_S, as_timedelta, guarded
 from cpkv.errors import FallbackError, InvalidArgumentError
 from cpkv.kernels.gather import gather_triton
+from cpkv.runtime.gloo_group import gloo_group_of
+from cpkv.runtime.timeouts import DEFAULT_TIMEOUT_S, as_timedelta, guarded
 
 _ALIGN = 256
 _DESCRIPTOR_CACHE = 64

@@ -43,14 +43,17 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from cpkv.compose.groups.base import (
-    DistributedGroup, check_current_rows, check_pool, gather_planned, on_every_rank,
+    DistributedGroup,
+    check_current_rows,
+    check_pool,
+    gather_planned,
+    on_every_rank,
 )
 from cpkv.compose.plan import ComposePlan, PlanCache
+from cpkv.errors import FallbackError, InvalidArgumentError
 from cpkv.runtime.segment import SharedSegment
 from cpkv.runtime.shm import SHM_DIR, unlink_now
 from cpkv.runtime.timeouts import DEFAULT_TIMEOUT_S, as_timedelta, guarded
-from cpkv.errors import FallbackError, InvalidArgumentError
-
 
 _ALIGN = 4096
 

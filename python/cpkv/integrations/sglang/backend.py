@@ -39,14 +39,6 @@ from typing import Any
 
 import numpy as np
 import torch
-
-from cpkv.errors import (
-    CpkvError,
-    InvalidArgumentError,
-    UnknownPayloadError,
-)
-from cpkv.runtime.agree import agree
-
 from sglang.srt.mem_cache.hicache_storage import (
     HiCacheStorage,
     HiCacheStorageConfig,
@@ -56,6 +48,13 @@ from sglang.srt.mem_cache.hicache_storage import (
     PoolTransfer,
     PoolTransferResult,
 )
+
+from cpkv.errors import (
+    CpkvError,
+    InvalidArgumentError,
+    UnknownPayloadError,
+)
+from cpkv.runtime.agree import agree
 
 from .config import CpkvStorageSettings
 from .index import ReplicatedIndex

@@ -7,13 +7,11 @@ module does not know, or a bad value, fails at construction with a typed error n
 
 from __future__ import annotations
 
-from cpkv._cpkv import DEFAULT_POLICY
-
 import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from cpkv._cpkv import OffloadIndex
+from cpkv._cpkv import DEFAULT_POLICY, OffloadIndex
 from cpkv.errors import InvalidArgumentError, UnknownPolicyError
 
 # SGLang 0.5.23 holds every page replicated on the ranks of a store group (see README: "What SGLang

@@ -32,11 +32,6 @@ from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
 import numpy as np
-
-from cpkv import DEFAULT_POLICY, PrefixTree
-from cpkv._cpkv import OffloadIndex
-from cpkv.errors import InvalidArgumentError, UnknownPolicyError
-
 from vllm.v1.kv_offload.base import (
     BlockIDsLoadStoreSpec,
     LookupResult,
@@ -49,6 +44,10 @@ from vllm.v1.kv_offload.base import (
     RequestOffloadingContext,
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+from cpkv import DEFAULT_POLICY, PrefixTree
+from cpkv._cpkv import OffloadIndex
+from cpkv.errors import InvalidArgumentError, UnknownPolicyError
 
 __all__ = ["CpkvLoadStoreSpec", "CpkvOffloadingManager"]
 

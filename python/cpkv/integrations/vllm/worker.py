@@ -19,13 +19,6 @@ from typing import Any
 
 import numpy as np
 import torch
-
-from cpkv.errors import InvalidArgumentError
-from cpkv.runtime.memory import check_host_bytes
-from cpkv.runtime.timeouts import DEFAULT_TIMEOUT_S
-from cpkv.tier.copy import RowCopy, SlabCopier, word_dtype
-from cpkv.tier.slab import HostSlab, SlabSpec
-
 from vllm.v1.kv_offload.base import (
     CanonicalKVCaches,
     GPULoadStoreSpec,
@@ -33,6 +26,12 @@ from vllm.v1.kv_offload.base import (
     OffloadingWorker,
     TransferResult,
 )
+
+from cpkv.errors import InvalidArgumentError
+from cpkv.runtime.memory import check_host_bytes
+from cpkv.runtime.timeouts import DEFAULT_TIMEOUT_S
+from cpkv.tier.copy import RowCopy, SlabCopier, word_dtype
+from cpkv.tier.slab import HostSlab, SlabSpec
 
 from .manager import PAYLOAD, CpkvLoadStoreSpec
 
