@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
+from typing import Any
 
 DEFAULT_CAPACITIES = (1000, 5859, 10000, 30000)
 GRID_POINTS = 12
@@ -107,11 +108,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def replay(requests: list[tuple[int, ...]], capacity: int, policy: str) -> tuple[int, int]:
     """(hit blocks, total blocks) of ``policy`` at ``capacity`` pages."""
-    import numpy as np
-
     from cpkv import PrefixTree
 
-    tree = PrefixTree(1, policy)
+    return drive(PrefixTree(1, policy), requests, capacity)
+
+
+def drive(tree: Any, requests: list[tuple[int, ...]], capacity: int) -> tuple[int, int]:
+    """Replays ``requests`` through ``tree`` holding at most ``capacity`` device pages (match, evict
+    what the new blocks need, insert); (hit blocks, total blocks)."""
+    import numpy as np
+
     hits = total = 0
     next_page = 0
     for blocks in requests:

@@ -52,32 +52,16 @@ def cpu() -> None:
 
 def snapshot() -> None:
     from cpkv import PrefixTree
+    from cpkv.hitrate import drive
 
     for name, capacity, requests in workloads():
         sizes = {}
         for policy in POLICIES:
             tree = PrefixTree(1, policy)
-            _drive(tree, requests, capacity)
+            drive(tree, requests, capacity)
             sizes[policy] = len(tree.snapshot())
         print(f"{name} at {capacity}: " + ", ".join(f"{p} {sizes[p]:,} B" for p in POLICIES)
               + f", ghost/lru {sizes['ghost'] / sizes['lru']:.2f}")
-
-
-def _drive(tree, requests, capacity) -> None:  # type: ignore[no-untyped-def]
-    import numpy as np
-
-    next_page = 0
-    for blocks in requests:
-        m = tree.match(blocks)
-        tree.lock(m.node)
-        new = len(blocks) - m.length
-        if new > capacity - tree.device_pages:
-            tree.evict(new - (capacity - tree.device_pages))
-        keep = m.length + min(new, capacity - tree.device_pages)
-        fresh = np.arange(next_page, next_page + keep - m.length, dtype=np.int64)
-        next_page += len(fresh)
-        tree.insert(blocks[:keep], np.concatenate([m.device_pages, fresh]))
-        tree.unlock(m.node)
 
 
 def memory_one(policy: str, live: int = 100_000, ops: int = 400_000) -> None:
@@ -114,13 +98,16 @@ def memory() -> None:
 
 def requests(n: int, policy: str) -> None:
     from cpkv import PrefixTree
+    from cpkv.hitrate import drive
     from cpkv.workload import generate
 
     tree = PrefixTree(1, policy)
-    _drive(tree, [tuple(r.hash_ids) for r in generate(4000, 0)][:n], 774)
+    drive(tree, [tuple(r.hash_ids) for r in generate(4000, 0)][:n], 774)
 
 
 if __name__ == "__main__":
+    if len(sys.argv) < 2 or sys.argv[1] not in ("cpu", "memory", "snapshot", "memory-one", "requests"):
+        sys.exit("usage: ghost_cost.py cpu | memory | snapshot | memory-one POLICY | requests N POLICY")
     what = sys.argv[1]
     if what == "memory-one":
         memory_one(sys.argv[2])
