@@ -45,9 +45,10 @@ def test_skewed_ranks_keep_their_hits_where_the_file_backend_loses_them(tmp_path
             assert all(f["wrong"] == 0 and f["sidecar_wrong"] == 0 for f in res["fetched"])
         hits[name] = sum(post)
         if name == "cpkv":
+            # What each rank finds before the MIN depends on how far the other rank's backup thread
+            # has got by then (wall time), so only the MIN's rule is checked here; equal pre-MIN
+            # counts once the stores are done are test_pre_min_hits_identical_under_pressure's.
             pre = list(zip(*[[f["pre"] for f in r["fetched"]] for r in results]))
-            # Rank 0 is never behind: its pre-MIN count is the most any rank has; the MIN is rank 1's.
-            assert all(p0 >= p1 for p0, p1 in pre), pre
             assert post == [min(p) for p in pre]
     print(f"hit tokens after SGLang's MIN with rank 1 two requests late: {hits}")
     assert hits["file"] == 0 < hits["cpkv"]
