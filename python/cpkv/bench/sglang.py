@@ -324,6 +324,7 @@ def _speed(rank: int, world: int, page_kb: int, reps: int) -> list[list[Any]]:
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
     from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
 
+    from cpkv.errors import InternalError
     from cpkv.integrations.sglang import CpkvHiCacheStorage
 
     # fp16 K and V of 16 tokens x 32 dims: page bytes = 2048 * layers * heads.
@@ -351,6 +352,10 @@ def _speed(rank: int, world: int, page_kb: int, reps: int) -> list[list[Any]]:
     host_ptr = host.kv_buffer.data_ptr()
     slab = backend.pools["kv"].data
     slab_ptr = slab.data_ptr()
+    host_bytes = host.kv_buffer.numel() * host.kv_buffer.element_size()
+    if host_bytes < total or slab.numel() < total:  # the raw memcpy below must stay inside both
+        raise InternalError(f"bench sglang: {total} bytes to copy, the host pool holds {host_bytes}, "
+                            f"the slab {slab.numel()}")
     best = {"set": float("inf"), "get": float("inf"), "memcpy in": float("inf"), "memcpy out": float("inf")}
     for rep in range(reps + 1):  # pass 0 warms the slab (first touch)
         backend.clear()

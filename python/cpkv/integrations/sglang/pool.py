@@ -142,15 +142,21 @@ class PoolSlab:
         ptrs, sizes = self.host_pool.get_page_buffer_meta(idx)
         ptrs = np.asarray(ptrs, dtype=np.int64).reshape(pages, self.entries)
         sizes = np.asarray(sizes, dtype=np.int64).reshape(pages, self.entries)
-        which = np.searchsorted(self.bases, ptrs, side="right") - 1
-        inside = (which >= 0) & (sizes == self.sizes[None, :])
-        inside &= (ptrs + sizes) <= self.ends[np.maximum(which, 0)]
+        inside = self._inside_host_buffers(ptrs, sizes)
         if not inside.all():
             page, entry = (int(v) for v in np.argwhere(~inside)[0])
             raise InvalidArgumentError(
                 f"pool {self.name!r}: page {page} (host index {int(firsts[page])}) entry {entry} at "
                 f"{int(ptrs[page, entry]):#x} + {int(sizes[page, entry])} bytes is outside the pool's buffers")
         return ptrs
+
+    def _inside_host_buffers(self, ptrs: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+        """Which ``[ptr, ptr + size)`` ranges (one per entry, ``[pages, entries]``) lie wholly inside
+        one of the pool's buffers, each entry its expected size."""
+        which = np.searchsorted(self.bases, ptrs, side="right") - 1
+        inside = (which >= 0) & (sizes == self.sizes[None, :])
+        inside &= (ptrs + sizes) <= self.ends[np.maximum(which, 0)]
+        return inside
 
     # -- the copies -------------------------------------------------------------------------------
 
@@ -178,7 +184,11 @@ class PoolSlab:
                     self.copier.copy(RowCopy(host_rows[mask], slab_rows[mask]), self.host_rows[b],
                                      self.slab_rows, to_slab=to_slab)
                 return
-        # Entries of unequal sizes, or not aligned to rows: one memmove per (checked) entry.
+        # Entries of unequal sizes, or not aligned to rows: one memmove per entry, each range checked
+        # here against the buffer on both sides (host pool, slab rows) before any byte moves.
+        sizes = np.broadcast_to(self.sizes[None, :], ptrs.shape)
+        if not self._inside_host_buffers(ptrs, sizes).all() or not ((rows >= 0) & (rows < len(self.data))).all():
+            raise InvalidArgumentError(f"pool {self.name!r}: a copy's host range or slab row is outside its buffer")
         base = self.data.data_ptr()
         for k, row in enumerate(rows.tolist()):
             at = base + row * self.page_bytes
