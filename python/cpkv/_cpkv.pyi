@@ -9,7 +9,7 @@ nothing. Every class is safe to share between threads (one lock, never waited on
 the GIL); a bug inside cpkv raises ``InternalError`` and leaves that object refusing every call.
 """
 
-from typing import Iterable, Literal, Mapping, Sequence, SupportsIndex, final
+from typing import Iterable, Literal, Mapping, Sequence, SupportsIndex, final, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -463,8 +463,12 @@ class OffloadIndex:
                       ) -> tuple[list[bytes], npt.NDArray[np.int32], list[bytes]] | None:
         """``None`` when nothing can be placed, else (keys to store: the offered objects, their
         rows, keys evicted to make room in eviction order)."""
+    @overload
+    def complete_store(self, keys: Iterable[bytes], success: bool, report: Literal[True]) -> list[bytes]: ...
+    @overload
     def complete_store(self, keys: Iterable[bytes], success: bool = True, report: bool = False) -> list[bytes] | None:
-        """``success`` and ``report`` are ``bool`` (numpy's too), never an int or ``None``."""
+        """``success`` and ``report`` are ``bool`` (numpy's too), never an int or ``None``; with ``report``
+        the keys this call made readable."""
     def request_finished(self, request: str) -> None: ...
     def evict(self, num: int) -> list[bytes]: ...
     def store(self, keys: Iterable[str | bytes], prefix: str | bytes | None = None) -> npt.NDArray[np.int64]:

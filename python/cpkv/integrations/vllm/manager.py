@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Collection, Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from vllm.v1.kv_offload.base import (
@@ -54,6 +54,11 @@ __all__ = ["CpkvLoadStoreSpec", "CpkvOffloadingManager"]
 PAYLOAD = "kv"  # the slab payload name prefix the worker uses
 RECENT_EVICTIONS = 1 << 16  # evicted keys kept for inspection (bounded: a server runs for months)
 _LOOKUP_RESULTS = (LookupResult.MISS, LookupResult.HIT, LookupResult.HIT_PENDING)
+
+
+def _offload_keys(keys: list[bytes]) -> list[OffloadKey]:
+    # The core returns the very bytes vLLM gave it; OffloadKey is vLLM's NewType over bytes.
+    return cast("list[OffloadKey]", keys)
 
 
 class CpkvLoadStoreSpec(BlockIDsLoadStoreSpec):
@@ -95,7 +100,7 @@ class CpkvOffloadingManager(OffloadingManager):
         self.policy = policy
         self._core = OffloadIndex(host_blocks, policy, [int(t) for t in tokens_per_chunk], _LOOKUP_RESULTS)
         # vLLM calls lookup once per key: the instance attribute is the core's method itself.
-        self.lookup = self._core.lookup  # type: ignore[method-assign]
+        self.lookup = self._core.lookup  # type: ignore[method-assign,assignment,unused-ignore]
         self._events: list[OffloadingEvent] | None = [] if enable_events else None
         self._recent_evictions: deque[OffloadKey] = deque(maxlen=RECENT_EVICTIONS)
 
@@ -105,7 +110,7 @@ class CpkvOffloadingManager(OffloadingManager):
         return RequestOffloadingContext()
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:  # replaced per instance
-        return self._core.lookup(key, req_context)
+        return cast(LookupResult, self._core.lookup(key, req_context))
 
     def get_load_source(self, key: OffloadKey, req_context: ReqContext) -> CacheHitSource:
         return CacheHitSource.HOST
@@ -123,18 +128,19 @@ class CpkvOffloadingManager(OffloadingManager):
         out = self._core.prepare_store(keys, req_context.req_id, _positions(req_context))
         if out is None:
             return None
-        store, rows, evicted = out
+        store, rows, evicted_bytes = out
+        evicted = _offload_keys(evicted_bytes)
         if evicted:
             self._recent_evictions.extend(evicted)
             if self._events is not None:
                 self._events.append(OffloadingEvent(keys=evicted, medium=self.medium, removed=True))
-        return PrepareStoreOutput(keys_to_store=store, store_spec=CpkvLoadStoreSpec.of(rows), evicted_keys=evicted)
+        return PrepareStoreOutput(keys_to_store=_offload_keys(store), store_spec=CpkvLoadStoreSpec.of(rows), evicted_keys=evicted)
 
     def complete_store(self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True) -> None:
         if self._events is None:
             self._core.complete_store(keys, success)
             return
-        stored = self._core.complete_store(keys, success, True)
+        stored = _offload_keys(self._core.complete_store(keys, success, True))
         if stored:
             self._events.append(OffloadingEvent(keys=stored, medium=self.medium, removed=False))
 
@@ -159,7 +165,7 @@ class CpkvOffloadingManager(OffloadingManager):
 
     def pinned_keys(self) -> list[OffloadKey]:
         """Keys an in-flight store or load still pins, sorted (empty once every transfer completed)."""
-        return self._core.pinned_keys()
+        return _offload_keys(self._core.pinned_keys())
 
     @property
     def num_pins(self) -> int:
@@ -173,20 +179,21 @@ class CpkvOffloadingManager(OffloadingManager):
     def evict(self, num_blocks: int) -> list[OffloadKey]:
         """Evicts at least ``num_blocks`` unpinned chunks in policy order (fewer when fewer are
         unpinned); returns them in eviction order."""
-        evicted = self._core.evict(num_blocks)
+        evicted = _offload_keys(self._core.evict(num_blocks))
         self._recent_evictions.extend(evicted)
         return evicted
 
     def resident_keys(self) -> list[OffloadKey]:
         """Keys on the host, in the order they were placed."""
-        return self._core.resident_keys()
+        return _offload_keys(self._core.resident_keys())
 
     def row_of(self, key: OffloadKey) -> int:
         return self._core.row_of(key)
 
     def parent_of(self, key: OffloadKey) -> OffloadKey | None:
         """The chunk before ``key`` on its path (None: first under its namespace root)."""
-        return self._core.parent_of(key)
+        parent = self._core.parent_of(key)
+        return None if parent is None else OffloadKey(parent)
 
     def is_storing(self, key: OffloadKey) -> bool:
         """Whether ``key``'s store is in flight."""
