@@ -4,8 +4,8 @@
 
 use cpkv_tier::l3::{
     decode_log, decode_record, encode_header, encode_log_entry, encode_log_header, record_bytes,
-    Expected, L3Index as Core, L3Namespace, LogEntry, LogHeader, HEADER_BYTES, LOG_ENTRY_BYTES,
-    LOG_HEADER_BYTES, MAX_L3_SLOTS, MAX_PAYLOAD_BYTES, RECORD_ALIGN,
+    writer_rank, Expected, L3Index as Core, L3Namespace, LogEntry, LogHeader, HEADER_BYTES,
+    LOG_ENTRY_BYTES, LOG_HEADER_BYTES, MAX_L3_SLOTS, MAX_PAYLOAD_BYTES, RECORD_ALIGN,
 };
 use numpy::{PyReadonlyArray1, PyReadwriteArray1};
 use pyo3::prelude::*;
