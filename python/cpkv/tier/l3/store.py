@@ -32,7 +32,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -70,7 +70,7 @@ class L3Namespace:
 def disk_bytes(directory: str | os.PathLike) -> int:
     """Bytes the directory's files hold on disk (allocated blocks, not lengths)."""
     total = 0
-    with os.scandir(directory) as entries:
+    with os.scandir(os.fspath(directory)) as entries:
         for entry in entries:
             if entry.is_file(follow_symlinks=False):
                 total += entry.stat(follow_symlinks=False).st_blocks * 512
@@ -83,6 +83,10 @@ def slots_for(cap_bytes: int, slot_bytes: int, ranks_on_node: int) -> int:
     per_slot = slot_bytes + ranks_on_node * COMPACT_ENTRIES_PER_SLOT * LOG_ENTRY + LOG_ENTRY
     fixed = (ranks_on_node + 1) * 2 * ALIGN + ALIGN * (cap_bytes // DATA_FILE_BYTES + 2)
     return max(0, (cap_bytes - fixed) // per_slot)
+
+
+def _errno_name(err: OSError) -> str:
+    return errno.errorcode.get(err.errno, str(err.errno)) if err.errno is not None else str(err)
 
 
 class _Aligned:
@@ -186,7 +190,7 @@ class L3Store:
                 logs.append(b"")
         self.index, report, valid = _cpkv.L3Index.recover(self.slots, self.ranks_on_node, logs, self.namespace_id,
                                                            self.slot_bytes)
-        self.recovery = dict(report)
+        self.recovery: dict[str, float] = dict(report)
         own = self._log_path(self.rank)
         self._log_fd = os.open(own, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
         if valid[self.rank] == 0:  # no log, or one of another namespace or shape: start it afresh
@@ -207,13 +211,12 @@ class L3Store:
         try:
             fd = os.open(self.directory / "data-0.bin", os.O_RDWR | os.O_DIRECT)
         except OSError as err:
-            return "buffered", f"O_DIRECT refused by the file system ({errno.errorcode.get(err.errno, err.errno)})"
+            return "buffered", f"O_DIRECT refused by the file system ({_errno_name(err)})"
         try:
-            buf = self._scratch.take(ALIGN)
+            self._scratch.take(ALIGN)
             os.preadv(fd, [self._scratch.view(0, ALIGN)], 0)
-            del buf
         except OSError as err:
-            return "buffered", f"O_DIRECT read failed ({errno.errorcode.get(err.errno, err.errno)})"
+            return "buffered", f"O_DIRECT read failed ({_errno_name(err)})"
         finally:
             os.close(fd)
         return "o_direct", ""
@@ -277,7 +280,7 @@ class L3Store:
         if not mine:
             return placed
         scratch = self._scratch.take(len(mine) * self.slot_bytes)
-        for i, (key, slot, sequence, _, _) in enumerate(mine):
+        for i, (key, _, sequence, _, _) in enumerate(mine):
             record = scratch[i * self.slot_bytes:(i + 1) * self.slot_bytes]
             record[HEADER:HEADER + self.page_bytes] = payloads[key]
             record[HEADER + self.page_bytes:] = 0
@@ -290,10 +293,10 @@ class L3Store:
                    and mine[stop][1] % self.slots_per_file != 0):
                 stop += 1
             fd, offset = self._where(mine[start][1])
-            view = self._scratch.view(start * self.slot_bytes, stop * self.slot_bytes)
-            written = os.pwrite(fd, view, offset)
-            if written != len(view):
-                raise OSError(errno.EIO, f"short L3 write: {written} of {len(view)} bytes")
+            run = self._scratch.view(start * self.slot_bytes, stop * self.slot_bytes)
+            written = os.pwrite(fd, run, offset)
+            if written != len(run):
+                raise OSError(errno.EIO, f"short L3 write: {written} of {len(run)} bytes")
             touched.add(fd)
             start = stop
         for fd in touched:
