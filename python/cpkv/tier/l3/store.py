@@ -150,6 +150,8 @@ class L3Store:
         self._fds: list[int] = []
         self._log_fd = -1
         self._log_entries = 0
+        self._pending: list[tuple[int, int, int, int]] = []  # log entries of records not yet synced
+        self._unsynced: set[int] = set()
         self.mode = "buffered"
         self.mode_reason = ""
         self._open(direct)
@@ -222,6 +224,9 @@ class L3Store:
         return "o_direct", ""
 
     def close(self) -> None:
+        """A clean stop: everything written is made durable first."""
+        if self._fds and self._log_fd >= 0:
+            self.flush()
         for fd in self._fds:
             os.close(fd)
         self._fds = []
@@ -262,10 +267,13 @@ class L3Store:
     def _where(self, slot: int) -> tuple[int, int]:
         return self._fds[slot // self.slots_per_file], (slot % self.slots_per_file) * self.slot_bytes
 
-    def put(self, pages: Sequence[tuple[int, np.ndarray | bytes]]) -> list[tuple[int, int, int, int | None, int]]:
-        """Places a batch of pages leaving the host slab (replicated), writes this rank's share and
-        returns once it is durable: the placements ``(key, slot, sequence, evicted, writer)``; the ones
-        with ``writer == rank`` are acknowledged durable by this rank."""
+    def put(self, pages: Sequence[tuple[int, np.ndarray | bytes]], *,
+            durable: bool = True) -> list[tuple[int, int, int, int | None, int]]:
+        """Places a batch of pages leaving the host slab (replicated) and writes this rank's share.
+        Returns the placements ``(key, slot, sequence, evicted, writer)``. With ``durable`` (the
+        default) it returns once this rank's pages are durable (acknowledged); with ``durable=False``
+        the records are written and readable at once and their log entries wait for the next
+        :meth:`flush` (group commit: one pair of syncs for many batches)."""
         keys = [k for k, _ in pages]
         payloads = {}
         for key, data in pages:
@@ -277,39 +285,81 @@ class L3Store:
             payloads[key] = view
         placed = self.index.place(keys)
         mine = sorted((p for p in placed if p[4] == self.rank), key=lambda p: p[1])
-        if not mine:
-            return placed
+        if mine:
+            self._write_records(mine, payloads)
+        if durable:
+            self.flush()
+        return placed
+
+    def _write_records(self, mine: list, payloads: dict) -> None:
         scratch = self._scratch.take(len(mine) * self.slot_bytes)
         for i, (key, _, sequence, _, _) in enumerate(mine):
             record = scratch[i * self.slot_bytes:(i + 1) * self.slot_bytes]
             record[HEADER:HEADER + self.page_bytes] = payloads[key]
             record[HEADER + self.page_bytes:] = 0
             _cpkv.l3_seal(record, self.namespace_id, key, sequence, self.page_bytes)
-        touched = set()
-        start = 0
-        while start < len(mine):  # one write per run of consecutive slots in one file
-            stop = start + 1
-            while (stop < len(mine) and mine[stop][1] == mine[stop - 1][1] + 1
-                   and mine[stop][1] % self.slots_per_file != 0):
-                stop += 1
+        for start, stop in self._runs([p[1] for p in mine]):  # one write per run of consecutive slots
             fd, offset = self._where(mine[start][1])
             run = self._scratch.view(start * self.slot_bytes, stop * self.slot_bytes)
             written = os.pwrite(fd, run, offset)
             if written != len(run):
                 raise OSError(errno.EIO, f"short L3 write: {written} of {len(run)} bytes")
-            touched.add(fd)
+            self._unsynced.add(fd)
+        self._pending.extend((key, sequence, slot, self.page_bytes) for key, slot, sequence, _, _ in mine)
+        self.counters["pages_written"] += len(mine)
+        self.counters["bytes_written"] += len(mine) * self.page_bytes
+
+    def _runs(self, slots: list[int]) -> list[tuple[int, int]]:
+        """[start, stop) index ranges of ``slots`` (sorted) that are consecutive within one data file."""
+        runs, start = [], 0
+        while start < len(slots):
+            stop = start + 1
+            while (stop < len(slots) and slots[stop] == slots[stop - 1] + 1
+                   and slots[stop] % self.slots_per_file != 0):
+                stop += 1
+            runs.append((start, stop))
             start = stop
-        for fd in touched:
-            os.fdatasync(fd)  # the records are durable before the log names them
-        entries = [(key, sequence, slot, self.page_bytes) for key, slot, sequence, _, _ in mine]
+        return runs
+
+    def flush(self) -> int:
+        """Makes every written record durable, then its log entry: the data files are synced before
+        the log names them, so an entry in the log always names a record on disk. Returns the
+        number of pages acknowledged."""
+        if not self._pending:
+            return 0
+        for fd in self._unsynced:
+            os.fdatasync(fd)
+        self._unsynced.clear()
+        entries, self._pending = self._pending, []
         os.write(self._log_fd, _cpkv.l3_log_entries(entries))
         os.fdatasync(self._log_fd)
         self._log_entries += len(entries)
-        self.counters["pages_written"] += len(mine)
-        self.counters["bytes_written"] += len(mine) * self.page_bytes
         if self._log_entries > COMPACT_ENTRIES_PER_SLOT * self.slots:
             self._compact()
-        return placed
+        return len(entries)
+
+    def read_many(self, found: Sequence[tuple[int, int, int]], out: np.ndarray) -> list[str | None]:
+        """Reads pages ``(key, slot, sequence)`` (from :meth:`lookup`) into ``out[i]``, one read per run
+        of consecutive slots; per page ``None`` when served, else the reason its record failed."""
+        order = sorted(range(len(found)), key=lambda i: found[i][1])
+        slots = [found[i][1] for i in order]
+        buf = self._scratch.take(len(found) * self.slot_bytes)
+        reasons: list[str | None] = [None] * len(found)
+        rows = out.reshape(len(found), -1).view(np.uint8)
+        for start, stop in self._runs(slots):
+            fd, offset = self._where(slots[start])
+            got = os.preadv(fd, [self._scratch.view(start * self.slot_bytes, stop * self.slot_bytes)], offset)
+            for j in range(start, stop):
+                i = order[j]
+                key, _, sequence = found[i]
+                lo = j * self.slot_bytes
+                hi = max(lo, min(lo + self.slot_bytes, start * self.slot_bytes + got))
+                reasons[i] = _cpkv.l3_check(buf[lo:hi], self.namespace_id, key, sequence, self.page_bytes)
+                if reasons[i] is None:
+                    rows[i] = buf[lo + HEADER:lo + HEADER + self.page_bytes]
+                    self.counters["pages_read"] += 1
+                    self.counters["bytes_read"] += self.page_bytes
+        return reasons
 
     def read(self, key: int, slot: int, sequence: int, out: np.ndarray | None = None) -> np.ndarray | None:
         """The page of ``key`` found at (slot, sequence) by :meth:`lookup`, or None when the record fails
