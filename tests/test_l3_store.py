@@ -219,3 +219,19 @@ def test_buffered_mode_is_said(tmp_path):
         fill(store, [1])
         assert store.stats()["mode"] == "buffered" and store.stats()["mode_reason"]
         assert served_exactly(store, 1)
+
+
+def test_a_file_system_that_refuses_o_direct_falls_back_to_buffered_and_says_why(tmp_path, monkeypatch):
+    real_open = os.open
+
+    def refusing_open(path, flags, *args):
+        if flags & os.O_DIRECT:
+            raise OSError(22, "Invalid argument", str(path))
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", refusing_open)
+    with open_store(tmp_path) as store:
+        fill(store, [1, 2])
+        stats = store.stats()
+        assert stats["mode"] == "buffered" and "O_DIRECT refused by the file system (EINVAL)" in stats["mode_reason"]
+        assert served_exactly(store, 1) and served_exactly(store, 2)
