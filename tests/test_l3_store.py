@@ -235,3 +235,24 @@ def test_a_file_system_that_refuses_o_direct_falls_back_to_buffered_and_says_why
         stats = store.stats()
         assert stats["mode"] == "buffered" and "O_DIRECT refused by the file system (EINVAL)" in stats["mode_reason"]
         assert served_exactly(store, 1) and served_exactly(store, 2)
+
+
+def test_a_batch_read_serves_the_good_pages_and_names_the_bad_one(tmp_path):
+    with open_store(tmp_path) as store:
+        keys = list(range(1, 11))
+        fill(store, keys)
+        path, offset = slot_path_offset(store, 4)
+        _flip(path, offset + 64 + 7)
+        found = [(k, *store.lookup(k)) for k in reversed(keys)]  # out of slot order
+        out = np.zeros((len(found), PAGE_BYTES), dtype=np.uint8)
+        reasons = store.read_many(found, out)
+        for (key, _, _), reason, row in zip(found, reasons, out):
+            if key == 4:
+                assert reason == "checksum" and not row.any()
+            else:
+                assert reason is None and np.array_equal(row, page(key))
+        assert store.counters["pages_read"] == 9
+        with pytest.raises(InvalidArgumentError, match="out holds"):
+            store.read_many(found, out[:3])
+        with pytest.raises(InvalidArgumentError, match="C-contiguous"):
+            store.read_many(found[:5], out[::2])

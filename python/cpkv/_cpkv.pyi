@@ -44,6 +44,7 @@ __all__ = [
     "L3Index",
     "l3_seal",
     "l3_check",
+    "l3_check_into",
     "l3_record_bytes",
     "l3_namespace_id",
     "l3_log_header",
@@ -525,6 +526,12 @@ def l3_check(record: npt.NDArray[np.uint8], namespace: int, key: int, sequence: 
     """``None`` when ``record`` is exactly the expected record, else the first mismatch's name:
     ``truncated``, ``bad_magic``, ``version``, ``reserved``, ``foreign_namespace``, ``wrong_key``,
     ``stale_sequence``, ``length`` or ``checksum``."""
+
+def l3_check_into(records: npt.NDArray[np.uint8], slot_bytes: int, namespace: int, keys: _IntVector,
+                  sequences: _IntVector, length: int, out: npt.NDArray[np.uint8], rows: _IntVector) -> list[str | None]:
+    """Checks the records read back to back into ``records`` (``slot_bytes`` each, the last ones possibly
+    short) against ``keys[j]``/``sequences[j]``, copying each good payload into row ``rows[j]`` of ``out``
+    (rows of ``length`` bytes); per record ``None`` when served, else the reason's name."""
 
 def l3_record_bytes(payload: int) -> int:
     """Bytes a record of ``payload`` bytes takes on disk (whole 4 KiB blocks)."""

@@ -19,6 +19,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<L3Index>()?;
     m.add_function(wrap_pyfunction!(l3_seal, m)?)?;
     m.add_function(wrap_pyfunction!(l3_check, m)?)?;
+    m.add_function(wrap_pyfunction!(l3_check_into, m)?)?;
     m.add_function(wrap_pyfunction!(l3_record_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(l3_namespace_id, m)?)?;
     m.add_function(wrap_pyfunction!(l3_log_header, m)?)?;
@@ -94,6 +95,80 @@ fn l3_check(
         .as_slice()
         .map_err(|_| invalid("record must be a contiguous uint8 array".into()))?;
     unshared(py, || decode_record(buf, &expected).err().map(|r| r.name()))
+}
+
+/// Checks the records read back to back into `records` (`slot_bytes` each;
+/// the last ones may be short) against `keys[j]`, `sequences[j]` and copies
+/// each good payload into row `rows[j]` of `out` (rows of `length` bytes).
+/// Per record `None` when served, else the reason's name. One call per read,
+/// without the GIL.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn l3_check_into(
+    py: Python<'_>,
+    records: PyReadonlyArray1<'_, u8>,
+    slot_bytes: &Bound<'_, PyAny>,
+    namespace: &Bound<'_, PyAny>,
+    keys: &Bound<'_, PyAny>,
+    sequences: &Bound<'_, PyAny>,
+    length: &Bound<'_, PyAny>,
+    mut out: PyReadwriteArray1<'_, u8>,
+    rows: &Bound<'_, PyAny>,
+) -> PyResult<Vec<Option<&'static str>>> {
+    let slot_bytes = uint(slot_bytes, "slot_bytes")? as usize;
+    let namespace = uint(namespace, "namespace")?;
+    let (keys, sequences) = (
+        int_vector(keys, "keys")?,
+        int_vector(sequences, "sequences")?,
+    );
+    let rows = int_vector(rows, "rows")?;
+    let buf = records
+        .as_slice()
+        .map_err(|_| invalid("records must be a contiguous uint8 array".into()))?;
+    let dst = out
+        .as_slice_mut()
+        .map_err(|_| invalid("out must be a contiguous uint8 array".into()))?;
+    let length = payload_length(uint(length, "length")?, slot_bytes)?;
+    if keys.len() != sequences.len() || keys.len() != rows.len() {
+        return Err(invalid(format!(
+            "keys, sequences and rows differ in length: {}, {}, {}",
+            keys.len(),
+            sequences.len(),
+            rows.len()
+        )));
+    }
+    if let Some(row) = rows
+        .iter()
+        .find(|r| (**r as usize + 1) * length > dst.len())
+    {
+        return Err(invalid(format!(
+            "row {row} is outside out ({} bytes)",
+            dst.len()
+        )));
+    }
+    unshared(py, || {
+        let mut reasons = Vec::with_capacity(keys.len());
+        for j in 0..keys.len() {
+            let lo = (j * slot_bytes).min(buf.len());
+            let hi = (lo + slot_bytes).min(buf.len());
+            let expected = Expected {
+                namespace,
+                key: keys[j],
+                sequence: sequences[j],
+                length: length as u64,
+            };
+            match decode_record(&buf[lo..hi], &expected) {
+                Ok(payload) => {
+                    let row = rows[j] as usize * length;
+                    dst[row..row + length]
+                        .copy_from_slice(&buf[lo + payload.start..lo + payload.end]);
+                    reasons.push(None);
+                }
+                Err(reject) => reasons.push(Some(reject.name())),
+            }
+        }
+        reasons
+    })
 }
 
 /// Bytes a record of `payload` bytes takes on disk (whole 4 KiB blocks).

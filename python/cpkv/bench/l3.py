@@ -14,8 +14,9 @@ then log); ``group_write_ratio`` with one acknowledgement per ``--commit-mib`` M
 (``put(durable=False)`` then ``flush``); ``read_ratio`` = L3 read rate (lookups, one read per
 run of consecutive slots, every record checked) / plain read rate. Best of ``--repeat`` runs.
 
-Recovery: a store of a million slots whose log holds a million entries is opened index-only (the
-log read and the index rebuilt, no page data read, nothing preallocated), timed on one core.
+Recovery: the log of a million-slot store holding a million entries is read and the index rebuilt
+from it (no page data read, nothing preallocated): wall time and the CPU time of the one thread that
+does it.
 """
 
 from __future__ import annotations
@@ -115,8 +116,10 @@ def _plain_round(directory: Path, total: int, chunk: int, direct: bool) -> tuple
     return write_s, read_s
 
 
-def _recovery(directory: Path, entries: int) -> tuple[float, int]:
-    """Seconds to read a log of ``entries`` entries and rebuild the index from it, and the pages kept."""
+def _recovery(directory: Path, entries: int) -> tuple[float, float, int]:
+    """Wall and CPU seconds (this thread: the rebuild runs in it) to read a log of ``entries`` entries
+    and rebuild the index from it, and the pages kept. The CPU figure is what one core costs; the wall
+    figure also holds whatever else the machine was doing."""
     import numpy as np
 
     from cpkv import _cpkv
@@ -130,11 +133,11 @@ def _recovery(directory: Path, entries: int) -> tuple[float, int]:
         for start in range(0, entries, step):
             f.write(_cpkv.l3_log_entries([(int(k), start + i + 1, start + i, 65536)
                                           for i, k in enumerate(keys[start:start + step])]))
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.thread_time()
     index, report, _ = _cpkv.L3Index.recover(entries, 1, [log.read_bytes()], namespace, slot_bytes)
-    seconds = time.perf_counter() - started
+    seconds, cpu_seconds = time.perf_counter() - started, time.thread_time() - cpu_started
     log.unlink()
-    return seconds, int(report["kept"])
+    return seconds, cpu_seconds, int(report["kept"])
 
 
 def run(args: argparse.Namespace) -> int:
@@ -180,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
             rows.append([name, count, per_batch, mode, f["plain_write_gib_s"], f["l3_write_gib_s"], f["write_ratio"],
                          f["l3_group_write_gib_s"], f["group_write_ratio"], f["plain_read_gib_s"], f["l3_read_gib_s"],
                          f["read_ratio"], wrong])
-        recovery_s, kept = _recovery(work, args.recovery_pages)
+        recovery_s, recovery_cpu_s, kept = _recovery(work, args.recovery_pages)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     io = Table(f"L3 store vs plain sequential I/O of the same bytes in {root} ({args.mib} MiB per page size, "
@@ -191,11 +194,11 @@ def run(args: argparse.Namespace) -> int:
     for row in rows:
         io.add(*row)
     rec = Table("L3 recovery: log read + index rebuilt, no page data read (one core)",
-                ["log entries", "pages kept", "seconds", "seconds per million pages"])
-    per_million = recovery_s * 1_000_000 / args.recovery_pages
-    rec.add(args.recovery_pages, kept, recovery_s, per_million)
+                ["log entries", "pages kept", "wall s", "CPU s", "CPU s per million pages"])
+    per_million = recovery_cpu_s * 1_000_000 / args.recovery_pages
+    rec.add(args.recovery_pages, kept, recovery_s, recovery_cpu_s, per_million)
     emit("bench l3", [io, rec], args.json, dir=str(root), sizes=figures,
          recovery={"entries": args.recovery_pages, "kept": kept, "seconds": recovery_s,
-                   "seconds_per_million": per_million})
+                   "cpu_seconds": recovery_cpu_s, "cpu_seconds_per_million": per_million})
     bad = sum(f["wrong_pages"] for f in figures.values())
     return 1 if bad or kept != args.recovery_pages else 0

@@ -345,20 +345,24 @@ class L3Store:
         slots = [found[i][1] for i in order]
         buf = self._scratch.take(len(found) * self.slot_bytes)
         reasons: list[str | None] = [None] * len(found)
-        rows = out.reshape(len(found), -1).view(np.uint8)
+        if not out.flags.c_contiguous:
+            raise InvalidArgumentError("out must be a C-contiguous array (pages are copied into it in place)")
+        flat = out.reshape(-1).view(np.uint8)
+        if flat.nbytes != len(found) * self.page_bytes:
+            raise InvalidArgumentError(f"out holds {flat.nbytes} bytes, {len(found)} pages need "
+                                       f"{len(found) * self.page_bytes}")
         for start, stop in self._runs(slots):
             fd, offset = self._where(slots[start])
             got = os.preadv(fd, [self._scratch.view(start * self.slot_bytes, stop * self.slot_bytes)], offset)
-            for j in range(start, stop):
-                i = order[j]
-                key, _, sequence = found[i]
-                lo = j * self.slot_bytes
-                hi = max(lo, min(lo + self.slot_bytes, start * self.slot_bytes + got))
-                reasons[i] = _cpkv.l3_check(buf[lo:hi], self.namespace_id, key, sequence, self.page_bytes)
-                if reasons[i] is None:
-                    rows[i] = buf[lo + HEADER:lo + HEADER + self.page_bytes]
-                    self.counters["pages_read"] += 1
-                    self.counters["bytes_read"] += self.page_bytes
+            members = order[start:stop]
+            run = _cpkv.l3_check_into(buf[start * self.slot_bytes:start * self.slot_bytes + got], self.slot_bytes,
+                                      self.namespace_id, [found[i][0] for i in members],
+                                      [found[i][2] for i in members], self.page_bytes, flat, members)
+            for i, reason in zip(members, run):
+                reasons[i] = reason
+            served = run.count(None)
+            self.counters["pages_read"] += served
+            self.counters["bytes_read"] += served * self.page_bytes
         return reasons
 
     def read(self, key: int, slot: int, sequence: int, out: np.ndarray | None = None) -> np.ndarray | None:
