@@ -1,6 +1,7 @@
 """L3 after kill -9: real processes SIGKILLed at random points while they write, evict and compact
 (>= 200 kills in this file), each restart checked against the log of what was acknowledged: every
-acknowledged page that no later placement evicted is found with exact bytes, nothing found is
+acknowledged page that no later placement evicted is found with exact bytes (acknowledged: per
+batch, or at a group commit for batches written with ``durable=False``), nothing found is
 wrong, and the disk holds at most the cap plus one batch. A clean stop keeps every page.
 
 The writer reports each batch's evictions before writing it and its keys once :meth:`put`
@@ -28,6 +29,7 @@ def _writer(directory: str, first_key: int, seed: int, batches: int, conn) -> No
     rng = np.random.default_rng(seed)
     store = L3Store(directory, CAP, namespace())
     key = first_key
+    unacked: list[int] = []
     for _ in range(batches):
         n = int(rng.integers(1, MAX_BATCH + 1))
         keys = list(range(key, key + n))
@@ -35,9 +37,16 @@ def _writer(directory: str, first_key: int, seed: int, batches: int, conn) -> No
         # What this batch will evict is decided before any byte is written: say it first.
         victims = _victims(store.index, store.slots, len(keys))
         conn.send(("evicts", victims))
-        store.put([(k, page(k)) for k in keys])
-        conn.send(("acked", keys))
+        unacked = [k for k in unacked if k not in victims]  # written, then evicted before its commit
+        # Half the batches wait for a later group commit (put(durable=False), then flush).
+        durable = bool(rng.random() < 0.5)
+        store.put([(k, page(k)) for k in keys], durable=durable)
+        unacked += keys
+        if durable:
+            conn.send(("acked", unacked))
+            unacked = []
     store.close()
+    conn.send(("acked", unacked))
     conn.send(("closed", []))
 
 
