@@ -174,6 +174,15 @@ CASES += [
     ("bench tier: device-fraction 2", ["bench", "tier", "--device-fraction", "2"], "--device-fraction"),
     ("bench tier: page-size 0", ["bench", "tier", "--page-size", "0"], "--page-size"),
     ("bench tier: unknown device", ["bench", "tier", "--device", "tpu"], "--device"),
+    ("bench l3: no --dir", ["bench", "l3"], "--dir"),
+    ("bench l3: --dir missing", ["bench", "l3", "--dir", "{d}/no/such/dir"], "--dir"),
+    ("bench l3: --dir is a file", ["bench", "l3", "--dir", GOOD], "--dir"),
+    ("bench l3: mib 0", ["bench", "l3", "--dir", "{d}", "--mib", "0"], "--mib"),
+    ("bench l3: batch-mib nan", ["bench", "l3", "--dir", "{d}", "--batch-mib", "nan"], "--batch-mib"),
+    ("bench l3: commit-mib 0", ["bench", "l3", "--dir", "{d}", "--commit-mib", "0"], "--commit-mib"),
+    ("bench l3: recovery-pages -1", ["bench", "l3", "--dir", "{d}", "--recovery-pages", "-1"], "--recovery-pages"),
+    ("bench l3: repeat 0", ["bench", "l3", "--dir", "{d}", "--repeat", "0"], "--repeat"),
+    ("bench l3: json into a missing folder", ["bench", "l3", "--dir", "{d}", "--json", NO_DIR], "--json"),
 ]
 assert len({name for name, _, _ in CASES}) == len(CASES)
 

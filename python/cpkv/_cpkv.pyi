@@ -41,6 +41,20 @@ __all__ = [
     "copy_rows",
     "row_runs",
     "streaming_threshold",
+    "L3Index",
+    "l3_seal",
+    "l3_check",
+    "l3_check_into",
+    "l3_record_bytes",
+    "l3_namespace_id",
+    "l3_log_header",
+    "l3_log_entries",
+    "L3_RECORD_ALIGN",
+    "L3_HEADER_BYTES",
+    "L3_LOG_HEADER_BYTES",
+    "L3_LOG_ENTRY_BYTES",
+    "L3_MAX_SLOTS",
+    "L3_MAX_PAYLOAD_BYTES",
 ]
 
 __version__: str
@@ -498,3 +512,64 @@ class OffloadIndex:
     def __len__(self) -> int: ...
     def stats(self) -> dict[str, int]: ...
     def check(self) -> None: ...
+
+# ---- The durable third tier's decisions (crates/tier/src/l3) ---------------
+
+L3_RECORD_ALIGN: int
+L3_HEADER_BYTES: int
+L3_LOG_HEADER_BYTES: int
+L3_LOG_ENTRY_BYTES: int
+L3_MAX_SLOTS: int
+L3_MAX_PAYLOAD_BYTES: int
+
+def l3_seal(record: npt.NDArray[np.uint8], namespace: int, key: int, sequence: int, length: int) -> None:
+    """Writes the header (CRC32C included) of the record in ``record``, whose payload is already at
+    ``record[64:64 + length]``."""
+
+def l3_check(record: npt.NDArray[np.uint8], namespace: int, key: int, sequence: int, length: int) -> str | None:
+    """``None`` when ``record`` is exactly the expected record, else the first mismatch's name:
+    ``truncated``, ``bad_magic``, ``version``, ``reserved``, ``foreign_namespace``, ``wrong_key``,
+    ``stale_sequence``, ``length`` or ``checksum``."""
+
+def l3_check_into(records: npt.NDArray[np.uint8], slot_bytes: int, namespace: int, keys: _IntVector,
+                  sequences: _IntVector, length: int, out: npt.NDArray[np.uint8], rows: _IntVector) -> list[str | None]:
+    """Checks the records read back to back into ``records`` (``slot_bytes`` each, the last ones possibly
+    short) against ``keys[j]``/``sequences[j]``, copying each good payload into row ``rows[j]`` of ``out``
+    (rows of ``length`` bytes); per record ``None`` when served, else the reason's name."""
+
+def l3_record_bytes(payload: int) -> int:
+    """Bytes a record of ``payload`` bytes takes on disk (whole 4 KiB blocks)."""
+
+def l3_namespace_id(*, model: str, dtype: str, kv_layout: str, page_size: int, cp_size: int, tp_size: int,
+                    page_bytes: int) -> int:
+    """The namespace's id; a record of another id is never served."""
+
+def l3_log_header(namespace: int, slot_bytes: int, slots: int) -> bytes: ...
+def l3_log_entries(entries: Sequence[tuple[int, int, int, int]]) -> bytes:
+    """32-byte checksummed log entries for ``(key, sequence, slot, length)``."""
+
+@final
+class L3Index:
+    """The L3 index: key -> (slot, sequence), lowest free slot first, least recently used evicted
+    under the slot cap, a writer rank per key; equal on every rank that makes the same calls."""
+
+    def __new__(cls, slots: int, ranks_on_node: int | None = None) -> L3Index: ...
+    @staticmethod
+    def recover(slots: int, ranks_on_node: int, logs: Sequence[bytes], namespace: int,
+                slot_bytes: int) -> tuple[L3Index, dict[str, int], list[int]]:
+        """The index rebuilt from every rank's log without page data; a report; per log the length of
+        its valid prefix (0: missing, corrupt or of another namespace or shape)."""
+    def place(self, keys: _IntVector) -> list[tuple[int, int, int, int | None, int]]:
+        """New pages of a batch as ``(key, slot, sequence, evicted, writer)``; present keys count as a
+        use. ``DuplicateKeyError`` for a repeated key, ``InvalidArgumentError`` for more new pages
+        than slots; a refused batch changes nothing."""
+    def lookup(self, key: int) -> tuple[int, int] | None: ...
+    def peek(self, key: int) -> tuple[int, int] | None: ...
+    def drop(self, key: int) -> bytes | None:
+        """Forgets ``key``; returns the tombstone log entry to append (``None``: absent)."""
+    def writer(self, key: int) -> int: ...
+    def entries(self) -> list[tuple[int, int, int]]: ...
+    def digest(self) -> int: ...
+    def stats(self) -> dict[str, int]: ...
+    def check_invariants(self) -> None: ...
+    def __len__(self) -> int: ...

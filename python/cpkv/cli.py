@@ -36,6 +36,7 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("bench", "compose-gpu"), "cpkv.bench.compose_gpu", "The compose on one GPU: 1..8 ranks, CUDA IPC + Triton gather"),
     (("bench", "tree-memory"), "cpkv.bench.tree_memory", "PrefixTree RSS under insert+evict churn at a fixed live size"),
     (("bench", "tier"), "cpkv.bench.tier", "Two-tier cache: backup/load-back vs a plain copy, decisions vs PrefixTree"),
+    (("bench", "l3"), "cpkv.bench.l3", "The L3 disk tier: write/read vs plain O_DIRECT I/O of the same bytes, recovery at 1M pages"),
     (("replay",), "cpkv.replay", "The main job: CP ranks run the two-tier cache over a trace, every byte verified"),
     (("sweep",), "cpkv.sweep", "Hit rate over a grid of capacities x policies, Belady as the ceiling: PNG + CSV"),
     (("bench", "vllm"), "cpkv.bench.vllm", "cpkv's vLLM offloading manager vs vLLM's LRU and ARC CPU managers on a trace"),

@@ -97,6 +97,17 @@ pub(crate) fn evict_error(err: cpkv_evict::EvictError) -> PyErr {
     }
 }
 
+/// `cpkv_tier::l3::L3Error` as its `cpkv.errors` class.
+pub(crate) fn l3_error(err: cpkv_tier::l3::L3Error) -> PyErr {
+    use cpkv_tier::l3::L3Error as E;
+    match err {
+        E::RepeatedKey { .. } => DuplicateKeyError::new_err(err.to_string()),
+        E::Argument { .. } | E::BatchTooLarge { .. } => {
+            InvalidArgumentError::new_err(err.to_string())
+        }
+    }
+}
+
 /// `cpkv_tier::TierError` as its `cpkv.errors` class (a wrapped tree or
 /// allocator error as that error's own class).
 pub(crate) fn tier_error(err: cpkv_tier::TierError) -> PyErr {

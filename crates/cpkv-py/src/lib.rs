@@ -10,6 +10,7 @@ mod allocator;
 mod convert;
 mod copy;
 mod errors;
+mod l3;
 mod offload;
 mod prefix_tree;
 mod shared;
@@ -30,6 +31,7 @@ fn _cpkv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("MAX_CP_SIZE", cpkv_tier::MAX_CP_SIZE)?;
     allocator::register(m)?;
     copy::register(m)?;
+    l3::register(m)?;
     offload::register(m)?;
     prefix_tree::register(m)?;
     tier::register(m)?;

@@ -36,6 +36,9 @@ mod config;
 mod device_pool;
 /// `TierError`, the one error type.
 mod error;
+/// The durable third tier (L3) below the host slab: record codec, index,
+/// namespace, writer rule.
+pub mod l3;
 /// `OffloadIndex`: an engine's host tier of offloaded blocks (vLLM's
 /// scheduler-side manager), one call per engine call.
 mod offload;

@@ -1,0 +1,401 @@
+//! Python wrappers of the L3 tier's decisions (`cpkv_tier::l3`): the index,
+//! the record seal/check over numpy byte buffers, the log codec and the
+//! namespace id. The files themselves are `cpkv.tier.l3` (Python).
+
+use cpkv_tier::l3::{
+    decode_log, decode_record, encode_header, encode_log_entry, encode_log_header, record_bytes,
+    writer_rank, Expected, L3Index as Core, L3Namespace, LogEntry, LogHeader, HEADER_BYTES,
+    LOG_ENTRY_BYTES, LOG_HEADER_BYTES, MAX_L3_SLOTS, MAX_PAYLOAD_BYTES, RECORD_ALIGN,
+};
+use numpy::{PyReadonlyArray1, PyReadwriteArray1};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList};
+
+use crate::convert::{int_vector, invalid, uint};
+use crate::errors::{l3_error, InternalError};
+use crate::shared::{unshared, Shared};
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<L3Index>()?;
+    m.add_function(wrap_pyfunction!(l3_seal, m)?)?;
+    m.add_function(wrap_pyfunction!(l3_check, m)?)?;
+    m.add_function(wrap_pyfunction!(l3_check_into, m)?)?;
+    m.add_function(wrap_pyfunction!(l3_record_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(l3_namespace_id, m)?)?;
+    m.add_function(wrap_pyfunction!(l3_log_header, m)?)?;
+    m.add_function(wrap_pyfunction!(l3_log_entries, m)?)?;
+    m.add("L3_RECORD_ALIGN", RECORD_ALIGN)?;
+    m.add("L3_HEADER_BYTES", HEADER_BYTES)?;
+    m.add("L3_LOG_HEADER_BYTES", LOG_HEADER_BYTES)?;
+    m.add("L3_LOG_ENTRY_BYTES", LOG_ENTRY_BYTES)?;
+    m.add("L3_MAX_SLOTS", MAX_L3_SLOTS)?;
+    m.add("L3_MAX_PAYLOAD_BYTES", MAX_PAYLOAD_BYTES)?;
+    Ok(())
+}
+
+fn payload_length(length: u64, record: usize) -> PyResult<usize> {
+    if length > MAX_PAYLOAD_BYTES || HEADER_BYTES as u64 + length > record as u64 {
+        return Err(invalid(format!(
+            "length {length} does not fit a record buffer of {record} bytes (at most {MAX_PAYLOAD_BYTES})"
+        )));
+    }
+    Ok(length as usize)
+}
+
+/// Writes the header of the record in `record` (payload already at
+/// `record[64:64+length]`), checksum included.
+#[pyfunction]
+fn l3_seal(
+    py: Python<'_>,
+    mut record: PyReadwriteArray1<'_, u8>,
+    namespace: &Bound<'_, PyAny>,
+    key: &Bound<'_, PyAny>,
+    sequence: &Bound<'_, PyAny>,
+    length: &Bound<'_, PyAny>,
+) -> PyResult<()> {
+    let (namespace, key, sequence) = (
+        uint(namespace, "namespace")?,
+        uint(key, "key")?,
+        uint(sequence, "sequence")?,
+    );
+    let buf = record
+        .as_slice_mut()
+        .map_err(|_| invalid("record must be a contiguous uint8 array".into()))?;
+    let length = payload_length(uint(length, "length")?, buf.len())?;
+    unshared(py, || {
+        let header = encode_header(
+            namespace,
+            key,
+            sequence,
+            &buf[HEADER_BYTES..HEADER_BYTES + length],
+        );
+        buf[..HEADER_BYTES].copy_from_slice(&header);
+    })
+}
+
+/// `None` when `record` is the expected record, else the reason's name
+/// (`truncated`, `bad_magic`, `version`, `reserved`, `foreign_namespace`,
+/// `wrong_key`, `stale_sequence`, `length`, `checksum`).
+#[pyfunction]
+fn l3_check(
+    py: Python<'_>,
+    record: PyReadonlyArray1<'_, u8>,
+    namespace: &Bound<'_, PyAny>,
+    key: &Bound<'_, PyAny>,
+    sequence: &Bound<'_, PyAny>,
+    length: &Bound<'_, PyAny>,
+) -> PyResult<Option<&'static str>> {
+    let expected = Expected {
+        namespace: uint(namespace, "namespace")?,
+        key: uint(key, "key")?,
+        sequence: uint(sequence, "sequence")?,
+        length: uint(length, "length")?,
+    };
+    let buf = record
+        .as_slice()
+        .map_err(|_| invalid("record must be a contiguous uint8 array".into()))?;
+    unshared(py, || decode_record(buf, &expected).err().map(|r| r.name()))
+}
+
+/// Checks the records read back to back into `records` (`slot_bytes` each;
+/// the last ones may be short) against `keys[j]`, `sequences[j]` and copies
+/// each good payload into row `rows[j]` of `out` (rows of `length` bytes).
+/// Per record `None` when served, else the reason's name. One call per read,
+/// without the GIL.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn l3_check_into(
+    py: Python<'_>,
+    records: PyReadonlyArray1<'_, u8>,
+    slot_bytes: &Bound<'_, PyAny>,
+    namespace: &Bound<'_, PyAny>,
+    keys: &Bound<'_, PyAny>,
+    sequences: &Bound<'_, PyAny>,
+    length: &Bound<'_, PyAny>,
+    mut out: PyReadwriteArray1<'_, u8>,
+    rows: &Bound<'_, PyAny>,
+) -> PyResult<Vec<Option<&'static str>>> {
+    let slot_bytes = uint(slot_bytes, "slot_bytes")? as usize;
+    let namespace = uint(namespace, "namespace")?;
+    let (keys, sequences) = (
+        int_vector(keys, "keys")?,
+        int_vector(sequences, "sequences")?,
+    );
+    let rows = int_vector(rows, "rows")?;
+    let buf = records
+        .as_slice()
+        .map_err(|_| invalid("records must be a contiguous uint8 array".into()))?;
+    let dst = out
+        .as_slice_mut()
+        .map_err(|_| invalid("out must be a contiguous uint8 array".into()))?;
+    let length = payload_length(uint(length, "length")?, slot_bytes)?;
+    if keys.len() != sequences.len() || keys.len() != rows.len() {
+        return Err(invalid(format!(
+            "keys, sequences and rows differ in length: {}, {}, {}",
+            keys.len(),
+            sequences.len(),
+            rows.len()
+        )));
+    }
+    if let Some(row) = rows
+        .iter()
+        .find(|r| (**r as usize + 1) * length > dst.len())
+    {
+        return Err(invalid(format!(
+            "row {row} is outside out ({} bytes)",
+            dst.len()
+        )));
+    }
+    unshared(py, || {
+        let mut reasons = Vec::with_capacity(keys.len());
+        for j in 0..keys.len() {
+            let lo = (j * slot_bytes).min(buf.len());
+            let hi = (lo + slot_bytes).min(buf.len());
+            let expected = Expected {
+                namespace,
+                key: keys[j],
+                sequence: sequences[j],
+                length: length as u64,
+            };
+            match decode_record(&buf[lo..hi], &expected) {
+                Ok(payload) => {
+                    let row = rows[j] as usize * length;
+                    dst[row..row + length]
+                        .copy_from_slice(&buf[lo + payload.start..lo + payload.end]);
+                    reasons.push(None);
+                }
+                Err(reject) => reasons.push(Some(reject.name())),
+            }
+        }
+        reasons
+    })
+}
+
+/// Bytes a record of `payload` bytes takes on disk (whole 4 KiB blocks).
+#[pyfunction]
+fn l3_record_bytes(payload: &Bound<'_, PyAny>) -> PyResult<u64> {
+    let payload = uint(payload, "payload")?;
+    if payload > MAX_PAYLOAD_BYTES {
+        return Err(invalid(format!(
+            "payload {payload} is over the limit of {MAX_PAYLOAD_BYTES} bytes"
+        )));
+    }
+    Ok(record_bytes(payload))
+}
+
+/// The id of a namespace: a page written under another id is never served.
+#[pyfunction]
+#[pyo3(signature = (*, model, dtype, kv_layout, page_size, cp_size, tp_size, page_bytes))]
+fn l3_namespace_id(
+    model: String,
+    dtype: String,
+    kv_layout: String,
+    page_size: &Bound<'_, PyAny>,
+    cp_size: &Bound<'_, PyAny>,
+    tp_size: &Bound<'_, PyAny>,
+    page_bytes: &Bound<'_, PyAny>,
+) -> PyResult<u64> {
+    Ok(L3Namespace {
+        model,
+        dtype,
+        kv_layout,
+        page_size: uint(page_size, "page_size")?,
+        cp_size: uint(cp_size, "cp_size")?,
+        tp_size: uint(tp_size, "tp_size")?,
+        page_bytes: uint(page_bytes, "page_bytes")?,
+    }
+    .id())
+}
+
+#[pyfunction]
+fn l3_log_header<'py>(
+    py: Python<'py>,
+    namespace: &Bound<'_, PyAny>,
+    slot_bytes: &Bound<'_, PyAny>,
+    slots: &Bound<'_, PyAny>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let header = LogHeader {
+        namespace: uint(namespace, "namespace")?,
+        slot_bytes: uint(slot_bytes, "slot_bytes")?,
+        slots: uint(slots, "slots")?,
+    };
+    Ok(PyBytes::new(py, &encode_log_header(&header)))
+}
+
+/// Log entries for placements `(key, sequence, slot, length)`.
+#[pyfunction]
+fn l3_log_entries<'py>(
+    py: Python<'py>,
+    entries: Vec<(u64, u64, u32, u32)>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let mut out = Vec::with_capacity(entries.len() * LOG_ENTRY_BYTES);
+    for (key, sequence, slot, length) in entries {
+        out.extend_from_slice(&encode_log_entry(&LogEntry {
+            key,
+            sequence,
+            slot,
+            length,
+        }));
+    }
+    Ok(PyBytes::new(py, &out))
+}
+
+#[pyclass(frozen, module = "cpkv._cpkv")]
+pub(crate) struct L3Index {
+    core: Shared<Core>,
+}
+
+#[pymethods]
+impl L3Index {
+    #[new]
+    #[pyo3(signature = (slots, ranks_on_node=None))]
+    fn new(slots: &Bound<'_, PyAny>, ranks_on_node: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+        let ranks = ranks_on_node.map_or(Ok(1), |r| uint(r, "ranks_on_node"))?;
+        let core = Core::new(uint(slots, "slots")?, ranks).map_err(l3_error)?;
+        Ok(Self {
+            core: Shared::new(core),
+        })
+    }
+
+    /// Rebuilds an index from the logs' bytes (every rank's log of a node)
+    /// without reading page data. A log whose header is missing, corrupt or
+    /// for another namespace or shape is ignored. Returns the index, a
+    /// report dict, and per log the length of its valid prefix (0: ignored).
+    #[staticmethod]
+    #[pyo3(signature = (slots, ranks_on_node, logs, namespace, slot_bytes))]
+    fn recover<'py>(
+        py: Python<'py>,
+        slots: &Bound<'_, PyAny>,
+        ranks_on_node: &Bound<'_, PyAny>,
+        logs: Vec<Vec<u8>>,
+        namespace: &Bound<'_, PyAny>,
+        slot_bytes: &Bound<'_, PyAny>,
+    ) -> PyResult<(Self, Bound<'py, PyDict>, Vec<usize>)> {
+        let (slots, ranks) = (uint(slots, "slots")?, uint(ranks_on_node, "ranks_on_node")?);
+        let want = LogHeader {
+            namespace: uint(namespace, "namespace")?,
+            slot_bytes: uint(slot_bytes, "slot_bytes")?,
+            slots,
+        };
+        let (result, valid, foreign) = unshared(py, || {
+            let mut all = Vec::new();
+            let mut valid = Vec::with_capacity(logs.len());
+            let mut foreign = 0u64;
+            for log in &logs {
+                match decode_log(log) {
+                    Some((header, entries, length)) if header == want => {
+                        all.extend(entries);
+                        valid.push(length);
+                    }
+                    _ => {
+                        foreign += u64::from(!log.is_empty());
+                        valid.push(0);
+                    }
+                }
+            }
+            (Core::recover(slots, ranks, all), valid, foreign)
+        })?;
+        let (core, report) = result.map_err(l3_error)?;
+        let d = PyDict::new(py);
+        d.set_item("entries", report.entries)?;
+        d.set_item("kept", report.kept)?;
+        d.set_item("superseded", report.superseded)?;
+        d.set_item("out_of_range", report.out_of_range)?;
+        d.set_item("foreign_logs", foreign)?;
+        Ok((
+            Self {
+                core: Shared::new(core),
+            },
+            d,
+            valid,
+        ))
+    }
+
+    /// Places a batch of pages leaving the host slab; returns the new ones
+    /// as `(key, slot, sequence, evicted_key_or_None, writer_rank)`.
+    fn place<'py>(&self, py: Python<'py>, keys: &Bound<'_, PyAny>) -> PyResult<Bound<'py, PyList>> {
+        let keys = int_vector(keys, "keys")?;
+        let placed = self
+            .core
+            .detached(py, |c| c.place(&keys))?
+            .map_err(l3_error)?;
+        PyList::new(
+            py,
+            placed
+                .iter()
+                .map(|p| (p.key, p.slot, p.sequence, p.evicted, p.writer)),
+        )
+    }
+
+    /// `(slot, sequence)` of `key`, counted as a use; `None` on a miss.
+    fn lookup(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<Option<(u32, u64)>> {
+        let key = uint(key, "key")?;
+        self.core.with(py, |c| c.lookup(key))
+    }
+
+    /// `(slot, sequence)` of `key` without counting a use.
+    fn peek(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<Option<(u32, u64)>> {
+        let key = uint(key, "key")?;
+        self.core.with(py, |c| c.peek(key))
+    }
+
+    /// Drops `key` (its record failed its check); returns the tombstone log
+    /// entry's bytes to append, `None` when the key was absent.
+    fn drop<'py>(
+        &self,
+        py: Python<'py>,
+        key: &Bound<'_, PyAny>,
+    ) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        let key = uint(key, "key")?;
+        let tombstone = self.core.with(py, |c| c.drop_key(key))?;
+        Ok(tombstone.map(|t| PyBytes::new(py, &encode_log_entry(&t))))
+    }
+
+    /// Every `(key, slot, sequence)` in sequence order.
+    fn entries(&self, py: Python<'_>) -> PyResult<Vec<(u64, u32, u64)>> {
+        self.core.detached(py, |c| c.entries())
+    }
+
+    /// The rank of the node that writes and reads `key`'s record.
+    fn writer(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<u32> {
+        let key = uint(key, "key")?;
+        self.core.with(py, |c| writer_rank(key, c.ranks_on_node()))
+    }
+
+    fn digest(&self, py: Python<'_>) -> PyResult<u64> {
+        self.core.with(py, |c| c.digest())
+    }
+
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let (len, slots, hits, misses, placed, evicted, dropped) = self.core.with(py, |c| {
+            (
+                c.len(),
+                c.slots(),
+                c.hits,
+                c.misses,
+                c.placed,
+                c.evicted,
+                c.dropped,
+            )
+        })?;
+        let d = PyDict::new(py);
+        d.set_item("pages", len)?;
+        d.set_item("slots", slots)?;
+        d.set_item("hits", hits)?;
+        d.set_item("misses", misses)?;
+        d.set_item("placed", placed)?;
+        d.set_item("evicted", evicted)?;
+        d.set_item("dropped", dropped)?;
+        Ok(d)
+    }
+
+    fn check_invariants(&self, py: Python<'_>) -> PyResult<()> {
+        self.core
+            .detached(py, |c| c.check_invariants())?
+            .map_err(InternalError::new_err)
+    }
+
+    fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
+        self.core.with(py, |c| c.len())
+    }
+}

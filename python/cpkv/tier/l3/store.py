@@ -1,0 +1,431 @@
+"""One rank's view of a node's L3 store: data files, its index log, the write order, recovery.
+
+Files in the directory (shared by the node's ranks):
+
+- ``data-N.bin``: preallocated (``posix_fallocate``) data files of whole slots; slot ``s`` lives in
+  file ``s // slots_per_file``. Every rank opens every file; a rank writes only the slots of the
+  pages it is the writer of (:meth:`cpkv._cpkv.L3Index.writer`), so each page is on disk once per
+  node.
+- ``index-rR.log``: rank R's log: a checksummed header (namespace, slot bytes, slots) and one
+  32-byte checksummed entry per page R wrote (or dropped, a tombstone).
+
+**Acknowledged durable** means: the record was written and its data file ``fdatasync``'d, then its
+log entry appended and the log ``fdatasync``'d; only then does :meth:`L3Store.put` return it. A
+kill -9 at any point leaves either no entry (the page is simply absent after the restart) or an
+entry whose record is on disk. Whatever else a slot holds (a torn write, another key placed there
+later, a record of another namespace) fails the record check on read: a counted miss, dropped.
+
+Bytes on disk are the data files (fixed at open from the cap) plus the logs, each compacted to its
+live entries once it holds twice as many entries as the store has slots, so the total stays
+within the cap at every moment, after a crash too (the slot count is chosen so that data files,
+every rank's largest log and one compaction's temporary file fit).
+
+A node's ranks must all finish :meth:`L3Store.open` (recovery reads every rank's log) before any
+of them writes: the caller puts a barrier after it. Each rank's :meth:`digest` then agrees.
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from cpkv import _cpkv
+from cpkv.errors import InvalidArgumentError
+
+ALIGN = _cpkv.L3_RECORD_ALIGN
+HEADER = _cpkv.L3_HEADER_BYTES
+LOG_HEADER = _cpkv.L3_LOG_HEADER_BYTES
+LOG_ENTRY = _cpkv.L3_LOG_ENTRY_BYTES
+# The largest data file; a store of more slots uses several.
+DATA_FILE_BYTES = 1 << 30
+# A log is compacted once it holds this many entries per slot of the store.
+COMPACT_ENTRIES_PER_SLOT = 2
+
+
+@dataclass(frozen=True)
+class L3Namespace:
+    """What a page must share with the server to be served (:func:`cpkv._cpkv.l3_namespace_id`)."""
+
+    model: str
+    dtype: str
+    kv_layout: str
+    page_size: int
+    cp_size: int
+    tp_size: int
+    page_bytes: int
+
+    def id(self) -> int:
+        return int(_cpkv.l3_namespace_id(model=self.model, dtype=self.dtype, kv_layout=self.kv_layout,
+                                         page_size=self.page_size, cp_size=self.cp_size, tp_size=self.tp_size,
+                                         page_bytes=self.page_bytes))
+
+
+def disk_bytes(directory: str | os.PathLike) -> int:
+    """Bytes the directory's files hold on disk (allocated blocks, not lengths)."""
+    total = 0
+    with os.scandir(os.fspath(directory)) as entries:
+        for entry in entries:
+            if entry.is_file(follow_symlinks=False):
+                total += entry.stat(follow_symlinks=False).st_blocks * 512
+    return total
+
+
+def slots_for(cap_bytes: int, slot_bytes: int, ranks_on_node: int) -> int:
+    """The most slots whose data files, logs (each up to its compaction point plus one page) and one
+    compaction's temporary file fit in ``cap_bytes``, blocks rounded up."""
+    per_slot = slot_bytes + ranks_on_node * COMPACT_ENTRIES_PER_SLOT * LOG_ENTRY + LOG_ENTRY
+    fixed = (ranks_on_node + 1) * 2 * ALIGN + ALIGN * (cap_bytes // DATA_FILE_BYTES + 2)
+    return max(0, (cap_bytes - fixed) // per_slot)
+
+
+def _errno_name(err: OSError) -> str:
+    return errno.errorcode.get(err.errno, str(err.errno)) if err.errno is not None else str(err)
+
+
+class _Aligned:
+    """A page-aligned scratch buffer (anonymous mmap), grown on demand: O_DIRECT needs aligned memory."""
+
+    def __init__(self) -> None:
+        self._map: mmap.mmap | None = None
+        self.array = np.empty(0, dtype=np.uint8)
+
+    def take(self, nbytes: int) -> np.ndarray:
+        if self._map is None or len(self._map) < nbytes:
+            size = max(nbytes, ALIGN)
+            self._map = mmap.mmap(-1, size)
+            self.array = np.frombuffer(self._map, dtype=np.uint8)
+        return self.array[:nbytes]
+
+    def view(self, start: int, stop: int) -> memoryview:
+        assert self._map is not None
+        return memoryview(self._map)[start:stop]
+
+
+class L3Store:
+    """One rank's handle on a node's L3 store in ``directory``, at most ``cap_bytes`` on disk.
+
+    ``rank`` is this process's rank within the node (``0..ranks_on_node``). ``put`` and ``lookup`` /
+    ``drop`` must be called with the same arguments on every rank of every node (they are
+    replicated decisions); ``read`` is I/O, done by the key's writer rank.
+    """
+
+    def __init__(self, directory: str | os.PathLike, cap_bytes: int, namespace: L3Namespace, *, rank: int = 0,
+                 ranks_on_node: int = 1, direct: bool = True) -> None:
+        if not isinstance(namespace, L3Namespace):
+            raise InvalidArgumentError(f"namespace must be an L3Namespace, got {type(namespace).__name__}")
+        for name, value, low in (("cap_bytes", cap_bytes, 1), ("ranks_on_node", ranks_on_node, 1), ("rank", rank, 0)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise InvalidArgumentError(f"{name} must be an int >= {low}, got {value!r}")
+        if rank >= ranks_on_node:
+            raise InvalidArgumentError(f"rank {rank} is not below ranks_on_node {ranks_on_node}")
+        page_bytes = namespace.page_bytes
+        if not 1 <= page_bytes <= _cpkv.L3_MAX_PAYLOAD_BYTES:
+            raise InvalidArgumentError(f"page_bytes must be in 1..{_cpkv.L3_MAX_PAYLOAD_BYTES}, got {page_bytes}")
+        self.directory = Path(directory)
+        if not self.directory.is_dir():
+            raise InvalidArgumentError(f"L3 directory {self.directory} does not exist or is not a directory")
+        self.cap_bytes = cap_bytes
+        self.namespace = namespace
+        self.namespace_id = namespace.id()
+        self.page_bytes = page_bytes
+        self.rank = rank
+        self.ranks_on_node = ranks_on_node
+        self.slot_bytes = int(_cpkv.l3_record_bytes(page_bytes))
+        self.slots = slots_for(cap_bytes, self.slot_bytes, ranks_on_node)
+        if self.slots < 1:
+            raise InvalidArgumentError(f"--l3-bytes {cap_bytes} holds no page of {page_bytes} bytes "
+                                       f"(a slot takes {self.slot_bytes} bytes plus its log)")
+        self.slots_per_file = max(1, min(self.slots, DATA_FILE_BYTES // self.slot_bytes))
+        self.counters = {"pages_written": 0, "bytes_written": 0, "pages_read": 0, "bytes_read": 0,
+                         "lookups": 0, "hits": 0, "corrupt_dropped": 0, "compactions": 0}
+        self.rejects: dict[str, int] = {}
+        self._scratch = _Aligned()
+        self._fds: list[int] = []
+        self._log_fd = -1
+        self._log_entries = 0
+        self._pending: list[tuple[int, int, int, int]] = []  # log entries of records not yet synced
+        self._unsynced: set[int] = set()
+        self.mode = "buffered"
+        self.mode_reason = ""
+        self._open(direct)
+
+    # --- opening and recovery -------------------------------------------------------------
+
+    def _log_path(self, rank: int) -> Path:
+        return self.directory / f"index-r{rank}.log"
+
+    def _open(self, direct: bool) -> None:
+        started = time.perf_counter()
+        files = -(-self.slots // self.slots_per_file)
+        flags = os.O_RDWR | os.O_CREAT
+        for i in range(files):
+            size = min(self.slots_per_file, self.slots - i * self.slots_per_file) * self.slot_bytes
+            path = self.directory / f"data-{i}.bin"
+            fd = os.open(path, flags, 0o644)
+            try:
+                if os.fstat(fd).st_size > size:
+                    os.ftruncate(fd, size)  # a store reopened smaller: give the blocks back
+                os.posix_fallocate(fd, 0, size)
+            finally:
+                os.close(fd)
+        for stale in self.directory.glob("data-*.bin"):
+            index = stale.stem.removeprefix("data-")
+            if index.isdigit() and int(index) >= files and self.rank == 0:
+                stale.unlink(missing_ok=True)
+        stale_tmp = self._log_path(self.rank).with_suffix(".tmp")
+        stale_tmp.unlink(missing_ok=True)  # a compaction cut short by a crash
+        self.mode, self.mode_reason = self._probe_direct() if direct else ("buffered", "O_DIRECT not asked for")
+        extra = os.O_DIRECT if self.mode == "o_direct" else 0
+        self._fds = [os.open(self.directory / f"data-{i}.bin", os.O_RDWR | extra) for i in range(files)]
+        logs = []
+        for r in range(self.ranks_on_node):
+            try:
+                logs.append(self._log_path(r).read_bytes())
+            except FileNotFoundError:
+                logs.append(b"")
+        self.index, report, valid = _cpkv.L3Index.recover(self.slots, self.ranks_on_node, logs, self.namespace_id,
+                                                           self.slot_bytes)
+        self.recovery: dict[str, float] = dict(report)
+        own = self._log_path(self.rank)
+        self._log_fd = os.open(own, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        if valid[self.rank] == 0:  # no log, or one of another namespace or shape: start it afresh
+            os.ftruncate(self._log_fd, 0)
+            os.write(self._log_fd, _cpkv.l3_log_header(self.namespace_id, self.slot_bytes, self.slots))
+            os.fdatasync(self._log_fd)
+            self._log_entries = 0
+        else:
+            if os.fstat(self._log_fd).st_size != valid[self.rank]:
+                os.ftruncate(self._log_fd, valid[self.rank])  # a torn tail: cut at the last whole entry
+            self._log_entries = (valid[self.rank] - LOG_HEADER) // LOG_ENTRY
+        self.recovery["recovery_s"] = time.perf_counter() - started
+
+    def _probe_direct(self) -> tuple[str, str]:
+        """O_DIRECT when the file system takes an aligned O_DIRECT read; otherwise buffered I/O, and why."""
+        if not hasattr(os, "O_DIRECT"):
+            return "buffered", "this platform has no O_DIRECT"
+        try:
+            fd = os.open(self.directory / "data-0.bin", os.O_RDWR | os.O_DIRECT)
+        except OSError as err:
+            return "buffered", f"O_DIRECT refused by the file system ({_errno_name(err)})"
+        try:
+            self._scratch.take(ALIGN)
+            os.preadv(fd, [self._scratch.view(0, ALIGN)], 0)
+        except OSError as err:
+            return "buffered", f"O_DIRECT read failed ({_errno_name(err)})"
+        finally:
+            os.close(fd)
+        return "o_direct", ""
+
+    def close(self) -> None:
+        """A clean stop: everything written is made durable first."""
+        if self._fds and self._log_fd >= 0:
+            self.flush()
+        for fd in self._fds:
+            os.close(fd)
+        self._fds = []
+        if self._log_fd >= 0:
+            os.close(self._log_fd)
+            self._log_fd = -1
+
+    def __enter__(self) -> L3Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- the replicated decisions -----------------------------------------------------------
+
+    def digest(self) -> int:
+        return int(self.index.digest())
+
+    def lookup(self, key: int) -> tuple[int, int] | None:
+        """(slot, sequence) of ``key`` (a use), or None: a replicated decision, on every rank."""
+        self.counters["lookups"] += 1
+        found = self.index.lookup(key)
+        self.counters["hits"] += found is not None
+        return found
+
+    def drop(self, key: int, reason: str = "dropped") -> None:
+        """Forget ``key`` (its record failed a check): replicated; the writer rank logs a tombstone."""
+        tombstone = self.index.drop(key)
+        if tombstone is not None:
+            self.counters["corrupt_dropped"] += 1
+            self.rejects[reason] = self.rejects.get(reason, 0) + 1
+            if self.index.writer(key) == self.rank:
+                os.write(self._log_fd, tombstone)  # not synced: a lost tombstone costs a counted miss, never a wrong page
+                self._log_entries += 1
+
+    # --- I/O ------------------------------------------------------------------------------
+
+    def _where(self, slot: int) -> tuple[int, int]:
+        return self._fds[slot // self.slots_per_file], (slot % self.slots_per_file) * self.slot_bytes
+
+    def put(self, pages: Sequence[tuple[int, np.ndarray | bytes]], *,
+            durable: bool = True) -> list[tuple[int, int, int, int | None, int]]:
+        """Places a batch of pages leaving the host slab (replicated) and writes this rank's share.
+        Returns the placements ``(key, slot, sequence, evicted, writer)``. With ``durable`` (the
+        default) it returns once this rank's pages are durable (acknowledged); with ``durable=False``
+        the records are written and readable at once and their log entries wait for the next
+        :meth:`flush` (group commit: one pair of syncs for many batches)."""
+        keys = [k for k, _ in pages]
+        payloads = {}
+        for key, data in pages:
+            view = np.frombuffer(data, dtype=np.uint8) if isinstance(data, (bytes, bytearray, memoryview)) \
+                else np.asarray(data).reshape(-1).view(np.uint8)
+            if view.nbytes != self.page_bytes:
+                raise InvalidArgumentError(f"page {key:#x} has {view.nbytes} bytes, the store's pages have "
+                                           f"{self.page_bytes}")
+            payloads[key] = view
+        placed = self.index.place(keys)
+        mine = sorted((p for p in placed if p[4] == self.rank), key=lambda p: p[1])
+        if mine:
+            self._write_records(mine, payloads)
+        if durable:
+            self.flush()
+        return placed
+
+    def _write_records(self, mine: list, payloads: dict) -> None:
+        scratch = self._scratch.take(len(mine) * self.slot_bytes)
+        for i, (key, _, sequence, _, _) in enumerate(mine):
+            record = scratch[i * self.slot_bytes:(i + 1) * self.slot_bytes]
+            record[HEADER:HEADER + self.page_bytes] = payloads[key]
+            record[HEADER + self.page_bytes:] = 0
+            _cpkv.l3_seal(record, self.namespace_id, key, sequence, self.page_bytes)
+        for start, stop in self._runs([p[1] for p in mine]):  # one write per run of consecutive slots
+            fd, offset = self._where(mine[start][1])
+            run = self._scratch.view(start * self.slot_bytes, stop * self.slot_bytes)
+            written = os.pwrite(fd, run, offset)
+            if written != len(run):
+                raise OSError(errno.EIO, f"short L3 write: {written} of {len(run)} bytes")
+            self._unsynced.add(fd)
+        self._pending.extend((key, sequence, slot, self.page_bytes) for key, slot, sequence, _, _ in mine)
+        self.counters["pages_written"] += len(mine)
+        self.counters["bytes_written"] += len(mine) * self.page_bytes
+
+    def _runs(self, slots: list[int]) -> list[tuple[int, int]]:
+        """[start, stop) index ranges of ``slots`` (sorted) that are consecutive within one data file."""
+        runs, start = [], 0
+        while start < len(slots):
+            stop = start + 1
+            while (stop < len(slots) and slots[stop] == slots[stop - 1] + 1
+                   and slots[stop] % self.slots_per_file != 0):
+                stop += 1
+            runs.append((start, stop))
+            start = stop
+        return runs
+
+    def flush(self) -> int:
+        """Makes every written record durable, then its log entry: the data files are synced before
+        the log names them, so an entry in the log always names a record on disk. Returns the
+        number of pages acknowledged."""
+        if not self._pending:
+            return 0
+        for fd in self._unsynced:
+            os.fdatasync(fd)
+        self._unsynced.clear()
+        entries, self._pending = self._pending, []
+        os.write(self._log_fd, _cpkv.l3_log_entries(entries))
+        os.fdatasync(self._log_fd)
+        self._log_entries += len(entries)
+        if self._log_entries > COMPACT_ENTRIES_PER_SLOT * self.slots:
+            self._compact()
+        return len(entries)
+
+    def read_many(self, found: Sequence[tuple[int, int, int]], out: np.ndarray) -> list[str | None]:
+        """Reads pages ``(key, slot, sequence)`` (from :meth:`lookup`) into ``out[i]``, one read per run
+        of consecutive slots; per page ``None`` when served, else the reason its record failed."""
+        order = sorted(range(len(found)), key=lambda i: found[i][1])
+        slots = [found[i][1] for i in order]
+        buf = self._scratch.take(len(found) * self.slot_bytes)
+        reasons: list[str | None] = [None] * len(found)
+        if not out.flags.c_contiguous:
+            raise InvalidArgumentError("out must be a C-contiguous array (pages are copied into it in place)")
+        flat = out.reshape(-1).view(np.uint8)
+        if flat.nbytes != len(found) * self.page_bytes:
+            raise InvalidArgumentError(f"out holds {flat.nbytes} bytes, {len(found)} pages need "
+                                       f"{len(found) * self.page_bytes}")
+        for start, stop in self._runs(slots):
+            fd, offset = self._where(slots[start])
+            got = os.preadv(fd, [self._scratch.view(start * self.slot_bytes, stop * self.slot_bytes)], offset)
+            members = order[start:stop]
+            run = _cpkv.l3_check_into(buf[start * self.slot_bytes:start * self.slot_bytes + got], self.slot_bytes,
+                                      self.namespace_id, [found[i][0] for i in members],
+                                      [found[i][2] for i in members], self.page_bytes, flat, members)
+            for i, reason in zip(members, run):
+                reasons[i] = reason
+            served = run.count(None)
+            self.counters["pages_read"] += served
+            self.counters["bytes_read"] += served * self.page_bytes
+        return reasons
+
+    def read(self, key: int, slot: int, sequence: int, out: np.ndarray | None = None) -> np.ndarray | None:
+        """The page of ``key`` found at (slot, sequence) by :meth:`lookup`, or None when the record fails
+        its check (the reason is returned by :meth:`last_reject` and counted; call :meth:`drop` on every
+        rank to forget it). I/O only: no decision changes."""
+        fd, offset = self._where(slot)
+        buf = self._scratch.take(self.slot_bytes)
+        got = os.preadv(fd, [self._scratch.view(0, self.slot_bytes)], offset)
+        self.last_reject = _cpkv.l3_check(buf[:got], self.namespace_id, key, sequence, self.page_bytes)
+        if self.last_reject is not None:
+            return None
+        self.counters["pages_read"] += 1
+        self.counters["bytes_read"] += self.page_bytes
+        page = buf[HEADER:HEADER + self.page_bytes]
+        if out is None:
+            return page.copy()
+        out.reshape(-1).view(np.uint8)[:] = page
+        return out
+
+    def get(self, key: int) -> np.ndarray | None:
+        """Lookup, read and (on a failed check) drop, for a store of one rank."""
+        found = self.lookup(key)
+        if found is None:
+            return None
+        page = self.read(key, *found)
+        if page is None:
+            self.drop(key, self.last_reject or "dropped")
+        return page
+
+    def _compact(self) -> None:
+        """Rewrites this rank's log as its live entries (temporary file, sync, rename, sync dir)."""
+        entries = [(key, sequence, slot, self.page_bytes) for key, slot, sequence in self.index.entries()
+                   if self.index.writer(key) == self.rank]
+        path = self._log_path(self.rank)
+        tmp = path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, _cpkv.l3_log_header(self.namespace_id, self.slot_bytes, self.slots)
+                     + _cpkv.l3_log_entries(entries))
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        dir_fd = os.open(self.directory, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+        os.close(self._log_fd)
+        self._log_fd = os.open(path, os.O_RDWR | os.O_APPEND)
+        self._log_entries = len(entries)
+        self.counters["compactions"] += 1
+
+    def stats(self) -> dict:
+        out: dict = dict(self.counters)
+        out.update({f"index_{k}": v for k, v in dict(self.index.stats()).items()})
+        out["mode"] = self.mode
+        out["mode_reason"] = self.mode_reason
+        out["slots"] = self.slots
+        out["cap_bytes"] = self.cap_bytes
+        out["disk_bytes"] = disk_bytes(self.directory)
+        out["recovered_pages"] = self.recovery["kept"]
+        out["recovery_s"] = self.recovery["recovery_s"]
+        out["rejects"] = dict(self.rejects)
+        return out

@@ -1,0 +1,258 @@
+"""cpkv.tier.l3.L3Store in one process: warm restart, the record checks under injected faults
+(bit flips, truncation, torn 4 KiB writes, a slot reused under a reader, a namespace change: every
+one a counted miss, no wrong page), disk bytes within the cap at every sample, typed refusals."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from cpkv import _cpkv
+from cpkv.errors import DuplicateKeyError, InvalidArgumentError
+from cpkv.tier.l3 import L3Store, disk_bytes
+from l3_pages import PAGE_BYTES, namespace, page
+
+CAP = 64 * 4096 + 64 * 1024  # about 64 slots of 4 KiB records
+
+
+def open_store(path, cap=CAP, ns=None, **kw) -> L3Store:
+    return L3Store(path, cap, ns or namespace(), **kw)
+
+
+def fill(store: L3Store, keys) -> None:
+    store.put([(k, page(k)) for k in keys])
+
+
+def served_exactly(store: L3Store, key: int) -> bool | None:
+    """True: served with the right bytes; None: a miss; a wrong page fails the test."""
+    got = store.get(key)
+    if got is None:
+        return None
+    assert np.array_equal(got, page(key)), f"wrong bytes served for key {key}"
+    return True
+
+
+def slot_path_offset(store: L3Store, key: int) -> tuple[str, int]:
+    slot, _ = store.index.peek(key)
+    return (str(store.directory / f"data-{slot // store.slots_per_file}.bin"),
+            (slot % store.slots_per_file) * store.slot_bytes)
+
+
+def test_pages_round_trip_and_a_restart_is_warm(tmp_path):
+    with open_store(tmp_path) as store:
+        keys = list(range(1, store.slots + 1))
+        for i in range(0, len(keys), 7):
+            fill(store, keys[i:i + 7])
+        digest = store.digest()
+        assert all(served_exactly(store, k) for k in keys)
+        assert store.stats()["mode"] in ("o_direct", "buffered")
+    with open_store(tmp_path) as again:
+        assert again.recovery["kept"] == len(keys)
+        assert again.index.entries() == [(k, i, i + 1) for i, k in enumerate(keys)]
+        assert all(served_exactly(again, k) for k in keys)
+        assert digest != 0
+
+
+def test_eviction_under_the_cap_is_least_recently_used(tmp_path):
+    with open_store(tmp_path) as store:
+        n = store.slots
+        fill(store, range(n))
+        assert served_exactly(store, 0)  # key 0 used: key 1 is now the oldest
+        placed = store.put([(10_000, page(10_000))])
+        assert placed[0][3] == 1
+        assert store.get(1) is None and served_exactly(store, 0) and served_exactly(store, 10_000)
+
+
+def _flip(path: str, offset: int, mask: int = 0x01) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)[0]
+        f.seek(offset)
+        f.write(bytes([byte ^ mask]))
+
+
+@pytest.mark.parametrize("where, reason", [(49, "checksum"), (13, "reserved"), (64 + 100, "checksum"), (64 + PAGE_BYTES - 1, "checksum"),
+                                           (0, "bad_magic"), (9, "version"), (20, "foreign_namespace"),
+                                           (27, "wrong_key"), (33, "stale_sequence"), (41, "length"),
+                                           (55, "reserved")])
+def test_a_bit_flip_anywhere_is_a_counted_miss(tmp_path, where, reason):
+    with open_store(tmp_path) as store:
+        fill(store, range(1, 9))
+        path, offset = slot_path_offset(store, 5)
+        before = store.digest()
+        _flip(path, offset + where)
+        assert served_exactly(store, 5) is None
+        assert store.stats()["corrupt_dropped"] == 1 and store.rejects == {reason: 1}
+        assert store.digest() != before and store.index.peek(5) is None
+        assert all(served_exactly(store, k) for k in (1, 2, 3, 4, 6, 7, 8))
+    with open_store(tmp_path) as again:  # the tombstone keeps the dropped page dropped
+        assert again.index.peek(5) is None and again.recovery["kept"] == 7
+
+
+def test_a_truncated_data_file_is_a_miss_and_reopening_restores_its_size(tmp_path):
+    with open_store(tmp_path) as store:
+        fill(store, range(1, 9))
+        path, offset = slot_path_offset(store, 8)
+        os.truncate(path, offset + 100)
+        assert served_exactly(store, 8) is None and store.rejects == {"truncated": 1}
+        assert all(served_exactly(store, k) for k in range(1, 8))
+
+
+def test_a_torn_write_is_a_miss(tmp_path):
+    big = namespace(page_bytes=3 * 4096)  # records of four 4 KiB blocks
+    with L3Store(tmp_path, 1 << 20, big) as store:
+        store.put([(1, page(1, big.page_bytes))])
+        path, offset = slot_path_offset(store, 1)
+        for torn_blocks in (1, 2, 3):
+            # The slot's first k blocks from a newer record of another key, the rest as before.
+            other = np.zeros(store.slot_bytes, dtype=np.uint8)
+            other[64:64 + big.page_bytes] = page(2, big.page_bytes)
+            _cpkv.l3_seal(other, store.namespace_id, 2, 99, big.page_bytes)
+            with open(path, "r+b") as f:
+                original = (f.seek(offset), f.read(store.slot_bytes))[1]
+                f.seek(offset)
+                f.write(other[:torn_blocks * 4096].tobytes())
+            found = store.index.peek(1)
+            assert store.read(1, *found) is None and store.last_reject == "wrong_key"
+            # The same key's newer placement torn over the old one: the sequence or CRC catches it.
+            _cpkv.l3_seal(other, store.namespace_id, 1, found[1], big.page_bytes)
+            with open(path, "r+b") as f:
+                f.seek(offset)
+                f.write(other[:torn_blocks * 4096].tobytes())
+            assert store.read(1, *found) is None and store.last_reject == "checksum"
+            with open(path, "r+b") as f:
+                f.seek(offset)
+                f.write(original)
+            assert np.array_equal(store.read(1, *found), page(1, big.page_bytes))
+
+
+def test_a_slot_reused_under_a_reader_is_a_miss(tmp_path):
+    with open_store(tmp_path) as reader_side, open_store(tmp_path, rank=0) as writer_side:
+        fill(reader_side, range(reader_side.slots))
+        fill(writer_side, range(reader_side.slots))
+        found = reader_side.lookup(0)
+        # Another handle evicts key 0 and reuses its slot before the reader reads it.
+        placed = writer_side.put([(777, page(777))])
+        assert placed[0][1] == found[0] and placed[0][3] == 0
+        assert reader_side.read(0, *found) is None and reader_side.last_reject == "wrong_key"
+
+
+def test_a_namespace_change_serves_nothing_of_the_old_one(tmp_path):
+    with open_store(tmp_path) as store:
+        fill(store, range(1, 9))
+    with open_store(tmp_path, ns=namespace(dtype="bfloat16")) as other:
+        assert other.recovery["foreign_logs"] == 1 and len(other.index) == 0
+        assert all(other.get(k) is None for k in range(1, 9))
+        # A record of the old namespace in a slot the new index names is refused by its header.
+        other.index.place([1])
+        assert other.read(1, *other.index.peek(1)) is None and other.last_reject == "foreign_namespace"
+    with open_store(tmp_path, ns=namespace(dtype="bfloat16")) as again:
+        assert len(again.index) == 0  # the log was restarted for the new namespace
+
+
+def test_a_torn_log_tail_keeps_the_entries_before_it(tmp_path):
+    with open_store(tmp_path) as store:
+        fill(store, range(1, 6))
+        fill(store, range(6, 9))
+    log = tmp_path / "index-r0.log"
+    whole = log.stat().st_size
+    with open(log, "ab") as f:
+        f.write(b"\x07" * 20)  # half an entry
+    with open_store(tmp_path) as again:
+        assert again.recovery["kept"] == 8 and log.stat().st_size == whole
+    with open(log, "r+b") as f:  # a flipped bit in the 7th entry: entries 7 and 8 are lost, 1..6 kept
+        f.seek(_cpkv.L3_LOG_HEADER_BYTES + 6 * 32 + 3)
+        f.write(b"\xff")
+    with open_store(tmp_path) as again:
+        assert [k for k, _, _ in again.index.entries()] == [1, 2, 3, 4, 5, 6]
+        assert all(served_exactly(again, k) for k in range(1, 7))
+
+
+def test_disk_bytes_stay_within_the_cap_at_every_sample(tmp_path):
+    rng = np.random.default_rng(5)
+    with open_store(tmp_path) as store:
+        batch_bytes = 8 * store.slot_bytes
+        for step in range(300):  # many evictions and several log compactions
+            base = 1000 * step
+            fill(store, [base + i for i in range(int(rng.integers(1, 9)))])
+            assert disk_bytes(tmp_path) <= CAP + batch_bytes
+        assert store.counters["compactions"] >= 3
+        store.index.check_invariants()
+        live = [k for k, _, _ in store.index.entries()]
+        assert len(live) == store.slots
+    with open_store(tmp_path) as again:
+        assert [k for k, _, _ in again.index.entries()] == live
+        assert all(served_exactly(again, k) for k in live)
+
+
+def test_a_smaller_cap_gives_the_blocks_back(tmp_path):
+    with open_store(tmp_path, cap=4 * CAP) as store:
+        fill(store, range(1, 40))
+    with open_store(tmp_path, cap=CAP // 2) as small:
+        assert disk_bytes(tmp_path) <= CAP // 2
+        assert len(small.index) == 0 and small.recovery["foreign_logs"] == 1
+
+
+def test_bad_inputs_are_typed_and_change_nothing(tmp_path):
+    with open_store(tmp_path) as store:
+        fill(store, [1])
+        before = store.digest()
+        with pytest.raises(DuplicateKeyError, match="0x0000000000000005"):
+            store.put([(5, page(5)), (5, page(5))])
+        with pytest.raises(InvalidArgumentError, match="does not fit the store's"):
+            fill(store, range(100, 100 + store.slots + 1))
+        with pytest.raises(InvalidArgumentError, match="page 0x9 has 10 bytes"):
+            store.put([(9, b"x" * 10)])
+        assert store.digest() == before
+    with pytest.raises(InvalidArgumentError, match="holds no page"):
+        open_store(tmp_path, cap=4096)
+    with pytest.raises(InvalidArgumentError, match="does not exist"):
+        open_store(tmp_path / "absent")
+    with pytest.raises(InvalidArgumentError, match="rank 2 is not below ranks_on_node 2"):
+        open_store(tmp_path, rank=2, ranks_on_node=2)
+
+
+def test_buffered_mode_is_said(tmp_path):
+    with open_store(tmp_path, direct=False) as store:
+        fill(store, [1])
+        assert store.stats()["mode"] == "buffered" and store.stats()["mode_reason"]
+        assert served_exactly(store, 1)
+
+
+def test_a_file_system_that_refuses_o_direct_falls_back_to_buffered_and_says_why(tmp_path, monkeypatch):
+    real_open = os.open
+
+    def refusing_open(path, flags, *args):
+        if flags & os.O_DIRECT:
+            raise OSError(22, "Invalid argument", str(path))
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", refusing_open)
+    with open_store(tmp_path) as store:
+        fill(store, [1, 2])
+        stats = store.stats()
+        assert stats["mode"] == "buffered" and "O_DIRECT refused by the file system (EINVAL)" in stats["mode_reason"]
+        assert served_exactly(store, 1) and served_exactly(store, 2)
+
+
+def test_a_batch_read_serves_the_good_pages_and_names_the_bad_one(tmp_path):
+    with open_store(tmp_path) as store:
+        keys = list(range(1, 11))
+        fill(store, keys)
+        path, offset = slot_path_offset(store, 4)
+        _flip(path, offset + 64 + 7)
+        found = [(k, *store.lookup(k)) for k in reversed(keys)]  # out of slot order
+        out = np.zeros((len(found), PAGE_BYTES), dtype=np.uint8)
+        reasons = store.read_many(found, out)
+        for (key, _, _), reason, row in zip(found, reasons, out):
+            if key == 4:
+                assert reason == "checksum" and not row.any()
+            else:
+                assert reason is None and np.array_equal(row, page(key))
+        assert store.counters["pages_read"] == 9
+        with pytest.raises(InvalidArgumentError, match="out holds"):
+            store.read_many(found, out[:3])
+        with pytest.raises(InvalidArgumentError, match="C-contiguous"):
+            store.read_many(found[:5], out[::2])
