@@ -36,14 +36,20 @@ mod config;
 mod device_pool;
 /// `TierError`, the one error type.
 mod error;
-/// `OffloadIndex`: an engine's host tier of offloaded blocks (vLLM's
-/// scheduler-side manager), one call per engine call.
+/// `HostIndex`: the host tier's core (tree, rows, pins, digest) that the
+/// main job and the engines share.
+mod host_index;
+/// `OffloadIndex`: the engine-call protocol over the host tier's core
+/// (vLLM's scheduler-side manager, SGLang's HiCache store calls), one core
+/// call per engine call; one file per concept under `offload/`.
 mod offload;
 /// Which rank owns which page, and the rows (and runs) each rank copies.
 mod ownership;
 /// Plain results: lookups, load plans, backups, commits.
 mod plan;
-/// Host segments: tree host keys into allocator objects.
+/// `RowStack`: the host tier's one row placement.
+mod rows;
+/// Host segments: tree host keys into host objects (a backup's rows).
 mod segments;
 /// Counters.
 mod stats;
@@ -53,9 +59,11 @@ pub use config::{TierConfig, MAX_CP_SIZE, MAX_PAGES};
 pub use cpkv_evict::{Namespace, NodeId, PageId, Policy};
 pub use device_pool::DevicePool;
 pub use error::{Result, TierError};
+pub use host_index::{HostIndex, Pin};
 pub use offload::{
     key_hex, KeyState, OffloadIndex, OffloadStats, Placed, StorePlan, GROUP_BYTES, MAX_OFFLOAD_ROWS,
 };
 pub use ownership::{owned_rows, OwnedRows};
 pub use plan::{Backup, CommitOutcome, InsertOutcome, LoadPlan, LoadRun, Lookup};
+pub use rows::{RowStack, MAX_ROWS};
 pub use stats::TierStats;
