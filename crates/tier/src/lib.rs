@@ -39,6 +39,8 @@ mod error;
 /// `HostIndex`: the host tier's core (tree, rows, pins, digest) that the
 /// main job and the engines share.
 mod host_index;
+/// Host objects: the rows one backup holds.
+mod objects;
 /// `OffloadIndex`: the engine-call protocol over the host tier's core
 /// (vLLM's scheduler-side manager, SGLang's HiCache store calls), one core
 /// call per engine call; one file per concept under `offload/`.
