@@ -2,11 +2,13 @@
 //! host copy goes, what to evict in both tiers, what to load back and what
 //! to admit, as a pure function of the replicated call sequence.
 //!
-//! `TierCache` owns one `PrefixTree` (both tiers' residency and policy),
-//! one `PageAllocator` (the shared host slab's placement) and the device
-//! page pool, and exposes one combined digest. Python
-//! (`cpkv.tier.CacheController`) only moves bytes, runs collectives and
-//! keeps time around it.
+//! One host-tier core, `HostIndex` (the prefix tree, the slab rows from one
+//! `RowStack`, the pins, a digest), serves both users: `OffloadIndex`, the
+//! engines' call protocol (one core call per engine call), and `TierCache`,
+//! which adds the device tier on top (the same tree carries both tiers'
+//! residency; the device page pool sits beside it) and exposes one combined
+//! digest. Python (`cpkv.tier.CacheController`) only moves bytes, runs
+//! collectives and keeps time around it.
 //!
 //! One forward, from the engine's side (`C` marks the only collectives):
 //! 1. `lookup` each request (device hit, host hit; the path is locked);
