@@ -12,7 +12,7 @@
 //! A victim loses only the rows the call still needs, cut from its tail
 //! (ghost by its own tail rule: at most half of a victim, else all of it).
 //!
-//! Pins are tree locks: a store pins its blocks until each completes, a load
+//! Pins are tree locks (the core's `HostIndex::pin`): a store pins its blocks until each completes, a load
 //! pins what it reads until `complete_load`, and `prepare_store` pins the
 //! resident blocks it was offered (and the parents of the new ones) while it
 //! evicts. A failed store leaves its blocks unreadable and unpinned; the next
@@ -27,6 +27,7 @@
 //! call returns) makes one `store` call, which is exactly those calls in a
 //! row. Its reads (`locate`) change nothing. Each chunk's `serial` (from 1,
 //! never reused, not even across `reset`) names one content of its row: the
+//! engine stamps a written row with it, so a reused row is never read torn.
 //!
 //! The index is the engine-call protocol over the host tier's core
 //! (`HostIndex`: tree, rows, pins, digest); its files, one concept each:
