@@ -1,6 +1,6 @@
 //! Row placement for the host tier, the two candidates on the two call
 //! patterns they serve: the deterministic first-fit `PageAllocator` (one
-//! object per page group) against a row stack (`Vec` push/pop).
+//! object per page group) against the tier's `RowStack`.
 //!
 //! - `engine`: the engines' pattern, one row per block: place one, free one
 //!   at random, at a full host of 16k rows.
@@ -15,6 +15,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use cpkv_allocator::PageAllocator;
+use cpkv_tier::RowStack;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 
 mod common;
@@ -45,26 +46,17 @@ impl Placement for FirstFit {
     }
 }
 
-/// Freed rows pushed last-first, so a later take of the same size pops them
-/// back in ascending order.
-struct Stack {
-    free: Vec<u64>,
-    next: u64,
-}
+/// The host tier's `RowStack` (what the tier runs).
+struct Stack(RowStack);
 
 impl Placement for Stack {
     fn take(&mut self, _key: u64, n: u64) -> Vec<u64> {
-        (0..n)
-            .map(|_| {
-                self.free.pop().unwrap_or_else(|| {
-                    self.next += 1;
-                    self.next - 1
-                })
-            })
-            .collect()
+        let rows = self.0.take(n).expect("room");
+        rows.into_iter().map(u64::from).collect()
     }
     fn free(&mut self, _key: u64, rows: &[u64]) {
-        self.free.extend(rows.iter().rev());
+        let rows: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
+        self.0.give_back(&rows);
     }
 }
 
@@ -72,10 +64,7 @@ fn first_fit() -> FirstFit {
     FirstFit(PageAllocator::new(&[("host", ROWS)]).unwrap())
 }
 fn stack() -> Stack {
-    Stack {
-        free: Vec::new(),
-        next: 0,
-    }
+    Stack(RowStack::new(ROWS).unwrap())
 }
 
 /// Fills the host with groups of `1..=max_group` rows, then `OPS` times
