@@ -341,7 +341,9 @@ class InsertOutcome:
 
 @final
 class TierCache:
-    """The two-tier cache's decisions (pure, replicated): tree + host allocator + device pool, one digest.
+    """The two-tier cache's decisions (pure, replicated): the device tier on top of the host tier's
+    core (the Rust ``HostIndex`` that ``OffloadIndex`` runs on too: tree, row stack, pins) plus the
+    device pool, one digest.
 
     Thread safe. Sizes are checked against ``MAX_PAGES``, ``MAX_PAGE_SIZE`` and ``MAX_CP_SIZE``
     before anything is built; the device pool stores only the pages in use."""
@@ -449,7 +451,8 @@ def row_runs(
 @final
 class OffloadIndex:
     """An engine's host tier (vLLM's scheduler-side manager; SGLang's HiCache storage through
-    ``store``/``locate``), one call per engine call: keys are the engine's ``bytes``
+    ``store``/``locate``), one call per engine call into the host tier's core (the Rust
+    ``HostIndex`` that ``TierCache`` runs on too): keys are the engine's ``bytes``
     (the last four bytes name the KV cache group), chained into a prefix tree by their end
     positions in the request, placed in rows, pinned as tree locks, evicted leaf-first in the
     policy's order; a victim loses only the rows a call needs, cut from its tail, under every

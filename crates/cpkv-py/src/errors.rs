@@ -108,13 +108,12 @@ pub(crate) fn l3_error(err: cpkv_tier::l3::L3Error) -> PyErr {
     }
 }
 
-/// `cpkv_tier::TierError` as its `cpkv.errors` class (a wrapped tree or
-/// allocator error as that error's own class).
+/// `cpkv_tier::TierError` as its `cpkv.errors` class (a wrapped tree
+/// error as that error's own class).
 pub(crate) fn tier_error(err: cpkv_tier::TierError) -> PyErr {
     use cpkv_tier::TierError as E;
     match err {
         E::Tree(e) => evict_error(e),
-        E::Host(e) => alloc_error(e),
         E::NotLocked(_) => LockError::new_err(err.to_string()),
         E::Divergence(_) => DivergenceError::new_err(err.to_string()),
         E::Config { .. }

@@ -1,12 +1,14 @@
-//! `TierCache`: the two-tier cache's every decision, over one prefix tree,
-//! one host allocator and the device page pool.
+//! `TierCache`: the two-tier cache's every decision: the device tier on top
+//! of the host tier's core (`HostIndex`: the prefix tree, which carries both
+//! tiers' residency, the slab rows, the backups' pins), with the device page
+//! pool beside it.
 //!
 //! Page states. Device: free -> held by the caller (`allocate`,
 //! `plan_load`) -> held by the tree (`insert` adopts) -> free (eviction);
 //! held pages the tree does not adopt go back to free. Host: a backup
-//! reserves one allocator object per node and locks the node (its device
+//! reserves one host object (rows) per node and pins the node (its device
 //! pages are the copy's source; nothing may evict them); `commit` records
-//! the object on the node (`set_host`) and unlocks it; host eviction drops
+//! the object on the node (`set_host`) and releases the pin; host eviction drops
 //! host-only leaves and releases objects no node refers to any more.
 //!
 //! Every public call validates first; a call that returns an error has
@@ -14,19 +16,18 @@
 
 use std::collections::BTreeMap;
 
-use cpkv_allocator::{PageAllocator, PayloadSet};
 use cpkv_evict::{Namespace, NodeId, PageId, Policy, PrefixTree, Token};
 
 use crate::config::TierConfig;
 use crate::device_pool::DevicePool;
 use crate::error::{Result, TierError};
+use crate::host_index::HostIndex;
+use crate::objects::HostObjects;
 use crate::plan::{Backup, CommitOutcome, InsertOutcome, LoadPlan, LoadRun, Lookup};
 use crate::segments::{Segment, Segments};
 use crate::stats::TierStats;
 use cpkv_hash::hash_words as term;
 
-/// The allocator's one pool: a host page is one row of every payload's slab.
-const HOST_POOL: &str = "host";
 const PENDING: u64 = 0x5042;
 const COMBINED: u64 = 0x4344;
 const LOOKUP_LOCK: u64 = 0x4c4b;
@@ -55,6 +56,8 @@ fn config_term(c: &TierConfig) -> u64 {
 struct Pending {
     node: NodeId,
     object: u64,
+    /// The host core's pin on `node` (released at commit or abort).
+    pin: u64,
     /// Depth of the node's first page when reserved (splits while pending
     /// put new pieces above it, down to this depth).
     start_depth: u64,
@@ -63,9 +66,10 @@ struct Pending {
 #[derive(Debug, Clone)]
 pub struct TierCache {
     config: TierConfig,
-    tree: PrefixTree,
-    host: PageAllocator,
-    host_payloads: PayloadSet,
+    /// The host tier's core; its tree also carries device residency.
+    host: HostIndex,
+    /// Each backup's rows (segments point into them).
+    objects: HostObjects,
     device: DevicePool,
     segments: Segments,
     pending: BTreeMap<u64, Pending>,
@@ -74,7 +78,7 @@ pub struct TierCache {
     /// Locks taken by lookups and not yet undone, per node (a backup's own
     /// lock is not the caller's to undo).
     lookup_locks: BTreeMap<NodeId, u64>,
-    /// Allocator object keys and tree host (segment) keys share this counter.
+    /// Host object keys and tree host (segment) keys share this counter.
     next_key: u64,
     /// Tickets issued so far; ticket `t` is the `t`-th backup (from 1).
     issued: u64,
@@ -87,13 +91,10 @@ pub struct TierCache {
 impl TierCache {
     pub fn new(config: TierConfig) -> Result<Self> {
         config.validate()?;
-        let host = PageAllocator::new(&[(HOST_POOL, config.host_pages)])?;
-        let host_payloads = host.payloads().all();
         Ok(Self {
             config,
-            tree: PrefixTree::new(config.page_size, config.policy)?,
-            host,
-            host_payloads,
+            host: HostIndex::new(config.page_size, config.policy, config.host_pages)?,
+            objects: HostObjects::default(),
             device: DevicePool::new(config.device_pages),
             segments: Segments::default(),
             pending: BTreeMap::new(),
@@ -113,9 +114,10 @@ impl TierCache {
         &self.config
     }
     pub fn tree(&self) -> &PrefixTree {
-        &self.tree
+        self.host.tree()
     }
-    pub fn host(&self) -> &PageAllocator {
+    /// The host tier's core under this cache.
+    pub fn host(&self) -> &HostIndex {
         &self.host
     }
     pub fn device(&self) -> &DevicePool {
@@ -136,14 +138,16 @@ impl TierCache {
         self.pending.keys().copied().collect()
     }
     pub fn free_host_pages(&self) -> u64 {
-        self.host.free_pages(self.host_pool())
+        self.host.rows().free()
     }
 
-    /// One digest of everything replicated: tree, allocator, device pool and
-    /// the tier's own bookkeeping. O(pending backups).
+    /// One digest of everything replicated: the host core (tree, rows,
+    /// pins), host objects, device pool and the tier's own bookkeeping.
+    /// O(pending backups).
     pub fn digest(&self) -> u64 {
         self.combine(
-            self.tree.digest(),
+            self.host.digest(),
+            self.objects.digest(),
             self.device.digest(),
             self.segments.digest(),
         )
@@ -152,15 +156,19 @@ impl TierCache {
     /// `digest` recomputed from every part's full state.
     pub fn digest_from_scratch(&self) -> u64 {
         self.combine(
-            self.tree.digest_from_scratch(),
+            self.host.digest_from_scratch(),
+            self.objects.digest_from_scratch(),
             self.device.digest_from_scratch(),
             self.segments.digest_from_scratch(),
         )
     }
 
-    fn combine(&self, tree: u64, device: u64, segments: u64) -> u64 {
+    fn combine(&self, host: u64, objects: u64, device: u64, segments: u64) -> u64 {
         let pending = self.pending.iter().fold(0u64, |d, (&t, p)| {
-            d.wrapping_add(term(PENDING, &[t, p.node.0, p.object, p.start_depth]))
+            d.wrapping_add(term(
+                PENDING,
+                &[t, p.node.0, p.object, p.pin, p.start_depth],
+            ))
         });
         let locks = self.lookup_locks.iter().fold(0u64, |d, (n, &c)| {
             d.wrapping_add(term(LOOKUP_LOCK, &[n.0, c]))
@@ -168,8 +176,8 @@ impl TierCache {
         term(
             COMBINED,
             &[
-                tree,
-                self.host.digest(),
+                host,
+                objects,
                 device,
                 segments,
                 pending,
@@ -185,7 +193,8 @@ impl TierCache {
     /// Slab rows holding the pages of host node `node`, in order.
     pub fn host_rows(&self, node: NodeId) -> Result<Vec<u64>> {
         let n = self
-            .tree
+            .host
+            .tree()
             .node(node)
             .ok_or(TierError::Tree(cpkv_evict::EvictError::UnknownNode(node)))?;
         let key = n
@@ -196,13 +205,16 @@ impl TierCache {
             }))?;
         let segment = self.segments.get(key).expect("host keys are segments");
         let start = segment.object_offset + (n.depth() as u64 - segment.start_depth);
-        let pages = self
-            .host
-            .placement(segment.object)?
-            .pages(0)
-            .expect("the one pool");
+        let rows = &self
+            .objects
+            .get(segment.object)
+            .expect("segments point at live objects")
+            .rows;
         let len = self.node_pages(node) as u64;
-        Ok(pages[start as usize..(start + len) as usize].to_vec())
+        Ok(rows[start as usize..(start + len) as usize]
+            .iter()
+            .map(|&r| u64::from(r))
+            .collect())
     }
 
     // ---- the engine's calls --------------------------------------------
@@ -210,10 +222,18 @@ impl TierCache {
     /// Longest cached prefix in either tier; locks the deepest matched node
     /// (so neither tier evicts the path) until `unlock`.
     pub fn lookup(&mut self, tokens: &[Token], namespace: &Namespace) -> Lookup {
-        let m = self.tree.match_prefix(tokens, namespace);
-        let locked = !self.tree.node(m.host_node).expect("matched").is_root();
+        let m = self.host.tree_mut().match_prefix(tokens, namespace);
+        let locked = !self
+            .host
+            .tree()
+            .node(m.host_node)
+            .expect("matched")
+            .is_root();
         if locked {
-            self.tree.lock(m.host_node).expect("live non-root node");
+            self.host
+                .tree_mut()
+                .lock(m.host_node)
+                .expect("live non-root node");
             *self.lookup_locks.entry(m.host_node).or_insert(0) += 1;
         }
         self.stats.lookups += 1;
@@ -236,7 +256,7 @@ impl TierCache {
         let Some(count) = self.lookup_locks.get_mut(&node) else {
             return Err(TierError::NotLocked(node));
         };
-        self.tree.unlock(node)?;
+        self.host.tree_mut().unlock(node)?;
         *count -= 1;
         if *count == 0 {
             self.lookup_locks.remove(&node);
@@ -272,10 +292,10 @@ impl TierCache {
     /// host-only, one without leaves the tree. Returns the pages freed.
     pub fn evict_device(&mut self, num_pages: u64) -> u64 {
         let mut freed = 0;
-        for victim in self.tree.evict(num_pages as usize) {
+        for victim in self.host.tree_mut().evict(num_pages as usize) {
             self.stats.device_victims += 1;
             self.stats.device_evicted_pages += victim.pages.len() as u64;
-            if self.tree.node(victim.node).is_some() {
+            if self.host.tree().node(victim.node).is_some() {
                 self.stats.demoted_to_host += 1;
             }
             freed += victim.pages.len() as u64;
@@ -295,9 +315,8 @@ impl TierCache {
         // Dropping a node of a shared object frees nothing until its last
         // segment goes, so keep asking until the pages are really free.
         while self.free_host_pages() < num_pages {
-            let victims = self
-                .tree
-                .evict_host((num_pages - self.free_host_pages()) as usize);
+            let short = (num_pages - self.free_host_pages()) as usize;
+            let victims = self.host.tree_mut().evict_host(short);
             if victims.is_empty() {
                 break;
             }
@@ -306,7 +325,7 @@ impl TierCache {
                 self.stats.host_evicted_pages += v.num_pages as u64;
                 if v.released {
                     if let Some(object) = self.segments.remove(v.object_key) {
-                        self.host.release(object).expect("live object");
+                        self.release_object(object);
                     }
                 }
             }
@@ -319,7 +338,7 @@ impl TierCache {
     /// inserts them. An empty plan (a counted miss) when the device has no
     /// room even after eviction.
     pub fn plan_load(&mut self, node: NodeId) -> Result<LoadPlan> {
-        if self.tree.node(node).is_none() {
+        if self.host.tree().node(node).is_none() {
             return Err(TierError::Tree(cpkv_evict::EvictError::UnknownNode(node)));
         }
         if !self.lookup_locks.contains_key(&node) {
@@ -328,7 +347,7 @@ impl TierCache {
         let mut path = Vec::new();
         let mut at = node;
         loop {
-            let n = self.tree.node(at).expect("live path");
+            let n = self.host.tree().node(at).expect("live path");
             if n.is_root() || n.on_device() {
                 break;
             }
@@ -371,11 +390,11 @@ impl TierCache {
         namespace: &Namespace,
     ) -> Result<InsertOutcome> {
         self.device.check(pages, false)?;
-        let result = self.tree.insert(tokens, pages, namespace)?;
+        let result = self.host.tree_mut().insert(tokens, pages, namespace)?;
         let path = self.path(result.node);
         let mut tree_pages = Vec::with_capacity(pages.len());
         for &id in &path {
-            let n = self.tree.node(id).expect("live path");
+            let n = self.host.tree().node(id).expect("live path");
             tree_pages.extend_from_slice(n.device_pages().expect("inserted path is on device"));
         }
         let mut freed = Vec::new();
@@ -417,38 +436,48 @@ impl TierCache {
             // The node and the pieces split off above it, top-down.
             let mut pieces = vec![p.node];
             let mut at = p.node;
-            while self.tree.node(at).expect("locked").depth() as u64 > p.start_depth {
-                at = self.tree.node(at).expect("locked").parent().expect("piece");
+            while self.host.tree().node(at).expect("locked").depth() as u64 > p.start_depth {
+                at = self
+                    .host
+                    .tree()
+                    .node(at)
+                    .expect("locked")
+                    .parent()
+                    .expect("piece");
                 pieces.push(at);
             }
             pieces.reverse();
             let top_parent = self
-                .tree
+                .host
+                .tree()
                 .node(pieces[0])
                 .and_then(|n| n.parent())
                 .expect("piece");
-            let parent = self.tree.node(top_parent).expect("live");
+            let parent = self.host.tree().node(top_parent).expect("live");
             let parent_backed = parent.is_root() || parent.on_host();
-            self.tree.unlock(p.node).expect("locked by the reservation");
+            self.host.release(p.pin);
             if !parent_backed {
-                self.host.release(p.object).expect("reserved");
+                self.release_object(p.object);
                 self.stats.backups_aborted += 1;
                 outcome.aborted.push(ticket);
                 continue;
             }
             // A piece split off above the node may have been backed up on its
             // own meanwhile (a path that ends inside the node): keep that copy.
-            pieces.retain(|&id| !self.tree.node(id).expect("live").on_host());
+            pieces.retain(|&id| !self.host.tree().node(id).expect("live").on_host());
             if pieces.is_empty() {
-                self.host.release(p.object).expect("reserved");
+                self.release_object(p.object);
                 self.stats.backups_aborted += 1;
                 outcome.aborted.push(ticket);
                 continue;
             }
             for piece in pieces {
                 let key = self.fresh_key();
-                let depth = self.tree.node(piece).expect("live").depth() as u64;
-                self.tree.set_host(piece, key).expect("top-down, fresh key");
+                let depth = self.host.tree().node(piece).expect("live").depth() as u64;
+                self.host
+                    .tree_mut()
+                    .set_host(piece, key)
+                    .expect("top-down, fresh key");
                 self.segments.insert(
                     key,
                     Segment {
@@ -458,7 +487,7 @@ impl TierCache {
                     },
                 );
             }
-            self.host.mark_committed(p.object).expect("reserved");
+            self.objects.mark_committed(p.object);
             self.stats.backups_committed += 1;
             outcome.committed.push(ticket);
         }
@@ -473,8 +502,8 @@ impl TierCache {
         for &ticket in &tickets {
             let p = self.pending.remove(&ticket).expect("listed");
             self.pending_nodes.remove(&p.node);
-            self.tree.unlock(p.node).expect("locked by the reservation");
-            self.host.release(p.object).expect("reserved");
+            self.host.release(p.pin);
+            self.release_object(p.object);
             self.stats.backups_aborted += 1;
         }
         tickets
@@ -482,57 +511,53 @@ impl TierCache {
 
     /// Every invariant, recomputed; returns what is wrong.
     pub fn check_invariants(&self) -> Result<(), String> {
-        self.tree.check_invariants()?;
-        self.host.verify()?;
+        self.host.check()?;
         if self.digest() != self.digest_from_scratch() {
             return Err("incremental digest differs from a recomputation".into());
         }
-        let accounted =
-            self.device.free_pages() + self.device.held_pages() + self.tree.device_pages() as u64;
+        let accounted = self.device.free_pages()
+            + self.device.held_pages()
+            + self.host.tree().device_pages() as u64;
         if accounted != self.config.device_pages {
             return Err(format!(
                 "device pages not conserved: {} free + {} held + {} in the tree != {}",
                 self.device.free_pages(),
                 self.device.held_pages(),
-                self.tree.device_pages(),
+                self.host.tree().device_pages(),
                 self.config.device_pages
             ));
         }
         let mut used = 0u64;
-        for (object, _) in self.segments.object_refs() {
-            if !self.host.is_committed(object).map_err(|e| e.to_string())? {
-                return Err(format!("segment object {object} is not committed"));
+        let object = |key: u64| {
+            self.objects
+                .get(key)
+                .ok_or_else(|| format!("host object {key} is not live"))
+        };
+        for (key, _) in self.segments.object_refs() {
+            let o = object(key)?;
+            if !o.committed {
+                return Err(format!("segment object {key} is not committed"));
             }
-            used += self
-                .host
-                .placement(object)
-                .map_err(|e| e.to_string())?
-                .num_pages();
+            used += o.rows.len() as u64;
         }
         for p in self.pending.values() {
-            if self
-                .host
-                .is_committed(p.object)
-                .map_err(|e| e.to_string())?
-            {
+            let o = object(p.object)?;
+            if o.committed {
                 return Err(format!("pending object {} is committed", p.object));
             }
-            used += self
-                .host
-                .placement(p.object)
-                .map_err(|e| e.to_string())?
-                .num_pages();
-            if self.tree.node(p.node).map_or(0, |n| n.pins()) == 0 {
+            used += o.rows.len() as u64;
+            if self.host.tree().node(p.node).map_or(0, |n| n.pins()) == 0 {
                 return Err(format!("pending node {} is not locked", p.node));
             }
         }
         if used + self.free_host_pages() != self.config.host_pages
-            || self.host.len() != self.segments.objects() + self.pending.len()
+            || self.host.rows().used() != used
+            || self.objects.len() != self.segments.objects() + self.pending.len()
         {
             return Err("host pages not conserved between segments, pending and free".into());
         }
         for (_, s) in self.segments.iter() {
-            if !self.host.contains(s.object) {
+            if !self.objects.contains(s.object) {
                 return Err(format!("segment points at released object {}", s.object));
             }
         }
@@ -541,8 +566,10 @@ impl TierCache {
 
     // ---- internals -----------------------------------------------------
 
-    fn host_pool(&self) -> cpkv_allocator::PayloadId {
-        0
+    /// Gives a host object's rows back to the host core's row stack.
+    fn release_object(&mut self, object: u64) {
+        let rows = self.objects.remove(object);
+        self.host.rows_mut().give_back(&rows);
     }
 
     fn fresh_key(&mut self) -> u64 {
@@ -552,14 +579,14 @@ impl TierCache {
     }
 
     fn node_pages(&self, id: NodeId) -> usize {
-        self.tree.node(id).expect("live").tokens().len() / self.config.page_size
+        self.host.tree().node(id).expect("live").tokens().len() / self.config.page_size
     }
 
     /// Non-root nodes from the root down to `node`.
     fn path(&self, node: NodeId) -> Vec<NodeId> {
         let mut path = Vec::new();
         let mut at = node;
-        while let Some(n) = self.tree.node(at) {
+        while let Some(n) = self.host.tree().node(at) {
             if n.is_root() {
                 break;
             }
@@ -576,7 +603,8 @@ impl TierCache {
         let first = path
             .iter()
             .rposition(|id| {
-                self.tree.node(*id).expect("live").on_host() || self.pending_nodes.contains_key(id)
+                self.host.tree().node(*id).expect("live").on_host()
+                    || self.pending_nodes.contains_key(id)
             })
             .map_or(0, |i| i + 1);
         let mut backups = Vec::new();
@@ -592,22 +620,20 @@ impl TierCache {
                 return (backups, skipped);
             }
             let object = self.fresh_key();
-            let host_pages = self
-                .host
-                .reserve(object, num_pages, self.host_payloads)
-                .expect("fresh key, positive count")
-                .expect("admitted")
-                .pages(0)
-                .expect("the one pool");
-            self.tree.lock(node).expect("live non-root");
+            let rows = self.host.rows_mut().take(num_pages).expect("admitted");
+            let host_pages = rows.iter().map(|&r| u64::from(r)).collect();
+            self.objects.insert(object, rows);
+            self.host.tree_mut().lock(node).expect("live non-root");
+            let pin = self.host.pin(vec![node], 1, Vec::new());
             self.issued += 1;
             let ticket = self.issued;
-            let n = self.tree.node(node).expect("live");
+            let n = self.host.tree().node(node).expect("live");
             self.pending.insert(
                 ticket,
                 Pending {
                     node,
                     object,
+                    pin,
                     start_depth: n.depth() as u64,
                 },
             );

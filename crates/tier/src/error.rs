@@ -3,7 +3,6 @@
 
 use std::fmt;
 
-use cpkv_allocator::AllocError;
 use cpkv_evict::{EvictError, NodeId, PageId};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -30,8 +29,6 @@ pub enum TierError {
     Divergence(String),
     /// The prefix tree refused the call.
     Tree(EvictError),
-    /// The host allocator refused the call (an internal inconsistency).
-    Host(AllocError),
 }
 
 impl fmt::Display for TierError {
@@ -58,7 +55,6 @@ impl fmt::Display for TierError {
             Self::BadKey { key, reason } => write!(f, "key {key} {reason}"),
             Self::Divergence(what) => write!(f, "offload index and prefix tree disagree: {what}"),
             Self::Tree(err) => write!(f, "{err}"),
-            Self::Host(err) => write!(f, "{err}"),
         }
     }
 }
@@ -68,12 +64,6 @@ impl std::error::Error for TierError {}
 impl From<EvictError> for TierError {
     fn from(err: EvictError) -> Self {
         Self::Tree(err)
-    }
-}
-
-impl From<AllocError> for TierError {
-    fn from(err: AllocError) -> Self {
-        Self::Host(err)
     }
 }
 

@@ -2,11 +2,13 @@
 //! host copy goes, what to evict in both tiers, what to load back and what
 //! to admit, as a pure function of the replicated call sequence.
 //!
-//! `TierCache` owns one `PrefixTree` (both tiers' residency and policy),
-//! one `PageAllocator` (the shared host slab's placement) and the device
-//! page pool, and exposes one combined digest. Python
-//! (`cpkv.tier.CacheController`) only moves bytes, runs collectives and
-//! keeps time around it.
+//! One host-tier core, `HostIndex` (the prefix tree, the slab rows from one
+//! `RowStack`, the pins, a digest), serves both users: `OffloadIndex`, the
+//! engines' call protocol (one core call per engine call), and `TierCache`,
+//! which adds the device tier on top (the same tree carries both tiers'
+//! residency; the device page pool sits beside it) and exposes one combined
+//! digest. Python (`cpkv.tier.CacheController`) only moves bytes, runs
+//! collectives and keeps time around it.
 //!
 //! One forward, from the engine's side (`C` marks the only collectives):
 //! 1. `lookup` each request (device hit, host hit; the path is locked);
@@ -36,17 +38,25 @@ mod config;
 mod device_pool;
 /// `TierError`, the one error type.
 mod error;
+/// `HostIndex`: the host tier's core (tree, rows, pins, digest) that the
+/// main job and the engines share.
+mod host_index;
 /// The durable third tier (L3) below the host slab: record codec, index,
 /// namespace, writer rule.
 pub mod l3;
-/// `OffloadIndex`: an engine's host tier of offloaded blocks (vLLM's
-/// scheduler-side manager), one call per engine call.
+/// Host objects: the rows one backup holds.
+mod objects;
+/// `OffloadIndex`: the engine-call protocol over the host tier's core
+/// (vLLM's scheduler-side manager, SGLang's HiCache store calls), one core
+/// call per engine call; one file per concept under `offload/`.
 mod offload;
 /// Which rank owns which page, and the rows (and runs) each rank copies.
 mod ownership;
 /// Plain results: lookups, load plans, backups, commits.
 mod plan;
-/// Host segments: tree host keys into allocator objects.
+/// `RowStack`: the host tier's one row placement.
+mod rows;
+/// Host segments: tree host keys into host objects (a backup's rows).
 mod segments;
 /// Counters.
 mod stats;
@@ -56,9 +66,11 @@ pub use config::{TierConfig, MAX_CP_SIZE, MAX_PAGES};
 pub use cpkv_evict::{Namespace, NodeId, PageId, Policy};
 pub use device_pool::DevicePool;
 pub use error::{Result, TierError};
+pub use host_index::{HostIndex, Pin};
 pub use offload::{
     key_hex, KeyState, OffloadIndex, OffloadStats, Placed, StorePlan, GROUP_BYTES, MAX_OFFLOAD_ROWS,
 };
 pub use ownership::{owned_rows, OwnedRows};
 pub use plan::{Backup, CommitOutcome, InsertOutcome, LoadPlan, LoadRun, Lookup};
+pub use rows::{RowStack, MAX_ROWS};
 pub use stats::TierStats;

@@ -1,0 +1,374 @@
+//! Writes: `prepare_store` places the offered keys that are not on the
+//! host (evicting unpinned leaves in policy order), `complete_store` makes
+//! them readable, and the synchronous `store` is those calls in a row.
+//! Rows come from the host tier's one row stack; a victim's rows go back
+//! to it together.
+
+use cpkv_evict::Namespace;
+
+use super::chunks::{chunk_term, Chunk, Placed, State};
+use super::keys::{group_of, token_of};
+use super::{KeyState, Map, OffloadIndex, NO_SLOT, STORE_REQUEST};
+use crate::error::{Result, TierError};
+
+/// Where a new chunk's parent is: earlier in the same call, or resident.
+#[derive(Debug, Clone, Copy)]
+enum Parent {
+    None,
+    InCall(usize),
+    Slot(u32),
+}
+
+/// A store call's keys, checked: each key's token, and the first occurrence
+/// of each key (its index, its slot when resident), in offer order.
+struct Offer {
+    tokens: Vec<u64>,
+    unique: Vec<(usize, Option<u32>)>,
+}
+
+/// What `prepare_store` decided.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct StorePlan {
+    /// Indexes into the offered keys, in offer order: the chunks to write.
+    pub store: Vec<usize>,
+    /// Their rows, in the same order.
+    pub rows: Vec<u32>,
+    /// Keys evicted to make room, in eviction order.
+    pub evicted: Vec<Box<[u8]>>,
+}
+
+impl OffloadIndex {
+    /// Places the offered keys that are not on the host (evicting in policy
+    /// order to make room) and rewrites failed ones; `None` when nothing can
+    /// be placed. Resident offered keys, and the parents of new ones, stay.
+    pub fn prepare_store(
+        &mut self,
+        request: &str,
+        keys: &[&[u8]],
+        positions: &[Option<u64>],
+    ) -> Result<Option<StorePlan>> {
+        Self::check_call(keys, positions)?;
+        let offer = self.offer(keys)?;
+        self.place_offer(request, keys, positions, offer)
+    }
+
+    /// The offered keys as `place_offer` takes them; reads only, and is
+    /// where a store call is refused (before anything changes).
+    fn offer(&self, keys: &[&[u8]]) -> Result<Offer> {
+        // The first occurrence of each key, in offer order, its token and
+        // its slot when resident (eviction below spares them: they are
+        // locked). Two distinct keys with one token (odds of about 2^-64 a
+        // pair) are refused before anything changes.
+        let mut seen: Map<u64, usize> = Map::default();
+        seen.reserve(keys.len());
+        let mut unique: Vec<(usize, Option<u32>)> = Vec::with_capacity(keys.len());
+        let mut tokens = vec![0; keys.len()];
+        for (i, key) in keys.iter().enumerate() {
+            let token = token_of(key);
+            if let Some(&first) = seen.get(&token) {
+                if keys[first] == *key {
+                    continue;
+                }
+                return Err(Self::collision(key));
+            }
+            seen.insert(token, i);
+            tokens[i] = token;
+            // One probe tells resident, new, and another key's token apart.
+            let slot = match self.by_token.get(&token) {
+                Some(&s) if *self.chunk(s).key == **key => Some(s),
+                Some(_) => return Err(Self::collision(key)),
+                None => None,
+            };
+            unique.push((i, slot));
+        }
+        Ok(Offer { tokens, unique })
+    }
+
+    /// `prepare_store` once its keys are checked.
+    fn place_offer(
+        &mut self,
+        request: &str,
+        keys: &[&[u8]],
+        positions: &[Option<u64>],
+        offer: Offer,
+    ) -> Result<Option<StorePlan>> {
+        let Offer { tokens, unique } = offer;
+        let mut in_call: Map<(u32, u64), usize> = Map::default();
+        let mut parents = vec![Parent::None; keys.len()];
+        let chain = self.requests.get(request);
+        for &(i, _) in &unique {
+            let Some(end) = positions[i] else { continue };
+            let group = group_of(keys[i]);
+            if let Some(&step) = self.tokens_per_chunk.get(group as usize) {
+                if let Some(start) = end.checked_sub(step) {
+                    parents[i] = match in_call.get(&(group, start)) {
+                        Some(&j) => Parent::InCall(j),
+                        None => match chain.and_then(|c| c.get(&(group, start))) {
+                            Some(&(slot, serial)) if self.serial_at(slot) == Some(serial) => {
+                                Parent::Slot(slot)
+                            }
+                            _ => Parent::None,
+                        },
+                    };
+                }
+            }
+            in_call.insert((group, end), i);
+        }
+        let resident: Vec<u32> = unique.iter().filter_map(|&(_, slot)| slot).collect();
+        let mut new: Vec<usize> = unique
+            .iter()
+            .filter(|(_, slot)| slot.is_none())
+            .map(|&(i, _)| i)
+            .collect();
+        let mut guarded: Vec<u32> = new
+            .iter()
+            .filter_map(|&i| match parents[i] {
+                Parent::Slot(s) => Some(s),
+                Parent::InCall(j) => self.slot_at(tokens[j], keys[j]),
+                Parent::None => None,
+            })
+            .collect();
+        guarded.extend(resident.iter().copied());
+        let guard = self.lock(&guarded)?;
+
+        let rewrite: Vec<u32> = resident
+            .iter()
+            .copied()
+            .filter(|&s| {
+                let c = self.chunk(s);
+                c.state == State::Failed && c.store_pin.is_none()
+            })
+            .collect();
+        let evicted = self.make_room(new.len())?;
+        let fits = new.len().min(self.free_rows() as usize);
+        if !new.is_empty() && fits == 0 && rewrite.is_empty() {
+            for node in guard {
+                self.host.tree_mut().unlock(node)?;
+            }
+            return Ok(None);
+        }
+        new.truncate(fits);
+        let placed = self.place(keys, &tokens, &new, &parents);
+        for node in guard {
+            self.host.tree_mut().unlock(node)?;
+        }
+        placed?;
+        for &s in &rewrite {
+            self.set_state(s, State::Pending);
+        }
+        if !rewrite.is_empty() {
+            let nodes = self.lock(&rewrite)?;
+            let pin = self.host.pin(nodes, rewrite.len(), Vec::new());
+            for &s in &rewrite {
+                self.chunk_mut(s).store_pin = Some(pin);
+            }
+        }
+        let mut plan = StorePlan {
+            evicted,
+            ..StorePlan::default()
+        };
+        let mut take = vec![false; keys.len()];
+        for &i in &new {
+            take[i] = true;
+        }
+        self.epoch += 1;
+        let epoch = self.epoch;
+        for &s in &rewrite {
+            self.chunk_mut(s).mark = epoch;
+        }
+        let mut stored_slots = Vec::new();
+        for &(i, _) in &unique {
+            let Some(slot) = self.slot_at(tokens[i], keys[i]) else {
+                continue;
+            };
+            let c = self.chunk(slot);
+            if take[i] || c.mark == epoch {
+                plan.store.push(i);
+                plan.rows.push(c.row);
+                stored_slots.push((slot, positions[i]));
+            }
+        }
+        let (s, p): (Vec<u32>, Vec<Option<u64>>) = stored_slots.into_iter().unzip();
+        self.remember(request, &s, &p);
+        Ok(Some(plan))
+    }
+
+    /// Marks stored keys readable (or, on failure, unreadable until a later
+    /// offer rewrites them); keys not in flight are ignored.
+    /// Returns the indexes of the keys that became readable.
+    ///
+    /// The result does not depend on the keys' order (vLLM completes a
+    /// Python `set`): each key only changes its own chunk and pin, and a
+    /// pin's release stamps nothing.
+    pub fn complete_store(&mut self, keys: &[&[u8]], success: bool) -> Vec<usize> {
+        let mut stored = Vec::new();
+        for (i, key) in keys.iter().enumerate() {
+            let Some(slot) = self.slot_of(key) else {
+                continue;
+            };
+            let Some(pin) = self.chunk_mut(slot).store_pin.take() else {
+                continue;
+            };
+            self.set_state(slot, if success { State::Ready } else { State::Failed });
+            if success {
+                stored.push(i);
+            }
+            self.host.part_done(pin);
+        }
+        stored
+    }
+
+    /// Evicts at least `num` unpinned chunks in policy order (fewer when
+    /// fewer are unpinned); returns their keys in eviction order.
+    pub fn evict(&mut self, num: u64) -> Result<Vec<Box<[u8]>>> {
+        let target = self
+            .free_rows()
+            .saturating_add(num)
+            .min(self.capacity() * 2);
+        self.make_room(target as usize)
+    }
+
+    /// One synchronous store: `keys` continue `prefix` (the key before
+    /// `keys[0]` in the sequence, when known) and each other, and are
+    /// written when the call returns. Exactly `prepare_load` of a readable
+    /// prefix (which pins the path the call continues and names it as the
+    /// first key's parent), `prepare_store`, `complete_store` (success),
+    /// `complete_load`, `request_finished`, as one request whose positions
+    /// are the prefix's 0 and then one chunk per key. So resident keys are
+    /// touched, new ones placed (evicting unpinned leaves in policy order,
+    /// never the call's own keys or its prefix path), and what does not fit
+    /// is refused from the end of the call. Returns each key's row and
+    /// serial when readable, `None` when refused.
+    pub fn store(&mut self, keys: &[&[u8]], prefix: Option<&[u8]>) -> Result<Vec<Option<Placed>>> {
+        Self::check_keys(keys)?;
+        Self::check_keys(prefix.as_slice())?;
+        let step = |k: &[u8]| {
+            self.tokens_per_chunk
+                .get(group_of(k) as usize)
+                .copied()
+                .unwrap_or(1)
+        };
+        let positions: Vec<Option<u64>> = keys
+            .iter()
+            .zip(1u64..)
+            .map(|(k, i)| i.checked_mul(step(k))) // past u64: no parent, still exact
+            .collect();
+        // Refused (a key hash collision) before the prefix is stamped: a
+        // refused call changes nothing.
+        let offer = self.offer(keys)?;
+        let anchor = prefix.filter(|p| self.lookup(p) == KeyState::Ready);
+        if let Some(p) = anchor {
+            self.prepare_load(STORE_REQUEST, &[p], &[Some(0)])?;
+        }
+        let plan = self.place_offer(STORE_REQUEST, keys, &positions, offer);
+        if let Ok(Some(plan)) = &plan {
+            let stored: Vec<&[u8]> = plan.store.iter().map(|&i| keys[i]).collect();
+            self.complete_store(&stored, true);
+        }
+        if let Some(p) = anchor {
+            self.complete_load(STORE_REQUEST, &[p]);
+        }
+        self.request_finished(STORE_REQUEST);
+        plan?;
+        Ok(keys.iter().map(|k| self.locate(k)).collect())
+    }
+
+    /// Evicts in policy order until `needed` rows are free or nothing else
+    /// can go.
+    fn make_room(&mut self, needed: usize) -> Result<Vec<Box<[u8]>>> {
+        let free = self.free_rows() as usize;
+        if needed <= free {
+            return Ok(Vec::new());
+        }
+        let mut evicted = Vec::new();
+        for victim in self.host.tree_mut().evict(needed - free) {
+            let rows: Vec<u32> = victim.pages.iter().map(|&row| row as u32).collect();
+            for &row in &rows {
+                let slot = std::mem::replace(&mut self.by_row[row as usize], NO_SLOT);
+                let chunk = self.slots[slot as usize]
+                    .take()
+                    .expect("a victim's row holds a chunk");
+                self.chunk_digest = self.chunk_digest.wrapping_sub(chunk_term(&chunk));
+                self.by_token.remove(&chunk.token);
+                self.free_slots.push(slot);
+                evicted.push(chunk.key);
+            }
+            self.host.rows_mut().give_back(&rows);
+        }
+        self.evicted += evicted.len() as u64;
+        Ok(evicted)
+    }
+
+    /// Rows for the `new` keys, inserted into the tree and pinned until
+    /// their stores complete. One insert per run of chunks that continue
+    /// each other.
+    fn place(
+        &mut self,
+        keys: &[&[u8]],
+        tokens: &[u64],
+        new: &[usize],
+        parents: &[Parent],
+    ) -> Result<()> {
+        let mut runs: Vec<Vec<u32>> = Vec::new();
+        for &i in new {
+            let parent = match parents[i] {
+                Parent::Slot(s) => s,
+                Parent::InCall(j) => self.slot_at(tokens[j], keys[j]).unwrap_or(NO_SLOT),
+                Parent::None => NO_SLOT,
+            };
+            let row = self.host.rows_mut().take_one();
+            if self.by_row.len() <= row as usize {
+                self.by_row.resize(row as usize + 1, NO_SLOT);
+            }
+            let chunk = Chunk {
+                key: keys[i].into(),
+                token: tokens[i],
+                group: group_of(keys[i]),
+                parent,
+                row,
+                serial: self.next_serial,
+                state: State::Pending,
+                store_pin: None,
+                mark: 0,
+            };
+            self.next_serial += 1;
+            self.chunk_digest = self.chunk_digest.wrapping_add(chunk_term(&chunk));
+            let slot = match self.free_slots.pop() {
+                Some(s) => {
+                    self.slots[s as usize] = Some(chunk);
+                    s
+                }
+                None => {
+                    self.slots.push(Some(chunk));
+                    (self.slots.len() - 1) as u32
+                }
+            };
+            self.by_token.insert(tokens[i], slot);
+            self.by_row[row as usize] = slot;
+            match runs.last_mut() {
+                Some(run) if run.last() == Some(&parent) => run.push(slot),
+                _ => runs.push(vec![slot]),
+            }
+        }
+        for run in runs {
+            let last = *run.last().expect("runs are not empty");
+            let (tokens, rows) = self.path(last);
+            let namespace = Namespace::Id(u64::from(self.chunk(last).group));
+            let result = self.host.tree_mut().insert(&tokens, &rows, &namespace)?;
+            if result.cached != tokens.len() - run.len() {
+                return Err(TierError::Divergence(format!(
+                    "prefix tree already held {} of {} chunks, expected {} (a 64-bit key hash collided?)",
+                    result.cached,
+                    tokens.len(),
+                    tokens.len() - run.len()
+                )));
+            }
+            self.host.tree_mut().lock(result.node)?;
+            let pin = self.host.pin(vec![result.node], run.len(), Vec::new());
+            for slot in run {
+                self.chunk_mut(slot).store_pin = Some(pin);
+            }
+        }
+        Ok(())
+    }
+}
