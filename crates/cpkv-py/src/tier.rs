@@ -348,10 +348,7 @@ impl TierCache {
     /// The pages host eviction released since the last call, oldest first:
     /// one `(keys uint64, rows int64)` pair per released host object.
     #[allow(clippy::type_complexity)]
-    fn take_spills(
-        &self,
-        py: Python<'_>,
-    ) -> PyResult<Vec<(Py<PyArray1<u64>>, Py<PyArray1<i64>>)>> {
+    fn take_spills(&self, py: Python<'_>) -> PyResult<Vec<(Py<PyArray1<u64>>, Py<PyArray1<i64>>)>> {
         let spilled = self.core.with(py, |c| c.take_spills())?;
         Ok(spilled
             .into_iter()

@@ -155,7 +155,11 @@ mod tests {
         let a = page_keys(&[1, 2, 3, 4, 5], 2, &Namespace::Default);
         assert_eq!(a.len(), 2, "whole pages only");
         assert_eq!(a[..1], page_keys(&[1, 2], 2, &Namespace::Default)[..]);
-        assert_ne!(a[1], page_keys(&[9, 2, 3, 4], 2, &Namespace::Default)[1], "chained");
+        assert_ne!(
+            a[1],
+            page_keys(&[9, 2, 3, 4], 2, &Namespace::Default)[1],
+            "chained"
+        );
         assert_ne!(a, page_keys(&[1, 2, 3, 4], 2, &Namespace::Id(1)));
     }
 
@@ -190,7 +194,11 @@ mod tests {
         assert!(spilling.take_spills().is_empty(), "taken once");
         spilling.check_invariants().unwrap();
         assert_eq!(spilling.stats().host_evicted_pages, 2);
-        assert_eq!(plain.digest(), spilling.digest(), "spills change no decision");
+        assert_eq!(
+            plain.digest(),
+            spilling.digest(),
+            "spills change no decision"
+        );
         assert!(plain.take_spills().is_empty(), "off unless enabled");
     }
 }

@@ -254,6 +254,7 @@ class CacheController:
             from cpkv.tier.l3.tier import L3Tier, check_l3_options
 
             check_l3_options(l3_dir, l3_bytes)
+            assert l3_dir is not None and l3_bytes is not None  # both or neither, checked above
             self.core.enable_spills()
             self.l3 = L3Tier(l3_dir, l3_bytes, slab=self.slab, payloads=self.payloads, num_layers=self.num_layers,
                              page_size=layout.page_size, rank=layout.rank, cp_size=layout.cp_size, model=l3_model,

@@ -139,8 +139,7 @@ class L3Tier:
             if owned else []
         ok = [j for j, reason in enumerate(reasons) if reason is None]
         failed = {found.keys[owned[j]]: reason for j, reason in enumerate(reasons) if reason is not None}
-        for i, key in enumerate(found.keys):
-            self._unsettled.append((key, 0 if key in failed else 1))
+        self._unsettled.extend((key, 0 if key in failed else 1) for key in found.keys)
         self.counters["l3_read_failures"] += len(failed)
         return np.asarray([owned[j] for j in ok], dtype=np.int64), out[ok]
 
