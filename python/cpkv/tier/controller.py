@@ -24,6 +24,10 @@ A backup reserved by ``insert`` is copied by the ``backup_layer`` calls that fol
 forward's layers, or :meth:`flush_backups`), and committed by the first ``end_forward`` after
 every rank finished it. Nothing else is collective: placement and eviction are computed.
 
+With ``l3_dir`` / ``l3_bytes`` a durable third tier (:mod:`cpkv.tier.l3.tier`) sits below the slab:
+``insert`` writes the pages host eviction released to it (never write-through), ``digest`` and the
+agreement check cover its index, and ``spill_all`` moves every cached page there at a clean stop.
+
 Bytes move through :mod:`cpkv.tier.copy`, the copy the engine adapters use too. CUDA pools: copies
 run on two side streams of the pools' device and never block the host (:mod:`cpkv.tier.streams`
 says how they are ordered against the caller's stream). A backup is
