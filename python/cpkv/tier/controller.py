@@ -429,7 +429,9 @@ class CacheController:
 
     def flush_backups(self) -> None:
         """Copies every layer of every pending backup and waits until the bytes are in the slab (an
-        idle engine, or before shutdown), so the next :meth:`end_forward` can commit all of them."""
+        idle engine, or before shutdown), so the next :meth:`end_forward` can commit all of them.
+        With L3, call it after an ``end_forward``, not between an ``insert`` and the next one: rows an
+        ``insert`` spilled may still be read by their writer rank until that commit point."""
         for layer in range(self.num_layers):
             self.backup_layer(layer)
         if self._streams is not None:
