@@ -118,6 +118,12 @@ CASES += [
     ("replay: requests -1", ["replay", "--requests=-1"], "--requests"),
     ("replay: seed -1", ["replay", "--seed=-1"], "--seed"),
     ("replay: unknown device", ["replay", "--device", "tpu"], "--device"),
+    ("replay: l3-dir without l3-bytes", ["replay", "--l3-dir", "/tmp"], "--l3-dir needs --l3-bytes"),
+    ("replay: l3-bytes without l3-dir", ["replay", "--l3-bytes", "1000000"], "--l3-bytes needs --l3-dir"),
+    ("replay: l3-bytes 0", ["replay", "--l3-dir", "/tmp", "--l3-bytes", "0"], "--l3-bytes: 0 is out of range"),
+    ("replay: l3-dir missing", ["replay", "--l3-dir", "/nonexistent/cpkv-l3", "--l3-bytes", "1000000"],
+     "not an existing directory"),
+    ("replay: l3-bytes below one page", ["replay", "--l3-dir", "/tmp", "--l3-bytes", "4096"], "holds no page"),
     # bench allocator
     ("bench allocator: occupancy 2", ["bench", "allocator", "--occupancy", "2"], "--occupancy"),
     ("bench allocator: occupancy nan", ["bench", "allocator", "--occupancy", "nan"], "--occupancy"),

@@ -339,6 +339,44 @@ impl TierCache {
         })
     }
 
+    /// Turns spills on: host eviction then queues the pages it releases
+    /// (content keys and slab rows) for `take_spills`. Changes no decision.
+    fn enable_spills(&self, py: Python<'_>) -> PyResult<()> {
+        self.core.with(py, |c| c.enable_spills())
+    }
+
+    /// The pages host eviction released since the last call, oldest first:
+    /// one `(keys uint64, rows int64)` pair per released host object.
+    #[allow(clippy::type_complexity)]
+    fn take_spills(&self, py: Python<'_>) -> PyResult<Vec<(Py<PyArray1<u64>>, Py<PyArray1<i64>>)>> {
+        let spilled = self.core.with(py, |c| c.take_spills())?;
+        Ok(spilled
+            .into_iter()
+            .map(|s| {
+                let rows: Vec<u64> = s.rows.iter().map(|&r| u64::from(r)).collect();
+                (
+                    PyArray1::from_vec(py, s.keys).unbind(),
+                    pages_array(py, &rows),
+                )
+            })
+            .collect())
+    }
+
+    /// The content key of every whole page of `tokens` (chained over the
+    /// path and the namespace): what a spilled page of that path is keyed by.
+    #[pyo3(signature = (tokens, namespace = None))]
+    fn page_keys(
+        &self,
+        py: Python<'_>,
+        tokens: &Bound<'_, PyAny>,
+        namespace: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Py<PyArray1<u64>>> {
+        let tokens = int_vector(tokens, "tokens")?;
+        let ns = namespace_arg(namespace)?;
+        let keys = cpkv_tier::page_keys(&tokens, self.config.page_size, &ns);
+        Ok(PyArray1::from_vec(py, keys).unbind())
+    }
+
     /// Commits pending backups up to `frontier`: (committed, aborted) tickets.
     fn commit(
         &self,

@@ -25,6 +25,7 @@ use crate::host_index::HostIndex;
 use crate::objects::HostObjects;
 use crate::plan::{Backup, CommitOutcome, InsertOutcome, LoadPlan, LoadRun, Lookup};
 use crate::segments::{Segment, Segments};
+use crate::spill::SpillState;
 use crate::stats::TierStats;
 use cpkv_hash::hash_words as term;
 
@@ -86,6 +87,8 @@ pub struct TierCache {
     /// The config's share of the digest: ranks built differently must not agree.
     config_term: u64,
     stats: TierStats,
+    /// What host eviction hands to a third tier (`spill.rs`); None when off.
+    spill: Option<SpillState>,
 }
 
 impl TierCache {
@@ -105,6 +108,7 @@ impl TierCache {
             committed_through: 0,
             config_term: config_term(&config),
             stats: TierStats::default(),
+            spill: None,
         })
     }
 
@@ -325,6 +329,10 @@ impl TierCache {
                 self.stats.host_evicted_pages += v.num_pages as u64;
                 if v.released {
                     if let Some(object) = self.segments.remove(v.object_key) {
+                        if self.spill.is_some() {
+                            let rows = self.objects.get(object).expect("live").rows.clone();
+                            self.spill_object(object, &rows);
+                        }
                         self.release_object(object);
                     }
                 }
@@ -409,6 +417,7 @@ impl TierCache {
         }
         self.device.release_held(&freed);
         let (backups, skipped_pages) = self.reserve_backups(&path);
+        self.note_backup_keys(tokens, namespace, &backups);
         Ok(InsertOutcome {
             node: result.node,
             cached_pages: result.cached,
@@ -566,8 +575,21 @@ impl TierCache {
 
     // ---- internals -----------------------------------------------------
 
+    pub(crate) fn spill_state(&self) -> &Option<SpillState> {
+        &self.spill
+    }
+    pub(crate) fn spill_state_mut(&mut self) -> &mut Option<SpillState> {
+        &mut self.spill
+    }
+    /// (host object, depth of its first page) of pending backup `ticket`.
+    pub(crate) fn pending_object(&self, ticket: u64) -> (u64, u64) {
+        let p = &self.pending[&ticket];
+        (p.object, p.start_depth)
+    }
+
     /// Gives a host object's rows back to the host core's row stack.
     fn release_object(&mut self, object: u64) {
+        self.forget_object_keys(object);
         let rows = self.objects.remove(object);
         self.host.rows_mut().give_back(&rows);
     }

@@ -58,6 +58,8 @@ mod plan;
 mod rows;
 /// Host segments: tree host keys into host objects (a backup's rows).
 mod segments;
+/// Spills: the pages host eviction hands to L3, with their content keys.
+mod spill;
 /// Counters.
 mod stats;
 
@@ -73,4 +75,5 @@ pub use offload::{
 pub use ownership::{owned_rows, OwnedRows};
 pub use plan::{Backup, CommitOutcome, InsertOutcome, LoadPlan, LoadRun, Lookup};
 pub use rows::{RowStack, MAX_ROWS};
+pub use spill::{page_keys, Spilled};
 pub use stats::TierStats;

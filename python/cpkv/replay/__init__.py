@@ -51,6 +51,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-admission", action="store_true", help="first come first served batches")
     parser.add_argument("--timeout", type=float, default=d.timeout_s,
                         help="seconds before a stalled collective is an error (default %(default)s)")
+    parser.add_argument("--l3-dir", metavar="DIR",
+                        help="the durable third tier: pages leaving the host slab go to this directory, and a "
+                             "request's pages missing from device and slab are read back from it (a second run "
+                             "on the same directory starts warm); needs --l3-bytes")
+    parser.add_argument("--l3-bytes", type=integer(1), metavar="BYTES", help="the L3 directory's cap on disk")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument("--json", metavar="PATH", type=output_path, help="also write the report as JSON")
 
@@ -64,7 +69,7 @@ def options_from(args: argparse.Namespace, *, payloads: bool = True) -> ReplayOp
                          device_pages=args.device_pages,
                          host_pages=args.host_pages, policy=args.policy, check_every=args.check_every,
                          admission=not args.no_admission, batch=args.batch, timeout_s=args.timeout,
-                         progress=not args.quiet, device=args.device)
+                         progress=not args.quiet, device=args.device, l3_dir=args.l3_dir, l3_bytes=args.l3_bytes)
 
 
 def load_requests(args: argparse.Namespace) -> list[tuple[int, ...]]:

@@ -30,6 +30,8 @@ class ReplayOptions:
     timeout_s: float = 60.0
     progress: bool = True
     device: str = "cpu"  # cpu (shared memory) or cuda (GPU memory, CUDA IPC)
+    l3_dir: str | None = None  # the durable third tier's directory (None: no L3)
+    l3_bytes: int | None = None  # its cap on disk
 
 
 def parse_payloads(text: str) -> dict[str, Any]:
@@ -73,6 +75,9 @@ def check(options: ReplayOptions, longest_request_pages: int) -> None:
         value = getattr(options, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InvalidArgumentError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
+    from cpkv.tier.l3.tier import check_l3_options
+
+    check_l3_options(options.l3_dir, options.l3_bytes)
     if options.device not in ("cpu", "cuda"):
         raise InvalidArgumentError(f"--device {options.device!r}: cpu or cuda")
     if options.ranks > 16:
@@ -84,6 +89,14 @@ def check(options: ReplayOptions, longest_request_pages: int) -> None:
 
         raise UnknownPolicyError(f"--policy: unknown eviction policy {options.policy!r} "
                                  f"(known: {', '.join(PrefixTree.POLICIES)})")
+    if options.payloads is not None and options.l3_bytes is not None:
+        from cpkv import _cpkv
+        from cpkv.tier.l3.store import slots_for
+
+        page_bytes = options.layers * sum(spec.row_bytes for spec in options.payloads.values())
+        if slots_for(options.l3_bytes, int(_cpkv.l3_record_bytes(page_bytes)), options.ranks) < 1:
+            raise InvalidArgumentError(f"--l3-bytes {options.l3_bytes} holds no page of {page_bytes} bytes "
+                                       f"({options.layers} layers of every payload)")
     if options.payloads is not None:
         for name, spec in options.payloads.items():
             if spec.row_bytes < KV_ROW_MIN_BYTES:

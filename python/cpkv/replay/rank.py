@@ -61,6 +61,8 @@ class _Running:
     load: Any
     pages: np.ndarray  # every page of the request, in token order
     cached: int  # leading pages read from the cache (prefix)
+    l3_pages: np.ndarray | None = None  # device pages this rank filled from L3 (owned, read back whole)
+    l3_data: np.ndarray | None = None  # their L3 pages, uint8 [n, page_bytes]
 
 
 def replay_rank(rank: int, world: int, options: ReplayOptions, requests: list[tuple[int, ...]],
@@ -84,14 +86,16 @@ def replay_rank(rank: int, world: int, options: ReplayOptions, requests: list[tu
     payload_names = list(options.payloads)
     started = time.perf_counter()
     counters = {"blocks": 0, "device_hit_blocks": 0, "host_hit_blocks": 0, "forwards": 0, "composed_bytes": 0,
-                "verified_bytes": 0, "verification_failures": 0, "requests_uncached": 0, "compose_barriers": 0}
+                "verified_bytes": 0, "verification_failures": 0, "requests_uncached": 0, "compose_barriers": 0,
+                "l3_hit_blocks": 0}
     with where.open_group(options.timeout_s) as group:
         pools = {name: [group.register_pool(f"{name}@{layer}", rows, spec.page_shape, spec.dtype, 0)
                         for layer in range(options.layers)]
                  for name, spec in options.payloads.items()}
         ctl = CacheController(layout=layout, device_pages=options.device_pages, host_pages=options.host_pages,
                               payloads=options.payloads, device_pools=pools, policy=options.policy,
-                              process_group=None, settings=settings)
+                              process_group=None, settings=settings, l3_dir=options.l3_dir,
+                              l3_bytes=options.l3_bytes, l3_model="cpkv replay")
         # The controller's stream ops (None for CPU pools): the replay times its own work with them.
         clock = ReplayClock(ctl.streams)
         check = ByteCheck(where.device)
@@ -138,15 +142,23 @@ def replay_rank(rank: int, world: int, options: ReplayOptions, requests: list[tu
                     ctl.insert(r.tokens, r.pages)
                 for index in admitted:
                     ctl.release(hits[index])
+                if ctl.l3 is not None:
+                    counters["l3_hit_blocks"] += ctl.l3.settle()  # C on a forward with L3 hits only
                 ctl.end_forward()
                 clock.end_forward()
                 counters["forwards"] += 1
                 progress.update(len(admitted))
             ctl.flush_backups()
             ctl.end_forward()
-            ctl.check_agreement()
-            progress.close()
             stats: dict[str, Any] = dict(ctl.stats())
+            if ctl.l3 is not None:  # a clean stop: every cached page goes to L3 for the next run
+                stats["l3_pages_spilled_at_stop"] = ctl.spill_all()
+            ctl.check_agreement()
+            stats["agreement_checks"] = ctl.counters["agreement_checks"]
+            stats["collectives"] = ctl.counters["collectives"]
+            if ctl.l3 is not None:
+                stats.update(ctl.l3.stats())
+            progress.close()
         finally:
             ctl.close()
         counters["compose_barriers"] = group.stats.barriers
@@ -184,8 +196,17 @@ def _admit(ctl: Any, requests: list[tuple[int, ...]], admitted: list[int], hits:
         if len(dropped):
             ctl.free(dropped[np.isin(dropped, load.pages)])
         if fresh is not None:
-            running.append(_Running(block_tokens(blocks, page), blocks, load,
-                                    np.concatenate([cached[:keep], fresh]).astype(np.int64), keep))
+            tokens = block_tokens(blocks, page)
+            r = _Running(tokens, blocks, load, np.concatenate([cached[:keep], fresh]).astype(np.int64), keep)
+            if ctl.l3 is not None:
+                # Pages past the cached prefix that L3 holds (the last one is recomputed, as engines do):
+                # found on every rank alike, read by the owner of each one's device page.
+                keys = ctl.core.page_keys(tokens)[keep:len(blocks) - 1]
+                found = ctl.l3.lookup_run(keys)
+                if len(found):
+                    positions, data = ctl.l3.read(found, fresh)
+                    r.l3_pages, r.l3_data = fresh[positions], data
+            running.append(r)
     return running
 
 
@@ -220,6 +241,13 @@ def _forward(ctl: Any, group: Any, running: list[_Running], options: ReplayOptio
     mine_rows = torch.from_numpy(pages[owned_new] // layout.cp_size).to(device)
     nothing_staged = {name: torch.empty(0, *spec.page_shape, dtype=spec.dtype, device=device)
                       for name, spec in options.payloads.items()}
+    # Pages this rank reads back from L3 (owned, read whole): their bytes replace the new KV written for
+    # them, so the byte check below verifies every byte L3 served.
+    l3 = [r for r in running if r.l3_pages is not None and len(r.l3_pages)]
+    if l3:
+        l3_rows = torch.from_numpy(np.concatenate([r.l3_pages for r in l3]) // layout.cp_size).to(device)
+        l3_data = torch.from_numpy(np.concatenate([r.l3_data for r in l3])).to(device)
+        offsets = ctl.l3.offsets
     forward = counters["forwards"]
     for layer in range(options.layers):
         for r in running:
@@ -230,6 +258,9 @@ def _forward(ctl: Any, group: Any, running: list[_Running], options: ReplayOptio
             expected = expected_rows.rows(layer, p)
             pool = group.pool(key).view(torch.uint8).view(-1, row_bytes)
             pool.index_copy_(0, mine_rows, expected.index_select(0, mine))  # this layer's new KV, owned pages
+            if l3:
+                at = offsets[name] + layer * row_bytes
+                pool.index_copy_(0, l3_rows, l3_data[:, at:at + row_bytes])
             started = clock.start()
             dense = group.compose(plan, key, nothing_staged[name], layer=layer)
             clock.stop(started, dense.numel() * dense.element_size())

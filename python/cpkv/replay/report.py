@@ -55,9 +55,35 @@ def report(options: ReplayOptions, requests: list[tuple[int, ...]], results: lis
         ("requests / s", len(requests) / wall_s),
         ("tokens / s", tokens / wall_s),
     ]
+    l3: dict[str, Any] = {}
+    if options.l3_dir is not None:
+        # Replicated counts from rank 0; pages written and read are each rank's share, summed.
+        l3 = {"hit_rate_l3": first["l3_hit_blocks"] / blocks,
+              "l3_pages_written": total_of("l3_pages_written"), "l3_pages_read": total_of("l3_pages_read"),
+              "l3_corrupt_dropped": first["l3_corrupt_dropped"],
+              "l3_recovered_pages": first["l3_recovered_pages"],
+              "l3_recovery_s": max(r["l3_recovery_s"] for r in results),
+              "l3_pages_spilled_at_stop": first["l3_pages_spilled_at_stop"],
+              "l3_disk_bytes": first["l3_disk_bytes"], "l3_cap_bytes": first["l3_cap_bytes"]}
+        at = [name for name, _ in rows].index("prefix hit rate with no host tier")
+        rows[at:at] = [
+            ("prefix hit rate: L3", l3["hit_rate_l3"]),
+            ("prefix hit rate: total with L3",
+             (first["device_hit_blocks"] + first["host_hit_blocks"] + first["l3_hit_blocks"]) / blocks),
+        ]
+        at = [name for name, _ in rows].index("MB composed (all ranks)")
+        rows[at:at] = [
+            ("L3 pages written / read (all ranks)", f"{l3['l3_pages_written']:,} / {l3['l3_pages_read']:,}"),
+            ("L3 records dropped as corrupt", l3["l3_corrupt_dropped"]),
+            ("L3 recovery: pages / ms (slowest rank)",
+             f"{l3['l3_recovered_pages']:,} / {l3['l3_recovery_s'] * 1e3:.1f}"),
+            ("L3 pages placed at the clean stop", l3["l3_pages_spilled_at_stop"]),
+            ("L3 disk MB / cap MB", f"{l3['l3_disk_bytes'] / 1e6:.1f} / {l3['l3_cap_bytes'] / 1e6:.1f}"),
+        ]
     for name, value in rows:
         table.add(name, value)
     numbers = dict(rows)
+    numbers.update(l3)
     numbers["verified_bytes"] = total_of("verified_bytes")
     numbers["composed_bytes"] = total_of("composed_bytes")
     emit("replay", [table], json_path, report=numbers, per_rank=results)

@@ -24,6 +24,10 @@ A backup reserved by ``insert`` is copied by the ``backup_layer`` calls that fol
 forward's layers, or :meth:`flush_backups`), and committed by the first ``end_forward`` after
 every rank finished it. Nothing else is collective: placement and eviction are computed.
 
+With ``l3_dir`` / ``l3_bytes`` a durable third tier (:mod:`cpkv.tier.l3.tier`) sits below the slab:
+``insert`` writes the pages host eviction released to it (never write-through), ``digest`` and the
+agreement check cover its index, and ``spill_all`` moves every cached page there at a clean stop.
+
 Bytes move through :mod:`cpkv.tier.copy`, the copy the engine adapters use too. CUDA pools: copies
 run on two side streams of the pools' device and never block the host (:mod:`cpkv.tier.streams`
 says how they are ordered against the caller's stream). A backup is
@@ -187,6 +191,9 @@ class CacheController:
         process_group: Any = None,
         settings: CpkvConfig | None = None,
         slab: HostSlab | None = None,
+        l3_dir: str | None = None,
+        l3_bytes: int | None = None,
+        l3_model: str = "cpkv",
     ) -> None:
         import torch
         import torch.distributed as dist
@@ -245,6 +252,17 @@ class CacheController:
         self.counters = {"bytes_backed_up": 0, "bytes_loaded": 0, "collectives": 0, "agreement_checks": 0,
                          "transfers_aborted": 0}
         self.copy_times = CopyTimes(self._streams)  # what backups and load-backs took (stats: *_copy_ns)
+        # The durable third tier (cpkv.tier.l3): pages host eviction releases go there; None when off.
+        self.l3: Any = None
+        if l3_dir is not None or l3_bytes is not None:
+            from cpkv.tier.l3.tier import L3Tier, check_l3_options
+
+            check_l3_options(l3_dir, l3_bytes)
+            assert l3_dir is not None and l3_bytes is not None  # both or neither, checked above
+            self.core.enable_spills()
+            self.l3 = L3Tier(l3_dir, l3_bytes, slab=self.slab, payloads=self.payloads, num_layers=self.num_layers,
+                             page_size=layout.page_size, rank=layout.rank, cp_size=layout.cp_size, model=l3_model,
+                             all_reduce_min=self._all_reduce_min)
 
     @property
     def streams(self) -> Any:
@@ -359,6 +377,10 @@ class CacheController:
         """Caches ``tokens`` on ``pages`` and reserves write-through backups (replicated)."""
         self._check_open()
         out = self.core.insert(tokens, pages, namespace)
+        if self.l3 is not None:
+            # Host eviction freed these rows; no rank writes them before the next end_forward, which
+            # this rank reaches only once its share is copied out.
+            self.l3.spill(self.core.take_spills())
         now = time.monotonic()
         for b in out.backups:
             self._backups.append(_PendingBackup(b.ticket, self._owned(b.device_pages, b.host_pages), now))
@@ -407,7 +429,9 @@ class CacheController:
 
     def flush_backups(self) -> None:
         """Copies every layer of every pending backup and waits until the bytes are in the slab (an
-        idle engine, or before shutdown), so the next :meth:`end_forward` can commit all of them."""
+        idle engine, or before shutdown), so the next :meth:`end_forward` can commit all of them.
+        With L3, call it after an ``end_forward``, not between an ``insert`` and the next one: rows an
+        ``insert`` spilled may still be read by their writer rank until that commit point."""
         for layer in range(self.num_layers):
             self.backup_layer(layer)
         if self._streams is not None:
@@ -429,6 +453,8 @@ class CacheController:
         now = time.monotonic()
         overdue = any(now - b.started > self.settings.transfer_timeout_s for b in unfinished)
         healthy = 0 if overdue or self._load_failed or any(h.error is not None for h in self._loads) else 1
+        if self.l3 is not None:
+            self.l3.flush()  # this forward's spills durable before the commit point
         frontier_min, healthy_min = self._all_reduce_min([frontier, healthy], "commit frontier")
         self._loads = [h for h in self._loads if not self._load_settled(h)]
         if healthy_min == 0:
@@ -454,7 +480,7 @@ class CacheController:
         all-reduce): equal on every rank or :class:`DivergenceError` on every rank, naming which
         ranks hold which digest."""
         self._check_open()
-        digest = self.core.digest()
+        digest = self.digest()
         self.counters["collectives"] += 1
         if self._dist is not None:
             agree(digest, group=self._host_pg, rank=self.layout.rank,
@@ -462,7 +488,24 @@ class CacheController:
         self.counters["agreement_checks"] += 1  # passed ones (the replay report's "agreement checks passed")
 
     def digest(self) -> int:
-        return self.core.digest()
+        """The tiers' digest (with L3: combined with the L3 index's, so the agreement covers it)."""
+        if self.l3 is None:
+            return self.core.digest()
+        from cpkv.tier.l3.tier import combined_digest
+
+        return combined_digest(self.core.digest(), self.l3.digest())
+
+    def spill_all(self) -> int:
+        """With L3, a clean stop: every cached page leaves device and slab for L3 (replicated; call
+        after the last ``end_forward``, with no lookup held). Returns the pages placed in L3."""
+        self._check_open()
+        if self.l3 is None:
+            return 0
+        self.core.evict_device(self.core.device_pages)
+        self.core.evict_host(self.core.host_pages)
+        placed = self.l3.spill(self.core.take_spills())
+        self.l3.flush()
+        return placed
 
     def stats(self) -> dict[str, int]:
         """Replicated decision counters, this rank's byte counters and copy times (``backup_copy_ns``,
@@ -472,6 +515,8 @@ class CacheController:
         self.copy_times.settle()
         out.update(self.copy_times.counters())
         out["forwards"] = self.forwards
+        if self.l3 is not None:
+            out.update(self.l3.stats())
         out.update({f"warnings_{kind}": n for kind, n in self.warnings.counts.items()})
         return out
 
@@ -492,6 +537,8 @@ class CacheController:
                 self._streams.synchronize(tail)
         if self._streams is not None:
             self.copy_times.settle(wait=True)
+        if self.l3 is not None:
+            self.l3.close()  # a clean stop: what was written is made durable
         self._copier.clear()  # its source tables hold views of the slab's mapping
         self._slab_rows.clear()
         self._pools.clear()

@@ -7,5 +7,6 @@ by :class:`cpkv._cpkv.L3Index` from the replicated call sequence; this package m
 """
 
 from cpkv.tier.l3.store import L3Namespace, L3Store, disk_bytes
+from cpkv.tier.l3.tier import L3Found, L3Tier
 
-__all__ = ["L3Namespace", "L3Store", "disk_bytes"]
+__all__ = ["L3Found", "L3Namespace", "L3Store", "L3Tier", "disk_bytes"]

@@ -1,0 +1,197 @@
+"""The L3 tier under a :class:`~cpkv.tier.CacheController`: spills from the host slab, lookups
+and reads for the pages a request misses in device and slab.
+
+Every decision is replicated: which pages leave the slab (``TierCache.take_spills``), where they
+go (the store's index), which pages a request finds (``lookup_run``), and which records failed
+their check (agreed by one MIN all-reduce, :meth:`L3Tier.settle`). The I/O is split by rank: a
+spilled page is written by its writer rank (``L3Index.writer``), a page found for a request is
+read by the rank that owns its device page (logical page ``p`` is rank ``p % cp``'s), so each is
+written and read once per node.
+
+An L3 page is one slab row of every payload and layer: per payload (in the controller's order),
+its ``num_layers`` rows of ``row_bytes`` one after another.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from cpkv.errors import InvalidArgumentError
+from cpkv.tier.l3.store import L3Namespace, L3Store
+
+
+@dataclass(frozen=True)
+class L3Found:
+    """Pages of one request found in L3: ``keys[i]`` at ``(slots[i], sequences[i])``."""
+
+    keys: list[int]
+    slots: list[int]
+    sequences: list[int]
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+def page_layout(payloads: Mapping[str, Any], num_layers: int) -> dict[str, int]:
+    """Byte offset of each payload's first layer row within an L3 page (payloads in order)."""
+    offsets, at = {}, 0
+    for name, spec in payloads.items():
+        offsets[name] = at
+        at += num_layers * spec.row_bytes
+    offsets[""] = at  # the page's size
+    return offsets
+
+
+class L3Tier:
+    """One rank's L3 under a controller; open is collective (every rank of the node, then a
+    barrier: recovery reads every rank's log before any rank writes)."""
+
+    def __init__(self, directory: str | os.PathLike, cap_bytes: int, *, slab: Any, payloads: Mapping[str, Any],
+                 num_layers: int, page_size: int, rank: int, cp_size: int, model: str,
+                 all_reduce_min: Any) -> None:
+        self._slab = slab
+        self.payloads = dict(payloads)
+        self.num_layers = num_layers
+        self.offsets = page_layout(self.payloads, num_layers)
+        self.page_bytes = self.offsets[""]
+        self.rank, self.cp_size = rank, cp_size
+        self._all_reduce_min = all_reduce_min  # (values, what) -> values, bounded by the collective timeout
+        described = ",".join(f"{name}:{'x'.join(map(str, spec.page_shape))}:{spec.dtype}"
+                             for name, spec in self.payloads.items())
+        namespace = L3Namespace(model=model, dtype=described, kv_layout=f"slab row: payload-major, {num_layers} layers",
+                                page_size=page_size, cp_size=cp_size, tp_size=1, page_bytes=self.page_bytes)
+        self.store = L3Store(directory, cap_bytes, namespace, rank=rank, ranks_on_node=cp_size)
+        self.counters = {"l3_pages_spilled": 0, "l3_hit_pages": 0, "l3_lookups": 0, "l3_read_failures": 0}
+        self._unsettled: list[tuple[int, int]] = []  # (key, ok on this rank) of this forward's hits, in order
+        self._all_reduce_min([1], "L3 open")  # every rank recovered before any writes
+
+    # -- spills (host slab -> L3) -------------------------------------------------------------
+
+    def gather(self, rows: np.ndarray) -> np.ndarray:
+        """uint8 ``[len(rows), page_bytes]``: the L3 pages of slab ``rows``."""
+        parts = []
+        for name in self.payloads:
+            region = self._slab.rows(name)  # uint8 [layers, pages, row_bytes], shared
+            region = region.numpy() if hasattr(region, "numpy") else np.asarray(region)
+            parts.append(region[:, rows, :].transpose(1, 0, 2).reshape(len(rows), -1))
+        return np.ascontiguousarray(np.concatenate(parts, axis=1))
+
+    def spill(self, spilled: Sequence[tuple[np.ndarray, np.ndarray]]) -> int:
+        """Places the pages host eviction released (replicated) and writes this rank's share from the
+        slab rows, before the rows are written again. Returns the pages placed."""
+        keys: list[int] = []
+        rows: list[int] = []
+        seen: set[int] = set()
+        for object_keys, object_rows in spilled:
+            for key, row in zip(object_keys.tolist(), object_rows.tolist()):
+                if key not in seen:  # one object's pages may also be another's (a path backed up twice)
+                    seen.add(key)
+                    keys.append(key)
+                    rows.append(row)
+        if not keys:
+            return 0
+        index, placed = self.store.index, 0
+        batch = max(1, self.store.slots)
+        for start in range(0, len(keys), batch):
+            part_keys, part_rows = keys[start:start + batch], rows[start:start + batch]
+            mine = [i for i, key in enumerate(part_keys)
+                    if index.peek(key) is None and index.writer(key) == self.rank]
+            data = self.gather(np.asarray([part_rows[i] for i in mine], dtype=np.int64)) if mine else None
+            blank = np.zeros(self.page_bytes, dtype=np.uint8)  # other ranks' pages: sizes only, never written here
+            pages: list[tuple[int, Any]] = [(key, blank) for key in part_keys]
+            for j, i in enumerate(mine):
+                pages[i] = (part_keys[i], data[j])  # type: ignore[index]
+            placed += len(self.store.put(pages, durable=False))
+        self.counters["l3_pages_spilled"] += placed
+        return placed
+
+    def flush(self) -> None:
+        """This rank's spills acknowledged durable (records synced, then their log entries)."""
+        self.store.flush()
+
+    # -- reads (L3 -> a request's device pages) -------------------------------------------------
+
+    def lookup_run(self, keys: Sequence[int]) -> L3Found:
+        """The leading pages of ``keys`` found in L3, up to the first miss (replicated: a use)."""
+        found = L3Found([], [], [])
+        for key in keys:
+            self.counters["l3_lookups"] += 1
+            hit = self.store.lookup(int(key))
+            if hit is None:
+                break
+            found.keys.append(int(key))
+            found.slots.append(hit[0])
+            found.sequences.append(hit[1])
+        return found
+
+    def read(self, found: L3Found, device_pages: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Reads the found pages whose device page this rank owns. Returns (their positions in
+        ``found`` that read back whole, uint8 ``[n, page_bytes]`` of those pages); a failed record is
+        left out here and dropped on every rank at :meth:`settle`."""
+        owned = [i for i, page in enumerate(device_pages[:len(found)].tolist()) if page % self.cp_size == self.rank]
+        out = np.empty((len(owned), self.page_bytes), dtype=np.uint8)
+        reasons = self.store.read_many([(found.keys[i], found.slots[i], found.sequences[i]) for i in owned], out) \
+            if owned else []
+        ok = [j for j, reason in enumerate(reasons) if reason is None]
+        failed = {found.keys[owned[j]]: reason for j, reason in enumerate(reasons) if reason is not None}
+        self._unsettled.extend((key, 0 if key in failed else 1) for key in found.keys)
+        self.counters["l3_read_failures"] += len(failed)
+        return np.asarray([owned[j] for j in ok], dtype=np.int64), out[ok]
+
+    def settle(self) -> int:
+        """C (only on a forward with L3 hits, on every rank alike): one MIN all-reduce of which hits
+        read back whole; a record that failed on its reader is dropped from every rank's index.
+        Returns the pages served."""
+        if not self._unsettled:
+            return 0
+        flags = self._all_reduce_min([ok for _, ok in self._unsettled], "L3 read check")
+        keys = [key for key, _ in self._unsettled]
+        self._unsettled = []
+        for key, ok in zip(keys, flags):
+            if not ok:
+                self.store.drop(key, "failed its check on its reader")
+        served = sum(1 for ok in flags if ok)
+        self.counters["l3_hit_pages"] += served
+        return served
+
+    # -- agreement, stats, close ----------------------------------------------------------------
+
+    def digest(self) -> int:
+        return self.store.digest()
+
+    def stats(self) -> dict[str, Any]:
+        s = self.store.stats()
+        out: dict[str, Any] = dict(self.counters)
+        out.update({"l3_pages_written": s["pages_written"], "l3_pages_read": s["pages_read"],
+                    "l3_corrupt_dropped": s["corrupt_dropped"], "l3_recovery_s": s["recovery_s"],
+                    "l3_recovered_pages": s["recovered_pages"], "l3_disk_bytes": s["disk_bytes"],
+                    "l3_cap_bytes": s["cap_bytes"], "l3_slots": s["slots"], "l3_mode": s["mode"],
+                    "l3_digest": self.digest()})
+        return out
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def combined_digest(tier_digest: int, l3_digest: int) -> int:
+    """One 64-bit value for the agreement check over the two tiers' digests and the L3 index's."""
+    data = int(tier_digest).to_bytes(8, "little") + int(l3_digest).to_bytes(8, "little")
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+
+
+def check_l3_options(directory: Any, cap_bytes: Any) -> None:
+    """``--l3-dir`` and ``--l3-bytes``: both or neither, an existing directory, a positive size."""
+    if (directory is None) != (cap_bytes is None):
+        given, missing = ("--l3-dir", "--l3-bytes") if directory is not None else ("--l3-bytes", "--l3-dir")
+        raise InvalidArgumentError(f"{given} needs {missing} too")
+    if directory is None:
+        return
+    if not os.path.isdir(directory):
+        raise InvalidArgumentError(f"--l3-dir {directory}: not an existing directory")
+    if isinstance(cap_bytes, bool) or not isinstance(cap_bytes, int) or cap_bytes < 1:
+        raise InvalidArgumentError(f"--l3-bytes must be a positive number of bytes, got {cap_bytes!r}")
