@@ -12,6 +12,7 @@ mod copy;
 mod errors;
 mod offload;
 mod prefix_tree;
+mod sglang;
 mod shared;
 mod tier;
 
@@ -32,6 +33,7 @@ fn _cpkv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     copy::register(m)?;
     offload::register(m)?;
     prefix_tree::register(m)?;
+    sglang::register(m)?;
     tier::register(m)?;
     Ok(())
 }
