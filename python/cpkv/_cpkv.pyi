@@ -37,6 +37,8 @@ __all__ = [
     "OwnedRows",
     "owned_rows",
     "OffloadIndex",
+    "SglangIndex",
+    "SglangPool",
     "RowSources",
     "copy_rows",
     "row_runs",
