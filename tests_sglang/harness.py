@@ -418,18 +418,12 @@ def killed(r: Rank, requests: int = 6, victim: int = 1) -> dict:
     writing, then exit."""
     import numpy as np
 
-    import cpkv.integrations.sglang.pool as pool_module
-
     r.controller("dynamic", _cpkv_extra(r.options, cpkv_check_every=1))
     run_id = r.backend.pools["kv"].slab.run_id
-    real_copy = pool_module.PoolSlab.copy
     if r.rank == victim:
-        def dying_copy(self: Any, *args: Any, **kwargs: Any) -> None:
-            if kwargs.get("to_slab"):
-                os.kill(os.getpid(), signal.SIGKILL)
-            return real_copy(self, *args, **kwargs)
-
-        pool_module.PoolSlab.copy = dying_copy
+        # Dies right after its first write marked its rows invalid, before any byte of them is copied.
+        for pool in r.backend.pools.values():
+            pool.native.set_write_hook(lambda: os.kill(os.getpid(), signal.SIGKILL))
     reqs = shared_prefix_requests(requests, 3, r.page_size, max_pages=8)
     started = time.monotonic()
     for tokens in reqs:

@@ -9,6 +9,8 @@ from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 
 from cpkv.errors import EngineVersionError, InvalidArgumentError, UnknownPolicyError
 from cpkv.integrations.sglang._version import check_sglang_version
+from cpkv.integrations.sglang.config import CpkvStorageSettings
+from cpkv.runtime.timeouts import MAX_TIMEOUT_S, MIN_TIMEOUT_S
 
 BASE = {"backend_name": "cpkv", "module_path": "cpkv.integrations.sglang", "class_name": "CpkvHiCacheStorage"}
 
@@ -37,6 +39,10 @@ def _config(extra: dict) -> HiCacheStorageConfig:
     ({"cpkv_pages": 8, "cpkv_timeout_s": 1e-9}, InvalidArgumentError, "cpkv_timeout_s"),
     ({"cpkv_pages": 8, "cpkv_timeout_s": float("inf")}, InvalidArgumentError, "cpkv_timeout_s"),
     ({"cpkv_pages": 8, "cpkv_timeout_s": "30"}, InvalidArgumentError, "cpkv_timeout_s"),
+    ({"cpkv_pages": 8, "cpkv_timeout_s": True}, InvalidArgumentError, "cpkv_timeout_s"),
+    # Just outside the one rule of cpkv.runtime.timeouts.
+    ({"cpkv_pages": 8, "cpkv_timeout_s": MAX_TIMEOUT_S * 1.001}, InvalidArgumentError, "cpkv_timeout_s"),
+    ({"cpkv_pages": 8, "cpkv_timeout_s": MIN_TIMEOUT_S / 2}, InvalidArgumentError, "cpkv_timeout_s"),
     ({"cpkv_pages": 8, "cpkv_check_every": 0}, InvalidArgumentError, "cpkv_check_every"),
     ({"cpkv_pages": 8, "cpkv_ranks_per_node": -1}, InvalidArgumentError, "cpkv_ranks_per_node"),
     ({"cpkv_pages": 8, "interface_v1": 2}, InvalidArgumentError, "interface_v1"),
@@ -44,6 +50,14 @@ def _config(extra: dict) -> HiCacheStorageConfig:
 def test_bad_extra_config_names_the_key(extra: dict, cls: type, named: str) -> None:
     with pytest.raises(cls, match=named):
         StorageBackendFactory.create_backend("dynamic", _config({**BASE, **extra}), None)
+
+
+@pytest.mark.parametrize("seconds", [MIN_TIMEOUT_S, 0.05, 30, 100_000, MAX_TIMEOUT_S])
+def test_timeout_follows_the_one_rule(seconds: float) -> None:
+    """The SGLang config takes every timeout cpkv.runtime.timeouts.checked_timeout_s takes (its own
+    range, 0.1 to 86400, refused the ends)."""
+    settings = CpkvStorageSettings.from_extra_config({"cpkv_pages": 8, "cpkv_timeout_s": seconds})
+    assert settings.timeout_s == float(seconds)
 
 
 def test_version_check() -> None:

@@ -29,7 +29,7 @@ def _check_roundtrip(results: list[dict], kind: str, groups: list[list[int]], no
         assert stats["digest_checks"] == stats["stores"] // 4 > 0
         assert stats["rank_replicated"] is (kind != "gqa")
         assert stats["group_size"] == group_size and stats["nodes"] == nodes
-        assert all(stats["copy"][p] == "native" for p in pools)
+        assert all(stats["copy"][p] == "layout" for p in pools)  # addresses computed natively, no per-page meta
         # One copy per node: the slab holds each distinct page once (per pool), whatever the group size.
         for p in pools:
             assert res["slab_bytes_in_use"][p] == res["distinct_pages"] * res["page_bytes"][p]

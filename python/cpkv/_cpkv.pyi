@@ -37,6 +37,8 @@ __all__ = [
     "OwnedRows",
     "owned_rows",
     "OffloadIndex",
+    "SglangIndex",
+    "SglangPool",
     "RowSources",
     "copy_rows",
     "row_runs",
@@ -586,3 +588,74 @@ class L3Index:
     def stats(self) -> dict[str, int]: ...
     def check_invariants(self) -> None: ...
     def __len__(self) -> int: ...
+
+
+@final
+class SglangPool:
+    """One SGLang host pool and its slab region (the SGLang backend's ``PoolSlab`` builds it). A page's
+    entries lie in ``host_buffers`` at ``offset + (first // divisor) * stride`` per row of ``entries``
+    (int64 ``[E, 5]``: buffer, offset, stride, divisor, bytes), ``first`` the page's first host index;
+    or, with ``entries`` None, where ``meta`` (the pool's ``get_page_buffer_meta``) says, once per
+    batch, each entry ``entry_sizes[j]`` bytes. ``data``: the slab's uint8 ``[rows, page_bytes]``;
+    ``stamps``, ``tags``: its int64 per row (shared memory, accessed atomically). Every entry of every
+    page is checked to lie inside its buffer before anything moves (``InvalidArgumentError`` naming
+    the page and its host index), and each copy checks its ranges again where it copies."""
+
+    def __new__(cls, name: str, host_buffers: list[object], entries: npt.NDArray[np.int64] | None,
+                meta: object | None, entry_sizes: Sequence[int], page_size: int, pool_tokens: int,
+                data: object, stamps: object, tags: object) -> SglangPool: ...
+    def check(self, host_indices: object, pages: int) -> None:
+        """What every batch call checks first: ``pages * page_size`` integer indices, each page's first
+        in ``[0, pool_tokens)``, every entry inside its buffer."""
+    def addresses(self, host_indices: object, pages: int) -> npt.NDArray[np.int64]:
+        """int64 ``[pages, entries]``: each entry's host address, as the checks compute them."""
+    def set_write_hook(self, hook: object | None) -> None:
+        """A callable run after a write marked its rows invalid, before it copies (fault-injection tests)."""
+    def close(self) -> None:
+        """Waits for copies in flight; every later call raises ``InvalidArgumentError``."""
+    @property
+    def page_bytes(self) -> int: ...
+    @property
+    def entry_sizes(self) -> list[int]: ...
+    @property
+    def mode(self) -> Literal["layout", "meta"]: ...
+
+
+@final
+class SglangIndex:
+    """The SGLang backend's replicated index (an ``OffloadIndex`` core: one store per SGLang store
+    call, same rows, handles and digest as ``OffloadIndex.store``) and its batch calls, each one
+    native call: checks, index work, key tags, stamps and copies (the GIL released around them). A
+    ``str`` key is its UTF-8 bytes then group 0's four bytes."""
+
+    MAX_ROWS: int
+
+    def __new__(cls, rows: int, policy: str) -> SglangIndex: ...
+    def store(self, keys: Iterable[str | bytes], prefix: str | bytes | None = None) -> npt.NDArray[np.int64]:
+        """One store call, no bytes: int64 ``[n, 2]``, each key's (row, handle), (-1, 0) where refused."""
+    def store_pages(self, keys: Iterable[str | bytes], prefix: str | bytes | None, pool: SglangPool,
+                    host_indices: object, node_size: int, local_rank: int) -> tuple[list[bool], int]:
+        """Checks every page's host range (a refused call changes nothing), stores the keys, then copies
+        each placed page whose row this rank writes (``row % node_size == local_rank``) and that is not
+        there yet: stamp ``-handle``, bytes, tag, stamp ``handle``. (placed per key, pages written)."""
+    def read_pages(self, keys: Iterable[str | bytes], pool: SglangPool,
+                   host_indices: object) -> tuple[list[bool], int, int]:
+        """Checks every page's host range, then copies each key's page whose row carries the key's handle
+        and tag, checked again after the copy. (read per key, pages read, pages whose row changed under
+        the copy)."""
+    def held(self, keys: Iterable[str | bytes], pool: SglangPool) -> list[bool]: ...
+    def present(self, keys: Iterable[str | bytes], pool: SglangPool) -> int:
+        """The leading run of keys whose page is in the pool's slab now."""
+    def locate(self, keys: Iterable[str | bytes]) -> npt.NDArray[np.int64]: ...
+    def readable(self) -> npt.NDArray[np.int64]: ...
+    @staticmethod
+    def key_tags(keys: Iterable[str | bytes]) -> npt.NDArray[np.int64]: ...
+    def reset(self) -> None: ...
+    def digest(self) -> int: ...
+    def check(self) -> None: ...
+    def __len__(self) -> int: ...
+    @property
+    def stores(self) -> int: ...
+    @property
+    def policy(self) -> str: ...
+    def stats(self) -> dict[str, int]: ...

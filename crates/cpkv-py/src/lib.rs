@@ -13,6 +13,7 @@ mod errors;
 mod l3;
 mod offload;
 mod prefix_tree;
+mod sglang;
 mod shared;
 mod tier;
 
@@ -34,6 +35,7 @@ fn _cpkv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     l3::register(m)?;
     offload::register(m)?;
     prefix_tree::register(m)?;
+    sglang::register(m)?;
     tier::register(m)?;
     Ok(())
 }

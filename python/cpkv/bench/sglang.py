@@ -17,9 +17,13 @@ page, cp copies, computed from the geometry).
 
 Part 2, one process: ``batch_set_v1`` and ``batch_get_v1`` of cpkv's backend against a plain
 ``memcpy`` (libc ``memcpy`` of one contiguous range per call) of the same bytes, 128 pages per call as
-SGLang batches them, over a working set larger than the last-level cache, at 4 KB and 64 KB pages
-(``--page-kb``); best of ``--reps`` passes. The memcpy moves the same bytes between the same two
-memories (the host pool and the slab's region), so what differs is the backend's work only.
+SGLang batches them, over a working set of 128 MB, on a GQA pool at 4 KB and 64 KB pages
+(``--page-kb``) and on the DSA stack's two pools (the MLA latent, 72 KB pages, through the v1 calls;
+the indexer, 8.25 KB pages, through the v2 calls SGLang makes for it; ``--no-copy-dsa`` leaves them
+out); best of ``--reps`` passes. The memcpy moves the same bytes between the same two memories (the
+host pool and the slab's region), so what differs is the backend's work only. Next to each, the
+index's own work per batch (its store for a set, its lookup for a get, no bytes) and the fraction of
+memcpy that leaves reachable: memcpy / (memcpy + index).
 
 Needs SGLang 0.5.23 (``.venv-sglang``); without it the command fails with one line.
 """
@@ -27,13 +31,14 @@ Needs SGLang 0.5.23 (``.venv-sglang``); without it the command fails with one li
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import tempfile
 import threading
 import time
 from pathlib import Path
 from queue import Queue
-from typing import Any
+from typing import Any, Callable
 
 BATCH = 128  # SGLang's STORAGE_BATCH_SIZE
 PAGE_TOKENS = 16  # tokens per page in part 1 (the bench's unit of a "token")
@@ -54,6 +59,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--page-kb", default="4,64", metavar="N,N",
                         help="page sizes of part 2 in KiB (default %(default)s; each 4..1024, a power of 2)")
     parser.add_argument("--reps", type=integer(1, 50), default=5, help="passes of part 2, best kept (default %(default)s)")
+    parser.add_argument("--no-copy-dsa", dest="copy_dsa", action="store_false",
+                        help="part 2 without the DSA pools (MLA latent and indexer, 64-token pages)")
     parser.add_argument("--dsa-cp", default="2,4,8", metavar="N,N",
                         help="CP sizes of part 3, DSA-shaped pools through SGLang's _DsaStrategy stack (default "
                              "%(default)s; each 2..8; 0 skips it)")
@@ -122,11 +129,16 @@ def run(args: argparse.Namespace) -> int:
     for cp in cps:
         for row in _part1(cp, chains, slab_pages, args.lag):
             hits.add(cp, *row)
-    speed = Table("batch_set_v1 / batch_get_v1 vs a plain memcpy of the same bytes (128 pages per call, one process)",
-                  ["page KB", "op", "slab memory", "GB/s", "memcpy GB/s", "fraction of memcpy"])
+    speed = Table("batch set/get vs a plain memcpy of the same bytes (128 pages per call, one process); the index's "
+                  "own work per batch and the fraction of memcpy it leaves reachable",
+                  ["pool", "page KB", "op", "slab memory", "GB/s", "memcpy GB/s", "fraction of memcpy",
+                   "index alone us/batch", "memcpy / (memcpy + index)"])
     for kb in page_kbs:
-        for row in _part2(kb, args.reps):
-            speed.add(kb, *row)
+        for row in _part2("gqa", kb, args.reps):
+            speed.add(*row)
+    if args.copy_dsa:
+        for row in _part2("dsa", 0, args.reps):
+            speed.add(*row)
     tables = [hits, speed]
     if dsa_cps:
         dsa_chains = [c[:64] for c in chains[:args.dsa_requests]]
@@ -309,80 +321,175 @@ def _resident_tokens(backend: Any, stored: set[str]) -> int:
 # -- part 2: copy throughput ----------------------------------------------------------------------------
 
 
-def _part2(page_kb: int, reps: int) -> list[list[Any]]:
+def _part2(pool: str, page_kb: int, reps: int) -> list[list[Any]]:
     """In a child process: the backend needs torch.distributed initialised, once."""
     from cpkv.runtime.launch import run_ranks
 
-    return run_ranks(_speed, 1, page_kb, reps, timeout_s=900, collective_timeout_s=60)[0]
+    return run_ranks(_speed, 1, pool, page_kb, reps, timeout_s=900, collective_timeout_s=60)[0]
 
 
-def _speed(rank: int, world: int, page_kb: int, reps: int) -> list[list[Any]]:
-    _quiet()
-    import ctypes
-
+def _gqa_speed_pool(page_kb: int) -> tuple[Any, int]:
+    """A GQA host pool (page_first_direct, fp16 K and V of 16 tokens x 32 dims) of ``page_kb`` pages
+    holding a working set well past the last-level cache; (pool, pages)."""
     import torch
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
     from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
 
-    from cpkv.errors import InternalError
-    from cpkv.integrations.sglang import CpkvHiCacheStorage
-
-    # fp16 K and V of 16 tokens x 32 dims: page bytes = 2048 * layers * heads.
-    per_layer_heads = page_kb // 2
+    per_layer_heads = page_kb // 2  # page bytes = 2048 * layers * heads
     layers = min(4, per_layer_heads)
     heads = per_layer_heads // layers
-    page_bytes = 2048 * layers * heads
-    pages = max(4 * BATCH, (128 << 20) // page_bytes)  # a working set well past the last-level cache
-    tokens = (pages + 1) * 16
-    kv = MHATokenToKVPool(tokens, 16, torch.float16, heads, 32, layers, "cpu", False, start_layer=0,
+    pages = max(4 * BATCH, (128 << 20) // (2048 * layers * heads))
+    kv = MHATokenToKVPool((pages + 1) * 16, 16, torch.float16, heads, 32, layers, "cpu", False, start_layer=0,
                           end_layer=layers - 1)
     host = MHATokenToKVPoolHost(kv.get_device_pool_infos()[0].buffer_info, 1.0, 0, 16, "page_first_direct",
                                 pin_memory=False, device_capacity_tokens=kv.size, start_layer=kv.start_layer,
                                 end_layer=kv.end_layer, write_back_staging=kv.hicache_write_back_staging)
-    del kv  # only its geometry was needed
-    host.kv_buffer.view(torch.uint8).view(-1).random_(0, 256)
+    return host, pages
+
+
+def _dsa_speed_pools() -> tuple[Any, Any, int]:
+    """The DSA host pools SGLang builds (MLA latent 512+64 bf16 and the indexer's 128 fp8 keys + scale,
+    one layer, 64-token pages, page_first_direct): (KV pool, indexer pool, pages), a working set well
+    past the last-level cache."""
+    import sglang.srt.mem_cache.pool_host.common as host_common
+    import torch
+    from sglang.srt import runtime_context
+    from sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler import build_kv_host_pool
+    from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool
+    from sglang.srt.mem_cache.pool_host.dsa import DSAIndexerPoolHost, make_dsa_indexer_pool_decl
+    from sglang.srt.server_args import ServerArgs
+
+    host_common._cuda_host_register = lambda *a, **k: None  # no GPU: plain CPU host pools
+    runtime_context.publish(ServerArgs(model_path="dummy", hicache_mem_layout="page_first_direct",
+                                       hicache_io_backend="direct", hicache_ratio=1.0), role="scheduler")
+    g = DSA_GEOMETRY
+    kv_page = DSA_PAGE * (g["kv_lora_rank"] + g["qk_rope_head_dim"]) * 2
+    pages = max(4 * BATCH, (128 << 20) // kv_page)
+    kv = DSATokenToKVPool((pages + 1) * DSA_PAGE, DSA_PAGE, g["kv_lora_rank"], torch.bfloat16, g["qk_rope_head_dim"], 1,
+                          "cpu", 128, False, g["kv_lora_rank"] + g["qk_rope_head_dim"])
+    host = build_kv_host_pool(kv_pool=kv, page_size=DSA_PAGE)
+    indexer = DSAIndexerPoolHost(decl=make_dsa_indexer_pool_decl(kv), anchor_host=host, allocator_type="default")
+    return host, indexer, pages
+
+
+def _batch_calls(backend: Any, name: str) -> tuple[Any, Any]:
+    """(set, get) of one pool as SGLang's HybridCacheController calls them: the KV pool through the v1
+    calls, a sidecar through the v2 calls."""
+    from sglang.srt.mem_cache.hicache_storage import PoolTransfer
+
+    if name == "kv":
+        return backend.batch_set_v1, backend.batch_get_v1
+
+    def put(keys: list[str], idx: Any) -> Any:
+        return backend.batch_set_v2([PoolTransfer(name=name, keys=keys, host_indices=idx)])[name]
+
+    def get(keys: list[str], idx: Any) -> Any:
+        return backend.batch_get_v2([PoolTransfer(name=name, keys=keys, host_indices=idx)])[name]
+
+    return put, get
+
+
+def _speed(rank: int, world: int, kind: str, page_kb: int, reps: int) -> list[list[Any]]:
+    """``kind`` "gqa": batch_set_v1/batch_get_v1 on a GQA pool of ``page_kb`` pages; "dsa": the DSA
+    stack's two pools, the MLA latent through batch_set_v1/batch_get_v1 and the indexer through
+    batch_set_v2/batch_get_v2, as SGLang's HybridCacheController calls them. Each against a memcpy of
+    the same bytes between the same memories, and the index's own work alone (its store for a set,
+    its lookup for a get, each batch timed right after a memcpy of another batch's bytes, as it runs
+    between the copies): what the index costs per batch bounds the fraction of memcpy a batch call can
+    reach, whatever its copies do."""
+    _quiet()
+    import ctypes
+
+    import torch
+    from sglang.srt.mem_cache.hicache_storage import PoolName
+
+    from cpkv.errors import InternalError
+    from cpkv.integrations.sglang import CpkvHiCacheStorage, ReplicatedIndex
+
+    if kind == "gqa":
+        host, pages = _gqa_speed_pool(page_kb)
+        pools = {"kv": host}
+    else:
+        host, indexer, pages = _dsa_speed_pools()
+        pools = {"kv": host, str(PoolName.INDEXER): indexer}
     backend = CpkvHiCacheStorage(_storage_config(0, 1, {"cpkv_pages": pages, "interface_v1": 1}), {})
     backend.register_mem_pool_host(host)
+    if kind == "dsa":
+        backend.register_mem_host_pool_v2(indexer, PoolName.INDEXER)
+    page_size = host.page_size
     keys = [hashlib.sha256(str(i).encode()).hexdigest() for i in range(pages)]
-    batches = [(keys[i:i + BATCH], torch.arange((i + 1) * 16, (i + 1 + len(keys[i:i + BATCH])) * 16))
+    batches = [(keys[i:i + BATCH], torch.arange((i + 1) * page_size, (i + 1 + len(keys[i:i + BATCH])) * page_size))
                for i in range(0, pages, BATCH)]
-    total = pages * page_bytes
-    # The baseline copies the same bytes between the same memory: the host pool and the slab's own
-    # region (so the slab's kind of memory, huge pages or /dev/shm, is not what is compared).
-    host_ptr = host.kv_buffer.data_ptr()
-    slab = backend.pools["kv"].data
-    slab_ptr = slab.data_ptr()
-    host_bytes = host.kv_buffer.numel() * host.kv_buffer.element_size()
-    if host_bytes < total or slab.numel() < total:  # the raw memcpy below must stay inside both
-        raise InternalError(f"bench sglang: {total} bytes to copy, the host pool holds {host_bytes}, "
-                            f"the slab {slab.numel()}")
-    best = {"set": float("inf"), "get": float("inf"), "memcpy in": float("inf"), "memcpy out": float("inf")}
-    for rep in range(reps + 1):  # pass 0 warms the slab (first touch)
-        backend.clear()
-        started = time.perf_counter()
-        for k, idx in batches:
-            backend.batch_set_v1(k, idx)
-        set_s = time.perf_counter() - started
-        started = time.perf_counter()
-        for k, idx in batches:
-            ok = backend.batch_get_v1(k, idx)
-        get_s = time.perf_counter() - started
-        if not all(ok):
-            raise RuntimeError("batch_get_v1 missed pages it had just stored")
-        timed = {}
-        for name, (to, frm) in {"memcpy in": (slab_ptr, host_ptr), "memcpy out": (host_ptr, slab_ptr)}.items():
+    rows = []
+    for name, pool in pools.items():
+        slab_pool = backend.pools[name]
+        page_bytes = slab_pool.page_bytes
+        total = pages * page_bytes
+        # The baseline copies the same bytes between the same memory: the pages' host range (contiguous in
+        # page_first_direct, from the first batch's first page) and the slab's own region.
+        host_ptr = int(pool.get_page_buffer_meta(torch.arange(page_size, 2 * page_size))[0][0])
+        (buffer,) = [b for b in (getattr(pool, n, None) for n in ("kv_buffer", "index_k_with_scale_buffer"))
+                     if b is not None][:1]
+        host_end = buffer.data_ptr() + buffer.numel() * buffer.element_size()
+        slab = slab_pool.data
+        slab_ptr = slab.data_ptr()
+        if host_end - host_ptr < total or slab.numel() < total:  # the raw memcpy below must stay inside both
+            raise InternalError(f"bench sglang: {total} bytes to copy, the host pool holds {host_end - host_ptr} "
+                                f"past the first page, the slab {slab.numel()}")
+        put, get = _batch_calls(backend, name)
+
+        def memcpy(i: int, to: int, frm: int, page_bytes: int = page_bytes) -> None:
+            at = i * BATCH * page_bytes
+            ctypes.memmove(to + at, frm + at, min(BATCH, pages - i * BATCH) * page_bytes)
+
+        alone = ReplicatedIndex(pages, backend.settings.policy)
+        best = {n: float("inf") for n in ("set", "get", "memcpy in", "memcpy out", "index store", "index locate")}
+        for rep in range(reps + 1):  # pass 0 warms the slab (first touch)
+            backend.clear()
             started = time.perf_counter()
-            for i in range(0, pages, BATCH):  # libc memcpy, one call per batch of contiguous pages
-                ctypes.memmove(to + i * page_bytes, frm + i * page_bytes, min(BATCH, pages - i) * page_bytes)
-            timed[name] = time.perf_counter() - started
-        if rep:
-            for name, seconds in {"set": set_s, "get": get_s, **timed}.items():
-                best[name] = min(best[name], seconds)
-    kind = backend.pools["kv"].slab.kind
+            for k, idx in batches:
+                put(k, idx)
+            set_s = time.perf_counter() - started
+            started = time.perf_counter()
+            for k, idx in batches:
+                ok = get(k, idx)
+            get_s = time.perf_counter() - started
+            if not all(ok):
+                raise RuntimeError("the backend missed pages it had just stored")
+            timed = {"set": set_s, "get": get_s}
+            for op, (to, frm) in {"memcpy in": (slab_ptr, host_ptr), "memcpy out": (host_ptr, slab_ptr)}.items():
+                started = time.perf_counter()
+                for i in range(len(batches)):  # libc memcpy, one call per batch of contiguous pages
+                    memcpy(i, to, frm)
+                timed[op] = time.perf_counter() - started
+            alone.clear()
+            index_calls: dict[str, Callable[[list[str]], Any]] = {
+                "index store": functools.partial(alone.store, prefix_keys=None), "index locate": alone.locate}
+            for op, call in index_calls.items():
+                seconds = 0.0
+                for i, (k, _) in enumerate(batches):
+                    memcpy((i + len(batches) // 2) % len(batches), slab_ptr, host_ptr)  # caches as between copies
+                    started = time.perf_counter()
+                    call(k)
+                    seconds += time.perf_counter() - started
+                timed[op] = seconds
+            if rep:
+                for op, seconds in timed.items():
+                    best[op] = min(best[op], seconds)
+        gbs = {op: total / seconds / 1e9 for op, seconds in best.items() if op.startswith(("set", "get", "memcpy"))}
+        per_batch = {op: best[op] / len(batches) * 1e6 for op in ("index store", "index locate")}
+        floor = {"set": best["memcpy in"] / (best["memcpy in"] + best["index store"]),
+                 "get": best["memcpy out"] / (best["memcpy out"] + best["index locate"])}
+        v = "v1" if name == "kv" else "v2"
+        label = "GQA" if kind == "gqa" else ("DSA latent" if name == "kv" else "DSA indexer")
+        kb = page_bytes / 1024
+        slab_kind = slab_pool.slab.kind
+        rows.append([label, kb, f"batch_set_{v}", slab_kind, gbs["set"], gbs["memcpy in"], gbs["set"] / gbs["memcpy in"],
+                     per_batch["index store"], floor["set"]])
+        rows.append([label, kb, f"batch_get_{v}", slab_kind, gbs["get"], gbs["memcpy out"],
+                     gbs["get"] / gbs["memcpy out"], per_batch["index locate"], floor["get"]])
     backend.close()
-    gbs = {name: total / seconds / 1e9 for name, seconds in best.items()}
-    return [["batch_set_v1", kind, gbs["set"], gbs["memcpy in"], gbs["set"] / gbs["memcpy in"]],
-            ["batch_get_v1", kind, gbs["get"], gbs["memcpy out"], gbs["get"] / gbs["memcpy out"]]]
+    return rows
 
 
 # -- part 3: DSA-shaped pools through the controller stack SGLang's server builds ------------------------

@@ -14,11 +14,13 @@ every rank. What each part does:
   :class:`~.pool.PoolSlab` shared by the group's ranks on one node, one row per index row. Every
   rank's page bytes are the same (SGLang 0.5.23 holds the KV, and the DSA indexer, replicated on
   every rank of a store group), so each row is written once per node, by the node rank
-  ``row % ranks_on_node``, and read whole by every rank. Every copy is bounds-checked against the
-  host pool before any byte moves (:meth:`.pool.PoolSlab.page_meta`);
+  ``row % ranks_on_node``, and read whole by every rank. Each batch call is one native call
+  (:class:`~.index.ReplicatedIndex`'s ``store_pages``/``read_pages``): every page's host range checked
+  before anything is stored or copied, the index work, the key tags and stamps, and the copies, the
+  GIL released around them;
 - visibility: a row's stamp and key tag have exactly one writer (the rule above), which sets the
-  stamp to ``-handle``, copies, sets the tag to the key's, then the stamp to ``handle`` (x86 stores
-  are ordered; the native copy fences its streaming stores). A key's page is present only while its
+  stamp to ``-handle``, copies, sets the tag to the key's, then the stamp to ``handle`` (atomic
+  stores in the slab's shared memory, a full fence between the copies and the stamps). A key's page is present only while its
   row carries the handle and the key tag this rank's index expects, and a read checks both again
   after copying: a row overwritten under a reader (a faster rank reused it) is reported missing,
   never returned torn, and a rank whose index diverged from the writer's (it missed a store) reads
@@ -58,7 +60,7 @@ from cpkv.runtime.agree import agree
 
 from .config import CpkvStorageSettings
 from .index import ReplicatedIndex
-from .pool import PoolSlab, key_tags
+from .pool import PoolSlab
 from .topology import build_topology
 from .writers import make_every_rank_a_writer
 
@@ -140,10 +142,6 @@ class CpkvHiCacheStorage(HiCacheStorage):
 
     # -- the replicated side: stores ----------------------------------------------------------------
 
-    def _mine(self, rows: np.ndarray) -> np.ndarray:
-        """Which of ``rows`` this rank writes: one writer per row and node."""
-        return rows % self.topology.node_size == self.topology.local_rank
-
     def _store(self, keys: list[str], prefix_keys: list[str] | None) -> np.ndarray:
         """int64 ``[n, 2]``: each key's (row, handle), row -1 where refused."""
         self._check_usable()
@@ -200,68 +198,39 @@ class CpkvHiCacheStorage(HiCacheStorage):
                                    timeout=timeout_s)
         self._check_usable()
 
-    def _write(self, pool: PoolSlab, placed: np.ndarray, ptrs: np.ndarray, tags: np.ndarray) -> int:
-        """Writes the placed pages (``_store``'s answer; their checked host pointers ``ptrs`` and key
-        tags) this rank owns and that are not already there; returns pages written."""
-        positions = np.flatnonzero(placed[:, 0] >= 0)
-        if not len(positions):
-            return 0
-        rows, handles, tags = placed[positions, 0], placed[positions, 1], tags[positions]
-        mine = self._mine(rows)
-        # Already written (a page stored again): nothing to copy.
-        mine &= (pool.stamps[rows] != handles) | (pool.tags[rows] != tags)
-        if not mine.any():
-            return 0
-        positions, rows, handles, tags = positions[mine], rows[mine], handles[mine], tags[mine]
-        pool.stamps[rows] = -handles  # invalid while the bytes change
-        pool.copy(positions, ptrs, rows, to_slab=True)
-        pool.tags[rows] = tags
-        pool.stamps[rows] = handles
-        return len(rows)
+    def _write(self, pool: PoolSlab, keys: list[str], prefix: list[str] | None, host_indices: Any) -> list[bool]:
+        """One store call with its bytes (the index's ``store_pages``: checks, store, stamps, copies);
+        returns which keys were placed."""
+        self._check_usable()
+        started = time.perf_counter()
+        topo = self.topology
+        stored, written = self.index.store_pages(keys, prefix, pool.native, host_indices, topo.node_size,
+                                                 topo.local_rank)
+        with self._counters_lock:
+            self.counters["stores"] += 1
+            self.counters["pages_offered"] += len(keys)
+            self.counters["pages_refused"] += len(keys) - sum(stored)
+        self._account_write(pool, written, started)
+        self._after_store()
+        return stored
 
     # -- reads (no replicated state changes) ------------------------------------------------------
 
-    @staticmethod
-    def _holds(pool: PoolSlab, found: np.ndarray, tags: np.ndarray) -> np.ndarray:
-        """Per ``locate`` row (position, row, handle): does the slab row hold that key's page now."""
-        rows = found[:, 1]
-        return (pool.stamps[rows] == found[:, 2]) & (pool.tags[rows] == tags[found[:, 0]])
-
-    def _present(self, pool: PoolSlab, keys: list[str]) -> int:
-        """Length of the leading run of keys whose page is written in ``pool``."""
-        found = self.index.locate(keys)
-        complete = np.zeros(len(keys), dtype=bool)
-        if len(found):
-            complete[found[:, 0]] = self._holds(pool, found, key_tags(keys))
-        missing = np.flatnonzero(~complete)
-        return int(missing[0]) if len(missing) else len(keys)
-
     def _read(self, pool: PoolSlab, keys: list[str], host_indices: Any) -> list[bool]:
-        ptrs = pool.page_meta(host_indices, len(keys))  # checked before anything moves
-        ok = np.zeros(len(keys), dtype=bool)
-        found = self.index.locate(keys)
-        if len(found) == 0:
-            return ok.tolist()
-        tags = key_tags(keys)
-        found = found[self._holds(pool, found, tags)]
-        if len(found) == 0:
-            return ok.tolist()
-        pool.copy(found[:, 0], ptrs, found[:, 1], to_slab=False)
-        # Seqlock: a row overwritten while we copied no longer carries the handle and tag we read it under.
-        still = self._holds(pool, found, tags)
-        ok[found[still, 0]] = True
-        good = int(still.sum())
+        started = time.perf_counter()
+        ok, good, torn = self.index.read_pages(keys, pool.native, host_indices)
         with self._counters_lock:
-            self.counters["torn_reads_refused"] += len(found) - good
+            self.counters["torn_reads_refused"] += torn
             self.counters["pages_read"] += good
             self.counters["bytes_read"] += good * pool.page_bytes
-        return ok.tolist()
+        self._account_read(pool, good, started)
+        return ok
 
     # -- SGLang's interface: v1 -------------------------------------------------------------------
 
     def batch_exists(self, keys: list[str], extra_info: HiCacheStorageExtraInfo | None = None) -> int:
         self._check_usable()
-        hits = self._present(self._pool(KV), keys)
+        hits = self.index.present(keys, self._pool(KV).native)
         with self._counters_lock:
             self.counters["exists_calls"] += 1
             self.counters["exists_hit_pages"] += hits
@@ -271,25 +240,13 @@ class CpkvHiCacheStorage(HiCacheStorage):
 
     def batch_set_v1(self, keys: list[str], host_indices: torch.Tensor,
                      extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
-        self._check_usable()
-        started = time.perf_counter()
         prefix = extra_info.prefix_keys if extra_info is not None else None
-        pool = self._pool(KV)
-        ptrs = pool.page_meta(host_indices, len(keys))  # a refused call stores nothing
-        placed = self._store(keys, prefix)
-        written = self._write(pool, placed, ptrs, key_tags(keys))
-        self._account_write(pool, written, started)
-        self._after_store()
-        return (placed[:, 0] >= 0).tolist()
+        return self._write(self._pool(KV), keys, prefix, host_indices)
 
     def batch_get_v1(self, keys: list[str], host_indices: torch.Tensor,
                      extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
         self._check_usable()
-        started = time.perf_counter()
-        pool = self._pool(KV)
-        ok = self._read(pool, keys, host_indices)
-        self._account_read(pool, sum(ok), started)
-        return ok
+        return self._read(self._pool(KV), keys, host_indices)
 
     def _account_write(self, pool: PoolSlab, pages: int, started: float) -> None:
         seconds = time.perf_counter() - started
@@ -317,13 +274,13 @@ class CpkvHiCacheStorage(HiCacheStorage):
         restorable = set(range(1, kv_pages + 1))
         for transfer in pool_transfers or []:
             pool = self._pool(transfer.name)
-            upto = self._present(pool, keys[:kv_pages])
+            upto = self.index.present(keys[:kv_pages], pool.native)
             if transfer.hit_policy == PoolHitPolicy.ALL_PAGES:
                 allowed = set(range(1, upto + 1))
             elif transfer.hit_policy == PoolHitPolicy.TRAILING_PAGES:
                 # Only the last `trailing` pages of a prefix need this pool; check them one by one.
                 trailing = max(1, len(transfer.keys) if transfer.keys else 1)
-                have = [self._present(pool, [k]) == 1 for k in keys[:kv_pages]]
+                have = self.index.held(keys[:kv_pages], pool.native)
                 allowed = {n for n in range(1, kv_pages + 1) if all(have[max(0, n - trailing):n])}
             else:
                 raise InvalidArgumentError(f"pool {transfer.name!s}: hit policy {transfer.hit_policy!s} "
@@ -341,9 +298,7 @@ class CpkvHiCacheStorage(HiCacheStorage):
         for transfer in transfers:
             keys = list(transfer.keys or [])
             pool = self._pool(transfer.name)
-            started = time.perf_counter()
-            results[transfer.name] = ok = self._read(pool, keys, transfer.host_indices)
-            self._account_read(pool, sum(ok), started)
+            results[transfer.name] = self._read(pool, keys, transfer.host_indices)
         return results
 
     def batch_set_v2(self, transfers: list[PoolTransfer],
@@ -355,15 +310,10 @@ class CpkvHiCacheStorage(HiCacheStorage):
         for transfer in transfers:
             keys = list(transfer.keys or [])
             pool = self._pool(transfer.name)
-            checked.append((transfer, keys, pool, pool.page_meta(transfer.host_indices, len(keys))))
-        results: dict[str, list[bool]] = {}
-        for transfer, keys, pool, ptrs in checked:
-            started = time.perf_counter()
-            placed = self._store(keys, prefix)
-            self._account_write(pool, self._write(pool, placed, ptrs, key_tags(keys)), started)
-            results[transfer.name] = (placed[:, 0] >= 0).tolist()
-            self._after_store()
-        return results
+            pool.native.check(transfer.host_indices, len(keys))
+            checked.append((transfer, keys, pool))
+        return {transfer.name: self._write(pool, keys, prefix, transfer.host_indices)
+                for transfer, keys, pool in checked}
 
     # -- SGLang's interface: the older tensor calls -----------------------------------------------
 
@@ -376,7 +326,7 @@ class CpkvHiCacheStorage(HiCacheStorage):
         e = self.index.get(key)
         if e is None or target_location is None:
             return None
-        tag = key_tags([key])[0]
+        tag = self.index.key_tags([key])[0]
         if pool.stamps[e.row] != e.handle or pool.tags[e.row] != tag:
             return None
         out = target_location.view(-1).view(torch.uint8)
@@ -415,10 +365,10 @@ class CpkvHiCacheStorage(HiCacheStorage):
                     f"batch_set: the value of key {keys[i]!r} has {flat.numel()} bytes, a page has {pool.page_bytes}")
             data.append(flat)
         placed = self._store(keys, None)
-        tags = key_tags(keys)
+        tags = self.index.key_tags(keys)
         written = 0
         for (row, handle), tag, flat in zip(placed.tolist(), tags.tolist(), data):
-            if row < 0 or not self._mine(np.array([row]))[0]:
+            if row < 0 or row % self.topology.node_size != self.topology.local_rank:
                 continue
             if pool.stamps[row] == handle and pool.tags[row] == tag:
                 continue
@@ -461,7 +411,7 @@ class CpkvHiCacheStorage(HiCacheStorage):
             "group_size": topo.size, "node": topo.node, "nodes": topo.nodes, "node_size": topo.node_size,
             "slab_bytes": sum(p.slab.nbytes for p in self.pools.values()),
             "slab_kind": {name: p.slab.kind for name, p in self.pools.items()},
-            "copy": {name: "native" if p.entry is not None else "memmove" for name, p in self.pools.items()},
+            "copy": {name: p.mode for name, p in self.pools.items()},
             "broken": None if self._broken is None else f"{type(self._broken).__name__}: {self._broken}",
         })
         return out

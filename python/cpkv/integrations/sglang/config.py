@@ -7,17 +7,16 @@ module does not know, or a bad value, fails at construction with a typed error n
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 from cpkv._cpkv import DEFAULT_POLICY, OffloadIndex
 from cpkv.errors import InvalidArgumentError, UnknownPolicyError
+from cpkv.runtime.timeouts import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S, MIN_TIMEOUT_S, checked_timeout_s
 
 # SGLang 0.5.23 holds every page replicated on the ranks of a store group (see README: "What SGLang
 # holds"): per-rank slices come only from --enable-kv-cache-sharding, which refuses storage backends.
 LAYOUTS = ("replicated",)
-TIMEOUT_RANGE_S = (0.1, 86400.0)  # what torch.distributed's gloo timeouts and the slab's waits accept
 
 KEYS = {
     "cpkv_pages": "slab rows per node (one row holds one SGLang page of every rank that shares it), int >= 1; required",
@@ -25,7 +24,8 @@ KEYS = {
     "cpkv_layout": "replicated, the only layout SGLang 0.5.23 produces (every rank of a store group holds the same page bytes)",
     "cpkv_ranks_per_node": "CP ranks per slab (default: the ranks on one machine); set it to simulate several nodes on one",
     "cpkv_check_every": "compare the replicated index's digest across the CP ranks every N stores, int >= 1 (default 64)",
-    "cpkv_timeout_s": "seconds any rank waits for its peers in a collective, 0.1 to 86400 (default 30)",
+    "cpkv_timeout_s": (f"seconds any rank waits for its peers in a collective, {MIN_TIMEOUT_S:g} to {MAX_TIMEOUT_S:g} "
+                       f"(cpkv.runtime.timeouts' one rule; default {DEFAULT_TIMEOUT_S:g})"),
 }
 
 
@@ -36,7 +36,7 @@ class CpkvStorageSettings:
     layout: str = "replicated"
     ranks_per_node: int | None = None
     check_every: int = 64
-    timeout_s: float = 30.0
+    timeout_s: float = DEFAULT_TIMEOUT_S
     interface_v1: bool = False
 
     @classmethod
@@ -69,17 +69,11 @@ class CpkvStorageSettings:
                 "holds every page replicated on the ranks that share it)")
         ranks_per_node = _int(extra, "cpkv_ranks_per_node", 1) if extra.get("cpkv_ranks_per_node") is not None else None
         check_every = _int(extra, "cpkv_check_every", 1) if "cpkv_check_every" in extra else 64
-        timeout_s = extra.get("cpkv_timeout_s", 30.0)
-        low, high = TIMEOUT_RANGE_S
-        if (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not math.isfinite(timeout_s)
-                or not low <= timeout_s <= high):
-            raise InvalidArgumentError(
-                f"extra config key 'cpkv_timeout_s' must be a finite number of seconds in [{low:g}, {high:g}], "
-                f"got {timeout_s!r}")
+        timeout_s = checked_timeout_s(extra.get("cpkv_timeout_s", DEFAULT_TIMEOUT_S), "extra config key 'cpkv_timeout_s'")
         v1 = extra.get("interface_v1", 0)
         if v1 not in (0, 1, True, False):
             raise InvalidArgumentError(f"extra config key 'interface_v1' must be 0 or 1, got {v1!r}")
-        return cls(pages, policy, layout, ranks_per_node, check_every, float(timeout_s), bool(v1))
+        return cls(pages, policy, layout, ranks_per_node, check_every, timeout_s, bool(v1))
 
 
 def _int(extra: Mapping[str, Any], key: str, minimum: int) -> int:

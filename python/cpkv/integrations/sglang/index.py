@@ -1,5 +1,6 @@
-"""Which SGLang page lives in which slab row: cpkv's ``OffloadIndex`` (the vLLM adapter's index too),
-fed one ``store`` per SGLang store call, so it is a pure function of the store calls, the same on
+"""Which SGLang page lives in which slab row: cpkv's ``OffloadIndex`` (the vLLM adapter's index too,
+here inside the native ``SglangIndex``, which also runs the backend's batch calls), fed one store per
+SGLang store call, so it is a pure function of the store calls, the same on
 every rank.
 
 SGLang's backup thread calls ``batch_set`` on every CP rank with the same keys in the same order,
@@ -23,13 +24,13 @@ content.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
 from cpkv import DEFAULT_POLICY
-from cpkv._cpkv import OffloadIndex
+from cpkv._cpkv import SglangIndex, SglangPool
 
 __all__ = ["Entry", "ReplicatedIndex"]
 
@@ -46,9 +47,7 @@ class ReplicatedIndex:
     def __init__(self, rows: int, policy: str = DEFAULT_POLICY) -> None:
         self.rows = rows
         self.policy = policy
-        # One token per position: store() numbers a call's pages 1, 2, ... after its prefix's 0.
-        self._core = OffloadIndex(rows, policy, [1])
-        self.stores = 0  # the backend's digest-check cadence
+        self._core = SglangIndex(rows, policy)
 
     # -- reads (any thread; never change anything) ---------------------------------------------
 
@@ -74,14 +73,45 @@ class ReplicatedIndex:
     def evicted(self) -> int:
         return self._core.stats()["evicted"]
 
+    @property
+    def stores(self) -> int:
+        """Store calls so far, with or without bytes (the backend's digest-check cadence)."""
+        return self._core.stores
+
+    @staticmethod
+    def key_tags(keys: Sequence[str]) -> npt.NDArray[np.int64]:
+        """int64 tag of each key: what a row holding the key's page carries next to its stamp."""
+        return SglangIndex.key_tags(keys)
+
+    def held(self, keys: Sequence[str], pool: SglangPool) -> list[bool]:
+        """Whether each key's page is in ``pool``'s slab now (its row carries the key's handle and tag)."""
+        return self._core.held(keys, pool)
+
+    def present(self, keys: Sequence[str], pool: SglangPool) -> int:
+        """Length of the leading run of keys whose page is in ``pool``'s slab."""
+        return self._core.present(keys, pool)
+
+    def read_pages(self, keys: Sequence[str], pool: SglangPool, host_indices: Any) -> tuple[list[bool], int, int]:
+        """One read call, one native call: the host indices checked, each key's page copied into the
+        host pool while its row carries the key's handle and tag, checked again after the copy. Returns
+        (per key: read), pages read, pages refused because their row changed under the copy."""
+        return self._core.read_pages(keys, pool, host_indices)
+
     # -- stores (the backup thread) ---------------------------------------------------------------
 
     def store(self, keys: Sequence[str], prefix_keys: Sequence[str] | None) -> npt.NDArray[np.int64]:
         """Places the keys of one store call: int64 ``[n, 2]``, each key's (row, handle), (-1, 0) where
         there was no room for it (see the module docstring)."""
-        placed = self._core.store(keys, prefix_keys[-1] if prefix_keys else None)
-        self.stores += 1
-        return placed
+        return self._core.store(keys, prefix_keys[-1] if prefix_keys else None)
+
+    def store_pages(self, keys: Sequence[str], prefix_keys: Sequence[str] | None, pool: SglangPool, host_indices: Any,
+                    node_size: int, local_rank: int) -> tuple[list[bool], int]:
+        """One store call with its bytes, one native call: the host indices checked (a refused call
+        changes nothing), the keys stored as :meth:`store` does, then each placed page whose row this
+        rank writes (``row % node_size == local_rank``) and that is not there yet copied into the slab
+        (stamp ``-handle``, bytes, tag, stamp ``handle``). Returns (per key: placed), pages written."""
+        return self._core.store_pages(keys, prefix_keys[-1] if prefix_keys else None, pool, host_indices,
+                                      node_size, local_rank)
 
     def clear(self) -> None:
         """Drops every key; handles keep counting, so no old stamp ever matches a new entry."""

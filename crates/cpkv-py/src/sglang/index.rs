@@ -1,0 +1,481 @@
+//! `SglangIndex`: the SGLang backend's replicated index (`cpkv_tier::
+//! OffloadIndex`, through its public methods) and its batch calls, each one
+//! native call per SGLang call: checks, index work, key tags, stamps and
+//! copies.
+//!
+//! - `store_pages` (`batch_set`): every page's host range checked first (a
+//!   refused call changes nothing), one index store, then the pages this rank
+//!   writes (its rows, not already there) marked invalid, copied without the
+//!   GIL, and published (tag, then stamp).
+//! - `read_pages` (`batch_get`): host ranges checked, keys located, each row
+//!   read only while it carries the handle and key tag this rank's index
+//!   expects, and checked again after the copy: a row overwritten under the
+//!   reader, or one whose tag differs (a rank whose index diverged), is a miss,
+//!   never wrong bytes.
+//! - `held` / `present` (`batch_exists`): the same row check, no copy.
+//!
+//! Keys are SGLang's strings (a `str` is its UTF-8 bytes then group 0's four
+//! bytes, as `OffloadIndex` reads it) or `bytes`. A key's tag is 64 bits of
+//! `cpkv_hash` over those bytes, the same in every process.
+
+use std::sync::atomic::{fence, AtomicU64, Ordering};
+
+use cpkv_hash::Hasher64;
+use cpkv_tier::{OffloadIndex as Core, Placed, GROUP_BYTES};
+use numpy::{PyArray1, PyArray2, PyArrayMethods};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
+
+use super::pool::{copies_done, SglangPool};
+use crate::convert::{describe, invalid, is_numpy_text, ordered_iter, uint, wrong_type, PolicyArg};
+use crate::errors::{tier_error, DivergenceError, InternalError};
+use crate::shared::{unshared, Shared};
+
+/// The tag of a key's tags (distinct from the index's own key tokens).
+const KEY_TAG: u64 = 0x7367_6c61_6e67_7467; // "sglangtg"
+/// The most keys one call takes (checked before anything is read).
+const MAX_KEYS_PER_CALL: usize = 1 << 24;
+
+/// A call's keys, packed in one buffer.
+struct Keys {
+    bytes: Vec<u8>,
+    ends: Vec<usize>,
+}
+
+impl Keys {
+    fn of(keys: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let not_keys = || {
+            format!(
+                "keys must be an ordered collection (a list or tuple) of str or bytes keys, got {}",
+                describe(keys)
+            )
+        };
+        let mut out = Keys {
+            bytes: Vec::new(),
+            ends: Vec::new(),
+        };
+        if let Ok(list) = keys.cast::<PyList>() {
+            out.reserve(list.len())?;
+            for (i, item) in list.iter().enumerate() {
+                out.push(&item, i)?;
+            }
+        } else if let Ok(tuple) = keys.cast::<PyTuple>() {
+            out.reserve(tuple.len())?;
+            for (i, item) in tuple.iter().enumerate() {
+                out.push(&item, i)?;
+            }
+        } else {
+            for (i, item) in ordered_iter(keys, not_keys)?.enumerate() {
+                if i >= MAX_KEYS_PER_CALL {
+                    return Err(invalid(format!("keys: more than {MAX_KEYS_PER_CALL} keys")));
+                }
+                out.push(&item?, i)?;
+            }
+        }
+        Core::check_keys(&out.slices()).map_err(tier_error)?;
+        Ok(out)
+    }
+
+    fn reserve(&mut self, n: usize) -> PyResult<()> {
+        if n > MAX_KEYS_PER_CALL {
+            return Err(invalid(format!(
+                "keys: {n} is more than {MAX_KEYS_PER_CALL} keys"
+            )));
+        }
+        self.ends.reserve(n);
+        self.bytes.reserve(n * (64 + GROUP_BYTES));
+        Ok(())
+    }
+
+    /// One key: a `str` as its UTF-8 bytes then group 0's four bytes;
+    /// `bytes` as they are; numpy's text scalars refused (they drop trailing
+    /// NUL bytes).
+    fn push(&mut self, item: &Bound<'_, PyAny>, i: usize) -> PyResult<()> {
+        if let Ok(text) = item.cast::<PyString>() {
+            if !item.is_exact_instance_of::<PyString>() && is_numpy_text(item) {
+                return Err(wrong_type(format!(
+                    "keys[{i}] is a numpy str_ scalar, which has lost the key's trailing NUL bytes; pass str"
+                )));
+            }
+            let text = text.to_str().map_err(|_| {
+                invalid(format!(
+                    "keys[{i}] is a str that is not valid UTF-8: {}",
+                    describe(item)
+                ))
+            })?;
+            self.bytes.extend_from_slice(text.as_bytes());
+            self.bytes.extend_from_slice(&[0; GROUP_BYTES]);
+        } else if let Ok(b) = item.cast::<PyBytes>() {
+            if !item.is_exact_instance_of::<PyBytes>() && is_numpy_text(item) {
+                return Err(wrong_type(format!(
+                    "keys[{i}] is a numpy bytes_ scalar, which has lost the key's trailing NUL bytes; pass bytes"
+                )));
+            }
+            self.bytes.extend_from_slice(b.as_bytes());
+        } else {
+            return Err(wrong_type(format!(
+                "keys[{i}] must be str or bytes, got {}",
+                describe(item)
+            )));
+        }
+        self.ends.push(self.bytes.len());
+        Ok(())
+    }
+
+    fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    fn get(&self, i: usize) -> &[u8] {
+        let start = if i == 0 { 0 } else { self.ends[i - 1] };
+        &self.bytes[start..self.ends[i]]
+    }
+
+    fn slices(&self) -> Vec<&[u8]> {
+        (0..self.len()).map(|i| self.get(i)).collect()
+    }
+
+    fn tag(&self, i: usize) -> i64 {
+        key_tag(self.get(i))
+    }
+}
+
+fn key_tag(key: &[u8]) -> i64 {
+    Hasher64::new(KEY_TAG).bytes(key).finish() as i64
+}
+
+/// A single key (the prefix).
+fn one_key(key: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
+    let mut keys = Keys {
+        bytes: Vec::new(),
+        ends: Vec::new(),
+    };
+    keys.push(key, 0)
+        .map_err(|e| wrong_type(format!("prefix: {}", e.value(key.py()))))?;
+    Core::check_keys(&keys.slices()).map_err(tier_error)?;
+    Ok(keys.bytes)
+}
+
+fn placed_words(p: Placed) -> [i64; 2] {
+    [i64::from(p.row), p.serial as i64]
+}
+
+fn table(py: Python<'_>, flat: Vec<i64>, columns: usize) -> PyResult<Bound<'_, PyArray2<i64>>> {
+    let n = flat.len() / columns;
+    PyArray1::from_vec(py, flat).reshape([n, columns])
+}
+
+fn internal(message: String) -> PyErr {
+    InternalError::new_err(message)
+}
+
+/// One page this rank writes: its position in the call, row, handle, tag.
+struct Write {
+    position: usize,
+    row: u64,
+    handle: i64,
+    tag: i64,
+}
+
+#[pyclass(frozen, name = "SglangIndex", module = "cpkv._cpkv")]
+pub(crate) struct SglangIndex {
+    core: Shared<Core>,
+    /// Store calls so far (the backend's digest-check cadence).
+    stores: AtomicU64,
+}
+
+impl SglangIndex {
+    fn store_core(
+        &self,
+        py: Python<'_>,
+        keys: &Keys,
+        prefix: Option<&[u8]>,
+    ) -> PyResult<Vec<Option<Placed>>> {
+        let refs = keys.slices();
+        let placed = self
+            .core
+            .with(py, |c| c.store(&refs, prefix))?
+            .map_err(tier_error)?;
+        self.stores.fetch_add(1, Ordering::Relaxed);
+        Ok(placed)
+    }
+
+    fn locate_core(&self, py: Python<'_>, keys: &Keys) -> PyResult<Vec<(usize, Placed)>> {
+        let refs = keys.slices();
+        self.core.with(py, |c| {
+            refs.iter()
+                .enumerate()
+                .filter_map(|(i, k)| c.locate(k).map(|p| (i, p)))
+                .collect()
+        })
+    }
+
+    /// Whether each key's page is in the pool's slab now.
+    fn held_keys(
+        &self,
+        py: Python<'_>,
+        keys: &Keys,
+        pool: &SglangPool,
+        stop_at_miss: bool,
+    ) -> PyResult<Vec<bool>> {
+        let found = self.locate_core(py, keys)?;
+        let guard = pool.open(py)?;
+        let buffers = guard.as_ref().expect("open");
+        let mut held = vec![false; keys.len()];
+        for (i, p) in found {
+            if stop_at_miss && i > 0 && !held[i - 1] {
+                break;
+            }
+            held[i] = buffers
+                .holds(u64::from(p.row), p.serial as i64, keys.tag(i))
+                .map_err(internal)?;
+        }
+        Ok(held)
+    }
+}
+
+#[pymethods]
+impl SglangIndex {
+    /// The most rows an index takes (rows are int32).
+    #[classattr]
+    const MAX_ROWS: u64 = cpkv_tier::MAX_OFFLOAD_ROWS;
+
+    #[new]
+    fn new(py: Python<'_>, rows: &Bound<'_, PyAny>, policy: PolicyArg) -> PyResult<Self> {
+        let rows = uint(rows, "rows")?;
+        // One token per position: a store numbers its pages 1, 2, ... after its prefix's 0.
+        let core = unshared(py, || Core::new(rows, policy.0, vec![1]))?.map_err(tier_error)?;
+        Ok(Self {
+            core: Shared::new(core),
+            stores: AtomicU64::new(0),
+        })
+    }
+
+    /// One store call, no bytes: int64 `[n, 2]`, each key's (row, handle),
+    /// (-1, 0) where refused.
+    #[pyo3(signature = (keys, prefix = None))]
+    fn store<'py>(
+        &self,
+        py: Python<'py>,
+        keys: &Bound<'py, PyAny>,
+        prefix: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyArray2<i64>>> {
+        let keys = Keys::of(keys)?;
+        let prefix = prefix.filter(|p| !p.is_none()).map(one_key).transpose()?;
+        let placed = self.store_core(py, &keys, prefix.as_deref())?;
+        let flat = placed
+            .into_iter()
+            .flat_map(|p| p.map_or([-1, 0], placed_words))
+            .collect();
+        table(py, flat, 2)
+    }
+
+    /// One SGLang store call with its bytes (see the module docs): each key
+    /// placed (list of bool), and the pages this rank copied. `node_size`,
+    /// `local_rank`: this rank writes the rows `row % node_size == local_rank`.
+    #[pyo3(signature = (keys, prefix, pool, host_indices, node_size, local_rank))]
+    #[allow(clippy::too_many_arguments)] // SGLang's call and where this rank writes
+    fn store_pages<'py>(
+        &self,
+        py: Python<'py>,
+        keys: &Bound<'py, PyAny>,
+        prefix: Option<&Bound<'py, PyAny>>,
+        pool: &Bound<'py, SglangPool>,
+        host_indices: &Bound<'py, PyAny>,
+        node_size: u64,
+        local_rank: u64,
+    ) -> PyResult<(Bound<'py, PyList>, usize)> {
+        if node_size == 0 || local_rank >= node_size {
+            return Err(invalid(format!(
+                "local_rank {local_rank} is not a rank of a node of {node_size}"
+            )));
+        }
+        let keys = Keys::of(keys)?;
+        let prefix = prefix.filter(|p| !p.is_none()).map(one_key).transpose()?;
+        let pool = pool.get();
+        // Checked before the index stores anything: a refused call changes nothing.
+        let pages = pool.host_pages(py, host_indices, keys.len())?;
+        let placed = self.store_core(py, &keys, prefix.as_deref())?;
+        let stored = PyList::new(py, placed.iter().map(Option::is_some))?;
+        let guard = pool.open(py)?;
+        let buffers = guard.as_ref().expect("open");
+        let mut writes = Vec::new();
+        for (position, p) in placed.iter().enumerate() {
+            let Some(p) = p else { continue };
+            let row = u64::from(p.row);
+            if row % node_size != local_rank {
+                continue;
+            }
+            let (handle, tag) = (p.serial as i64, keys.tag(position));
+            if buffers.holds(row, handle, tag).map_err(internal)? {
+                continue; // already written (a page stored again)
+            }
+            writes.push(Write {
+                position,
+                row,
+                handle,
+                tag,
+            });
+        }
+        if writes.is_empty() {
+            return Ok((stored, 0));
+        }
+        for w in &writes {
+            buffers.invalidate(w.row, w.handle).map_err(internal)?;
+        }
+        copies_done(); // the stamps are invalid before any byte changes
+        pool.run_write_hook(py)?;
+        unshared(py, || -> Result<(), String> {
+            for w in &writes {
+                pool.copy_page(buffers, &pages, w.position, w.row, true)?;
+            }
+            copies_done(); // every byte is in place before a row is published
+            for w in &writes {
+                buffers.publish(w.row, w.handle, w.tag)?;
+            }
+            Ok(())
+        })?
+        .map_err(|e| internal(format!("pool '{}': {e}", pool.name())))?;
+        Ok((stored, writes.len()))
+    }
+
+    /// One SGLang read call (see the module docs): each key's page read into
+    /// the host pool (list of bool), pages read, and reads refused because
+    /// the row changed under the copy.
+    fn read_pages<'py>(
+        &self,
+        py: Python<'py>,
+        keys: &Bound<'py, PyAny>,
+        pool: &Bound<'py, SglangPool>,
+        host_indices: &Bound<'py, PyAny>,
+    ) -> PyResult<(Bound<'py, PyList>, usize, usize)> {
+        let keys = Keys::of(keys)?;
+        let pool = pool.get();
+        let pages = pool.host_pages(py, host_indices, keys.len())?;
+        let found = self.locate_core(py, &keys)?;
+        let guard = pool.open(py)?;
+        let buffers = guard.as_ref().expect("open");
+        let (ok, copied) = unshared(py, || -> Result<(Vec<bool>, usize), String> {
+            let mut ok = vec![false; keys.len()];
+            let mut copied = Vec::with_capacity(found.len());
+            for &(i, p) in &found {
+                let (row, handle, tag) = (u64::from(p.row), p.serial as i64, keys.tag(i));
+                if buffers.holds(row, handle, tag)? {
+                    pool.copy_page(buffers, &pages, i, row, false)?;
+                    copied.push((i, row, handle, tag));
+                }
+            }
+            fence(Ordering::Acquire); // the bytes are read before the stamps are read again
+            for &(i, row, handle, tag) in &copied {
+                ok[i] = buffers.holds(row, handle, tag)?;
+            }
+            Ok((ok, copied.len()))
+        })?
+        .map_err(|e| internal(format!("pool '{}': {e}", pool.name())))?;
+        let good = ok.iter().filter(|&&b| b).count();
+        Ok((PyList::new(py, ok)?, good, copied - good))
+    }
+
+    /// Whether each key's page is in the pool's slab now (list of bool).
+    fn held<'py>(
+        &self,
+        py: Python<'py>,
+        keys: &Bound<'py, PyAny>,
+        pool: &Bound<'py, SglangPool>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let keys = Keys::of(keys)?;
+        let held = self.held_keys(py, &keys, pool.get(), false)?;
+        PyList::new(py, held)
+    }
+
+    /// The length of the leading run of keys whose page is in the pool's slab.
+    fn present(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        pool: &Bound<'_, SglangPool>,
+    ) -> PyResult<usize> {
+        let keys = Keys::of(keys)?;
+        let held = self.held_keys(py, &keys, pool.get(), true)?;
+        Ok(held.iter().take_while(|&&h| h).count())
+    }
+
+    /// int64 `[m, 3]`: (index into `keys`, row, handle) of each readable
+    /// key, in key order; changes nothing.
+    fn locate<'py>(
+        &self,
+        py: Python<'py>,
+        keys: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyArray2<i64>>> {
+        let keys = Keys::of(keys)?;
+        let found = self.locate_core(py, &keys)?;
+        let flat = found
+            .into_iter()
+            .flat_map(|(i, p)| {
+                let [row, serial] = placed_words(p);
+                [i as i64, row, serial]
+            })
+            .collect();
+        table(py, flat, 3)
+    }
+
+    /// int64 `[m, 2]`: (row, handle) of every readable key, in the order
+    /// they were placed.
+    fn readable<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<i64>>> {
+        let placed = self.core.detached(py, |c| c.readable())?;
+        table(py, placed.into_iter().flat_map(placed_words).collect(), 2)
+    }
+
+    /// int64 tag of each key (what a written row carries next to its stamp).
+    #[staticmethod]
+    fn key_tags<'py>(
+        py: Python<'py>,
+        keys: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyArray1<i64>>> {
+        let keys = Keys::of(keys)?;
+        Ok(PyArray1::from_vec(
+            py,
+            (0..keys.len()).map(|i| keys.tag(i)).collect(),
+        ))
+    }
+
+    /// Drops every key; handles keep counting.
+    fn reset(&self, py: Python<'_>) -> PyResult<()> {
+        self.core.with(py, |c| c.reset())?.map_err(tier_error)
+    }
+
+    fn digest(&self, py: Python<'_>) -> PyResult<u64> {
+        self.core.with(py, |c| c.digest())
+    }
+
+    /// Audit; a `DivergenceError` names the first disagreement.
+    fn check(&self, py: Python<'_>) -> PyResult<()> {
+        self.core
+            .detached(py, |c| c.check())?
+            .map_err(DivergenceError::new_err)
+    }
+
+    fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
+        self.core.with(py, |c| c.len())
+    }
+
+    #[getter]
+    fn stores(&self) -> u64 {
+        self.stores.load(Ordering::Relaxed)
+    }
+
+    #[getter]
+    fn policy(&self, py: Python<'_>) -> PyResult<&'static str> {
+        self.core.with(py, |c| c.policy().name())
+    }
+
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.core.with(py, |c| c.stats())?;
+        let d = PyDict::new(py);
+        d.set_item("capacity", s.capacity)?;
+        d.set_item("resident", s.resident)?;
+        d.set_item("ready", s.ready)?;
+        d.set_item("evicted", s.evicted)?;
+        Ok(d)
+    }
+}

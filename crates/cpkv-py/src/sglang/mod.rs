@@ -1,0 +1,14 @@
+//! The SGLang HiCache backend's native side: `SglangIndex` (the replicated
+//! index and one native call per SGLang batch call) over `SglangPool` (one
+//! host pool's layout, its slab region, the checked copies between them).
+
+mod index;
+mod pool;
+
+use pyo3::prelude::*;
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<index::SglangIndex>()?;
+    m.add_class::<pool::SglangPool>()?;
+    Ok(())
+}
