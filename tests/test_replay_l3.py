@@ -94,14 +94,15 @@ def _tampering_rank(rank: int, world: int, options: ReplayOptions, requests: lis
     return replay_rank_module.replay_rank(rank, world, options, requests)
 
 
-def test_every_byte_l3_serves_is_checked(tmp_path: Path) -> None:
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_every_byte_l3_serves_is_checked(tmp_path: Path, ranks: int) -> None:
     requests = [r.hash_ids for r in generate(60, 5)]
-    options = ReplayOptions(payloads=parse_payloads("kv:4x8:float8_e4m3fn,index:16:bfloat16"), device_pages=48,
+    options = ReplayOptions(ranks=ranks, payloads=parse_payloads("kv:4x8:float8_e4m3fn,index:16:bfloat16"), device_pages=48,
                             host_pages=120, check_every=1, progress=False, timeout_s=20.0,
                             l3_dir=str(tmp_path), l3_bytes=8 << 20)
-    first = run_ranks(_replay_entry, 2, options, requests, timeout_s=120)
-    assert [r["verification_failures"] for r in first] == [0, 0]
-    second = run_ranks(_tampering_rank, 2, options, requests, timeout_s=120)
+    first = run_ranks(_replay_entry, ranks, options, requests, timeout_s=120)
+    assert [r["verification_failures"] for r in first] == [0] * ranks
+    second = run_ranks(_tampering_rank, ranks, options, requests, timeout_s=120)
     served = second[0]["l3_hit_blocks"]
     assert served > 0
     # One wrong byte per served page, in layer 0 of the first payload: at least one wrong row each.
