@@ -94,14 +94,15 @@ def _tampering_rank(rank: int, world: int, options: ReplayOptions, requests: lis
     return replay_rank_module.replay_rank(rank, world, options, requests)
 
 
-def test_every_byte_l3_serves_is_checked(tmp_path: Path) -> None:
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_every_byte_l3_serves_is_checked(tmp_path: Path, ranks: int) -> None:
     requests = [r.hash_ids for r in generate(60, 5)]
-    options = ReplayOptions(payloads=parse_payloads("kv:4x8:float8_e4m3fn,index:16:bfloat16"), device_pages=48,
+    options = ReplayOptions(ranks=ranks, payloads=parse_payloads("kv:4x8:float8_e4m3fn,index:16:bfloat16"), device_pages=48,
                             host_pages=120, check_every=1, progress=False, timeout_s=20.0,
                             l3_dir=str(tmp_path), l3_bytes=8 << 20)
-    first = run_ranks(_replay_entry, 2, options, requests, timeout_s=120)
-    assert [r["verification_failures"] for r in first] == [0, 0]
-    second = run_ranks(_tampering_rank, 2, options, requests, timeout_s=120)
+    first = run_ranks(_replay_entry, ranks, options, requests, timeout_s=120)
+    assert [r["verification_failures"] for r in first] == [0] * ranks
+    second = run_ranks(_tampering_rank, ranks, options, requests, timeout_s=120)
     served = second[0]["l3_hit_blocks"]
     assert served > 0
     # One wrong byte per served page, in layer 0 of the first payload: at least one wrong row each.
@@ -112,3 +113,54 @@ def _replay_entry(rank: int, world: int, options: ReplayOptions, requests: list)
     from cpkv.replay.rank import replay_rank
 
     return replay_rank(rank, world, options, requests)
+
+
+def _records_per_key(directory: Path, slot_bytes: int) -> dict[int, int]:
+    """How many records of each key the node's data files hold, read straight from the slot headers."""
+    magic = b"CPKVL3R\x01"
+    counts: dict[int, int] = {}
+    for data in sorted(directory.glob("data-*.bin")):
+        raw = np.fromfile(data, dtype=np.uint8)
+        for start in range(0, len(raw) - _cpkv.L3_HEADER_BYTES + 1, slot_bytes):
+            header = raw[start:start + _cpkv.L3_HEADER_BYTES].tobytes()
+            if header[:8] == magic:
+                key = int.from_bytes(header[24:32], "little")
+                counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def test_four_ranks_start_warm_agree_and_hold_each_page_once_on_the_node(tmp_path: Path) -> None:
+    """Four ranks on one node (the replay's host slab and L3 directory are one node's; it has no
+    multi-node mode): each page spilled is written by one rank, once, and a second run on the same
+    directory reads back every byte it serves, checked."""
+    (tmp_path / "l3").mkdir()
+    page_bytes = 2 * sum(spec.row_bytes for spec in parse_payloads("kv:8x16:float8_e4m3fn,index:32:bfloat16").values())
+    slot_bytes = int(_cpkv.l3_record_bytes(page_bytes))
+    written_so_far = 0
+    reports = []
+    for name, limit in (("first", "150"), ("second", "24")):
+        run = _replay(tmp_path, name, "--ranks", "4", "--limit", limit)
+        report, ranks = _check_run(run), run["per_rank"]
+        assert len(ranks) == 4
+        placed = {r["l3_pages_spilled"] for r in ranks}
+        assert len(placed) == 1, "placement is replicated"
+        if name == "first":  # (the second run's pages are mostly on disk already)
+            assert all(r["l3_pages_written"] > 0 for r in ranks), "the writes are spread over the node's ranks"
+        # Once per node: the ranks' writes add up to the pages placed, never a page per rank.
+        assert report["l3_pages_written"] == sum(r["l3_pages_written"] for r in ranks) == placed.pop()
+        written_so_far += report["l3_pages_written"]
+        # The cap holds every page of both runs, so no slot is reused: what is on disk is what was written.
+        assert all(r["l3_slots"] >= written_so_far for r in ranks)
+        counts = _records_per_key(tmp_path / "l3", slot_bytes)
+        assert sum(counts.values()) == written_so_far
+        assert max(counts.values()) == 1, "one copy of each page on the node's disk"
+        assert report["l3_corrupt_dropped"] == 0
+        assert report["l3_disk_bytes"] <= report["l3_cap_bytes"]
+        reports.append((report, ranks))
+    (first, _), (second, second_ranks) = reports
+    assert first["l3_recovered_pages"] == 0 and second["l3_recovered_pages"] == first["l3_pages_written"]
+    assert second["hit_rate_l3"] > first["hit_rate_l3"] and second["hit_rate_l3"] > 0
+    # Each page served was read once on the node, by the rank owning its device page.
+    served = second_ranks[0]["l3_hit_blocks"]
+    assert all(r["l3_hit_blocks"] == served for r in second_ranks)
+    assert second["l3_pages_read"] == served > 0
