@@ -151,6 +151,13 @@ fn key_objects<'py>(keys: &Bound<'py, PyAny>, order: Order) -> PyResult<Vec<Boun
     Ok(objects)
 }
 
+/// A `str` key's bytes: its UTF-8 then group 0's four bytes (the rule
+/// every binding that takes text keys shares).
+pub(crate) fn push_text_key(buf: &mut Vec<u8>, text: &str) {
+    buf.extend_from_slice(text.as_bytes());
+    buf.extend_from_slice(&[0; GROUP_BYTES]);
+}
+
 /// A key of the synchronous calls: `bytes` as they are; a `str` (SGLang's
 /// page hash) is its UTF-8 bytes then group 0's four bytes, the same on
 /// every rank. `what` names the argument in errors.
@@ -168,8 +175,7 @@ fn engine_key(item: &Bound<'_, PyAny>, what: &dyn Fn() -> String) -> PyResult<Ve
             ))
         })?;
         let mut key = Vec::with_capacity(text.len() + GROUP_BYTES);
-        key.extend_from_slice(text.as_bytes());
-        key.extend_from_slice(&[0; GROUP_BYTES]);
+        push_text_key(&mut key, text);
         return Ok(key);
     }
     match item.cast::<PyBytes>() {
@@ -196,14 +202,18 @@ fn engine_keys(keys: &Bound<'_, PyAny>) -> PyResult<Vec<Vec<u8>>> {
 }
 
 /// Rows of `columns` int64 values as a 2-D array.
-fn table(py: Python<'_>, flat: Vec<i64>, columns: usize) -> PyResult<Bound<'_, PyArray2<i64>>> {
+pub(crate) fn table(
+    py: Python<'_>,
+    flat: Vec<i64>,
+    columns: usize,
+) -> PyResult<Bound<'_, PyArray2<i64>>> {
     let n = flat.len() / columns;
     PyArray1::from_vec(py, flat).reshape([n, columns])
 }
 
 /// (row, serial) as int64: rows are below 2**31, serials count from 1 and
 /// never reach 2**63.
-fn placed_words(p: Placed) -> [i64; 2] {
+pub(crate) fn placed_words(p: Placed) -> [i64; 2] {
     [i64::from(p.row), p.serial as i64]
 }
 

@@ -22,13 +22,14 @@ use std::sync::atomic::{fence, AtomicU64, Ordering};
 
 use cpkv_hash::Hasher64;
 use cpkv_tier::{OffloadIndex as Core, Placed, GROUP_BYTES};
-use numpy::{PyArray1, PyArray2, PyArrayMethods};
+use numpy::{PyArray1, PyArray2};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
 use super::pool::{copies_done, SglangPool};
 use crate::convert::{describe, invalid, is_numpy_text, ordered_iter, uint, wrong_type, PolicyArg};
 use crate::errors::{tier_error, DivergenceError, InternalError};
+use crate::offload::{placed_words, push_text_key, table};
 use crate::shared::{unshared, Shared};
 
 /// The tag of a key's tags (distinct from the index's own key tokens).
@@ -103,8 +104,7 @@ impl Keys {
                     describe(item)
                 ))
             })?;
-            self.bytes.extend_from_slice(text.as_bytes());
-            self.bytes.extend_from_slice(&[0; GROUP_BYTES]);
+            push_text_key(&mut self.bytes, text);
         } else if let Ok(b) = item.cast::<PyBytes>() {
             if !item.is_exact_instance_of::<PyBytes>() && is_numpy_text(item) {
                 return Err(wrong_type(format!(
@@ -154,15 +154,6 @@ fn one_key(key: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
         .map_err(|e| wrong_type(format!("prefix: {}", e.value(key.py()))))?;
     Core::check_keys(&keys.slices()).map_err(tier_error)?;
     Ok(keys.bytes)
-}
-
-fn placed_words(p: Placed) -> [i64; 2] {
-    [i64::from(p.row), p.serial as i64]
-}
-
-fn table(py: Python<'_>, flat: Vec<i64>, columns: usize) -> PyResult<Bound<'_, PyArray2<i64>>> {
-    let n = flat.len() / columns;
-    PyArray1::from_vec(py, flat).reshape([n, columns])
 }
 
 fn internal(message: String) -> PyErr {
