@@ -433,14 +433,17 @@ def _speed(rank: int, world: int, kind: str, page_kb: int, reps: int) -> list[li
         host_end = buffer.data_ptr() + buffer.numel() * buffer.element_size()
         slab = slab_pool.data
         slab_ptr = slab.data_ptr()
-        if host_end - host_ptr < total or slab.numel() < total:  # the raw memcpy below must stay inside both
-            raise InternalError(f"bench sglang: {total} bytes to copy, the host pool holds {host_end - host_ptr} "
-                                f"past the first page, the slab {slab.numel()}")
+        # Bytes each region holds from its start: every raw copy below is checked against both.
+        holds = {host_ptr: host_end - host_ptr, slab_ptr: slab.numel()}
         put, get = _batch_calls(backend, name)
 
-        def memcpy(i: int, to: int, frm: int, page_bytes: int = page_bytes) -> None:
+        def memcpy(i: int, to: int, frm: int, page_bytes: int = page_bytes, holds: dict[int, int] = holds) -> None:
             at = i * BATCH * page_bytes
-            ctypes.memmove(to + at, frm + at, min(BATCH, pages - i * BATCH) * page_bytes)
+            size = min(BATCH, pages - i * BATCH) * page_bytes
+            if i < 0 or size <= 0 or at + size > holds[to] or at + size > holds[frm]:
+                raise InternalError(f"bench sglang: batch {i} copies bytes [{at}, {at + size}), past the "
+                                    f"{holds[to]} bytes at the destination or the {holds[frm]} at the source")
+            ctypes.memmove(to + at, frm + at, size)
 
         alone = ReplicatedIndex(pages, backend.settings.policy)
         best = {n: float("inf") for n in ("set", "get", "memcpy in", "memcpy out", "index store", "index locate")}
