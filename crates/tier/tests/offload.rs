@@ -95,6 +95,10 @@ fn run(policy: Policy, capacity: u64, ops: &[Op]) -> Vec<u64> {
                             .filter(|k| before.contains(k)),
                     )
                     .collect();
+                let rows_before: BTreeMap<Vec<u8>, u32> = model
+                    .keys()
+                    .filter_map(|k| index.row_of(k).map(|r| (k.clone(), r)))
+                    .collect();
                 let plan = index
                     .prepare_store(&request, offered, &ends[hits..])
                     .unwrap();
@@ -125,7 +129,13 @@ fn run(policy: Policy, capacity: u64, ops: &[Op]) -> Vec<u64> {
                             .count();
                         assert!(placed < new_keys.len());
                     }
-                    for k in &plan.evicted {
+                    assert_eq!(plan.evicted_rows.len(), plan.evicted.len());
+                    for (k, row) in plan.evicted.iter().zip(&plan.evicted_rows) {
+                        assert_eq!(
+                            rows_before.get(&k.to_vec()),
+                            Some(row),
+                            "an evicted key is reported with the row it held"
+                        );
                         assert!(
                             !protected.contains(&k.to_vec()),
                             "a pinned or offered key was evicted"

@@ -26,6 +26,9 @@ struct Offer {
     unique: Vec<(usize, Option<u32>)>,
 }
 
+/// Evicted keys, in eviction order, and the row each held.
+type Victims = (Vec<Box<[u8]>>, Vec<u32>);
+
 /// What `prepare_store` decided.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct StorePlan {
@@ -35,6 +38,10 @@ pub struct StorePlan {
     pub rows: Vec<u32>,
     /// Keys evicted to make room, in eviction order.
     pub evicted: Vec<Box<[u8]>>,
+    /// The row each evicted key held. Its bytes are still there when the
+    /// plan is returned, but the row may be in `rows` too: a lower tier
+    /// must copy it out before the plan's own stores are written.
+    pub evicted_rows: Vec<u32>,
 }
 
 impl OffloadIndex {
@@ -139,7 +146,7 @@ impl OffloadIndex {
                 c.state == State::Failed && c.store_pin.is_none()
             })
             .collect();
-        let evicted = self.make_room(new.len())?;
+        let (evicted, evicted_rows) = self.make_room(new.len())?;
         let fits = new.len().min(self.free_rows() as usize);
         if !new.is_empty() && fits == 0 && rewrite.is_empty() {
             for node in guard {
@@ -165,6 +172,7 @@ impl OffloadIndex {
         }
         let mut plan = StorePlan {
             evicted,
+            evicted_rows,
             ..StorePlan::default()
         };
         let mut take = vec![false; keys.len()];
@@ -225,7 +233,7 @@ impl OffloadIndex {
             .free_rows()
             .saturating_add(num)
             .min(self.capacity() * 2);
-        self.make_room(target as usize)
+        Ok(self.make_room(target as usize)?.0)
     }
 
     /// One synchronous store: `keys` continue `prefix` (the key before
@@ -274,13 +282,14 @@ impl OffloadIndex {
     }
 
     /// Evicts in policy order until `needed` rows are free or nothing else
-    /// can go.
-    fn make_room(&mut self, needed: usize) -> Result<Vec<Box<[u8]>>> {
+    /// can go; returns the victims' keys and the row each held.
+    fn make_room(&mut self, needed: usize) -> Result<Victims> {
         let free = self.free_rows() as usize;
         if needed <= free {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), Vec::new()));
         }
         let mut evicted = Vec::new();
+        let mut evicted_rows = Vec::new();
         for victim in self.host.tree_mut().evict(needed - free) {
             let rows: Vec<u32> = victim.pages.iter().map(|&row| row as u32).collect();
             for &row in &rows {
@@ -292,11 +301,12 @@ impl OffloadIndex {
                 self.by_token.remove(&chunk.token);
                 self.free_slots.push(slot);
                 evicted.push(chunk.key);
+                evicted_rows.push(row);
             }
             self.host.rows_mut().give_back(&rows);
         }
         self.evicted += evicted.len() as u64;
-        Ok(evicted)
+        Ok((evicted, evicted_rows))
     }
 
     /// Rows for the `new` keys, inserted into the tree and pinned until
