@@ -11,7 +11,7 @@
 
 mod page_candidates;
 
-use cpkv_evict::{replica_hits, Namespace};
+use cpkv_evict::{replica_hits, Namespace, Policy, PrefixTree};
 use page_candidates::{PageCandidates, PairMap};
 
 const NAMES: [&str; 5] = ["priority", "recency", "segmented", "arc", "s3fifo"];
@@ -61,7 +61,7 @@ impl Leader {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let usage = "usage: shared_candidates compare TRACE CAPACITY | cost TRACE CAPACITY N | walk TRACE CAPACITY N";
+    let usage = "usage: shared_candidates compare TRACE CAPACITY | cost TRACE CAPACITY N | walk|trie-walk TRACE CAPACITY N";
     let (mode, path, capacity) = match &args[..] {
         [_, mode, path, capacity, ..] => (mode.as_str(), path, capacity),
         _ => {
@@ -89,8 +89,8 @@ fn main() {
             );
         }
         "walk" => {
-            // The floor of any shared structure: one probe per page of one
-            // table keyed by (parent, page word), nothing evicted.
+            // The floor of a page-level shared structure: one probe per
+            // page of one table keyed by (parent, page word), nothing evicted.
             let count: usize = args.get(4).expect(usage).parse().expect("N: an integer");
             let mut table = PairMap::default();
             let mut depth_sum = 0usize;
@@ -103,6 +103,24 @@ fn main() {
                 depth_sum += blocks.len();
             }
             println!("{depth_sum} pages walked, {} in the table", table.len());
+        }
+        "trie-walk" => {
+            // The floor of a node-level shared structure (a compressed
+            // trie, the crate's own tree): match and insert each request,
+            // nothing evicted, no order kept beyond the tree's own.
+            let count: usize = args.get(4).expect(usage).parse().expect("N: an integer");
+            let mut tree = PrefixTree::new(1, Policy::Lru).expect("page size 1");
+            let mut next_page = 0u64;
+            for blocks in requests.iter().take(count) {
+                let m = tree.match_prefix(blocks, &namespace);
+                let mut pages = m.device_pages;
+                let fresh = (blocks.len() - m.length) as u64;
+                pages.extend(next_page..next_page + fresh);
+                next_page += fresh;
+                tree.insert(blocks, &pages, &namespace)
+                    .expect("fresh page ids");
+            }
+            println!("{} nodes, {} pages", tree.len(), tree.device_pages());
         }
         "compare" => {
             let replica = replica_hits(&requests, capacity);
