@@ -57,6 +57,7 @@ pub use ids::{HostKey, NodeId, PageId, Tier, Token};
 pub use namespace::Namespace;
 pub use node::Node;
 pub use policy::Policy;
+pub use shadow::replica_hits;
 pub use snapshot::TREE_SNAPSHOT_VERSION;
 pub use tree::{
     DeviceVictim, HostVictim, InsertResult, MatchResult, PolicyMemory, PrefixTree,

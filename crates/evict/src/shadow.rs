@@ -242,6 +242,24 @@ impl Shadows {
     }
 }
 
+/// Issue 36's comparison: each candidate's hit pages per request under the
+/// replica shadows, fed one-token pages with the main tree holding `held`.
+#[doc(hidden)]
+pub fn replica_hits(requests: &[Vec<Token>], held: usize) -> Vec<[usize; 5]> {
+    let mut s = Shadows::new(1);
+    requests
+        .iter()
+        .map(|pages| {
+            s.capacity = s.capacity.max(held);
+            let mut hits = [0; 5];
+            for (i, t) in s.trees.iter_mut().enumerate() {
+                hits[i] = t.replay(pages, &Namespace::Default, s.capacity, &mut s.next_page);
+            }
+            hits
+        })
+        .collect()
+}
+
 impl RankingChooser for Shadows {
     fn watch(&mut self, tokens: &[Token], namespace: &Namespace, held: usize) -> bool {
         self.mirror(tokens, namespace, held)
@@ -291,6 +309,39 @@ mod tests {
         assert!(remembered[0] > 0 && remembered[2] > 0, "{remembered:?}");
         assert_eq!(remembered[1], 0, "the recency shadow keeps no history");
         s.check().unwrap();
+    }
+
+    /// The measuring hook replays what the shadows replay: its hits, scored
+    /// as `mirror` scores them, give the shadows' own scores and leader.
+    #[test]
+    fn replica_hits_are_the_hits_the_shadows_score() {
+        let requests: Vec<Vec<Token>> = (0..600u64)
+            .map(|i| {
+                // Conversations of growing length among one-shot documents.
+                let (c, len) = (i % 13, 2 + (i * 7) % 5);
+                match i % 4 {
+                    0 => (0..5).map(|k| 1_000_000 + 5 * i + k).collect(),
+                    _ => (0..len)
+                        .map(|k| 1000 * c + k)
+                        .chain([500_000 + i])
+                        .collect(),
+                }
+            })
+            .collect();
+        let hits = replica_hits(&requests, 30);
+        let mut s = Shadows::new(1);
+        let mut scores = [0u64; 5];
+        for (pages, h) in requests.iter().zip(&hits) {
+            s.mirror(pages, &Namespace::Default, 30);
+            for (score, hit) in scores.iter_mut().zip(h) {
+                *score = *score - (*score >> DECAY_SHIFT) + ((*hit as u64) << SCORE_FRACTION_BITS);
+            }
+            assert_eq!(s.scores, scores);
+        }
+        assert!(
+            hits.iter().any(|h| h[0] != h[3]),
+            "the candidates differ somewhere"
+        );
     }
 
     /// Shadows of trees with pages of 1 and of 8 tokens, fed the same
