@@ -61,14 +61,23 @@ def _offload_keys(keys: list[bytes]) -> list[OffloadKey]:
     return cast("list[OffloadKey]", keys)
 
 
+_NO_ROWS = np.zeros(0, dtype=np.int32)
+
+
 class CpkvLoadStoreSpec(BlockIDsLoadStoreSpec):
-    """Slab rows, one per offloaded chunk, in the order of the keys they hold."""
+    """Slab rows, one per offloaded chunk, in the order of the keys they hold. A store's spec also
+    names the rows its eviction released (``evicted_rows[i]`` held ``evicted_keys[i]`` of the
+    ``PrepareStoreOutput``): their bytes are still there until this store is copied in, which may
+    reuse them, so a lower tier copies them out first."""
+
+    evicted_rows: np.ndarray
 
     @classmethod
-    def of(cls, rows: np.ndarray) -> CpkvLoadStoreSpec:
+    def of(cls, rows: np.ndarray, evicted_rows: np.ndarray = _NO_ROWS) -> CpkvLoadStoreSpec:
         """The spec of rows the core returned (already int32, as vLLM's own specs hold them)."""
         spec = cls.__new__(cls)
         spec.block_ids = rows
+        spec.evicted_rows = evicted_rows
         return spec
 
     @property
@@ -128,13 +137,14 @@ class CpkvOffloadingManager(OffloadingManager):
         out = self._core.prepare_store(keys, req_context.req_id, _positions(req_context))
         if out is None:
             return None
-        store, rows, evicted_bytes = out
+        store, rows, evicted_bytes, evicted_rows = out
         evicted = _offload_keys(evicted_bytes)
         if evicted:
             self._recent_evictions.extend(evicted)
             if self._events is not None:
                 self._events.append(OffloadingEvent(keys=evicted, medium=self.medium, removed=True))
-        return PrepareStoreOutput(keys_to_store=_offload_keys(store), store_spec=CpkvLoadStoreSpec.of(rows), evicted_keys=evicted)
+        return PrepareStoreOutput(keys_to_store=_offload_keys(store), store_spec=CpkvLoadStoreSpec.of(rows, evicted_rows),
+                                  evicted_keys=evicted)
 
     def complete_store(self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True) -> None:
         if self._events is None:
