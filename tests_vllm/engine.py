@@ -157,8 +157,9 @@ class Engine:
         self.worker.bind_connector_metadata(meta)
         self.worker.start_load_kv(None)
         self._forward(out)
-        if out.total_num_scheduled_tokens > 0:
-            self.worker.wait_for_save()
+        # As vLLM's model runner (kv_connector_model_runner_mixin): wait_for_save runs on every step,
+        # a step without tokens too (a store a step like that creates is queued there).
+        self.worker.wait_for_save()
         finished_sending, finished_recving = self.worker.get_finished(out.finished_req_ids)
         invalid: set[int] = set()
         if fail_load_of is not None and fail_load_of in finished_recving:
