@@ -67,7 +67,11 @@ def _l3_geometry(config: OffloadingConfig, cpkv: CpkvOffloadConfig, tokens_per_c
     layout = (f"{config.kv_cache_layout} layout, {len(config.groups)} group(s), tokens per chunk {list(tokens_per_chunk)}, "
               f"tp {parallel.tp_size} pp {parallel.pp_size} pcp {parallel.pcp_size} dcp {parallel.dcp_size}")
     assert cpkv.l3_dir is not None and cpkv.l3_bytes is not None
-    return L3Geometry(directory=Path(cpkv.l3_dir), cap_bytes=cpkv.l3_bytes, model=config.model.name,
+    directory = Path(cpkv.l3_dir)
+    if parallel.data_parallel_size > 1:  # one scheduler per data-parallel engine: each its own catalog
+        directory = directory / f"dp-{parallel.data_parallel_index}-of-{parallel.data_parallel_size}"
+        directory.mkdir(exist_ok=True)
+    return L3Geometry(directory=directory, cap_bytes=cpkv.l3_bytes, model=config.model.name,
                       dtype=str(config.model.dtype), layout=layout, tokens_per_chunk=max(tokens_per_chunk),
                       world=parallel.world_size, page_bytes=config.worker_kv_bytes_per_block * config.cache.blocks_per_chunk)
 
