@@ -271,9 +271,10 @@ class CpkvOffloadingManager(OffloadingManager):
         if result is not LookupResult.MISS or key in self._failed:
             return result
         for k, sequence, reason in self.l3.checked():
-            state = self._checks.pop(k, None)
+            state = self._checks.get(k)
             if state is None or state[1] != sequence:
-                continue
+                continue  # a check of a placement that has changed since
+            del self._checks[k]
             if reason is None:
                 self._checks[k] = (state[0], state[1], "ok")
                 self.l3.counters["verified"] += 1
