@@ -250,11 +250,9 @@ class L3Catalog:
     def checked(self) -> list[tuple[int, int, str | None]]:
         """Checks finished since the last call: (key, sequence, None or the failure's reason)."""
         out = []
-        while True:
-            try:
-                out.append(self._results.get_nowait())
-            except queue.Empty:
-                return out
+        while not self._results.empty():  # one reader (this thread): empty() is exact for it
+            out.append(self._results.get_nowait())
+        return out
 
     def drop(self, key: int, reason: str) -> None:
         """Forgets a chunk whose record failed its check (counted; a tombstone in the log)."""
