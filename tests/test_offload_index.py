@@ -34,9 +34,10 @@ def test_default_policy_is_one_of_the_policies():
 def test_one_request_stores_then_loads():
     ix = index()
     ks = keys(1, 2, 3)
-    store, rows, evicted = ix.prepare_store(ks, "a", positions(ks))
+    store, rows, evicted, evicted_rows = ix.prepare_store(ks, "a", positions(ks))
     assert store == ks and all(a is b for a, b in zip(store, ks)), "the offered objects come back"
     assert rows.dtype.name == "int32" and len(set(rows.tolist())) == 3 and evicted == []
+    assert evicted_rows.dtype.name == "int32" and evicted_rows.tolist() == []
     assert [ix.lookup(k) for k in ks] == [PENDING] * 3 and ix.num_pins == 1
     ix.complete_store(ks)
     assert [ix.lookup(k, None) for k in ks] == [HIT] * 3 and ix.num_pins == 0
@@ -47,7 +48,7 @@ def test_one_request_stores_then_loads():
     assert ix.num_pins == 0
     ix.check()
     more = keys(9, 9)
-    _, _, evicted = ix.prepare_store(more, "c", positions(more))
+    _, _, evicted, _ = ix.prepare_store(more, "c", positions(more))
     assert evicted and set(evicted) <= set(ks)
     ix.check()
 
@@ -230,8 +231,34 @@ def test_a_call_needing_one_row_evicts_one_row_cut_from_a_tail(policy):
         ix.complete_store(ix.prepare_store(ks, request, positions(ks))[0])
         ix.request_finished(request)
     ix.touch(two, "c", positions(two))
-    _, _, evicted = ix.prepare_store([b"new!" + bytes(4)], "d")
+    _, _, evicted, _ = ix.prepare_store([b"new!" + bytes(4)], "d")
     assert len(evicted) == 1 and evicted[0] in (six[-1], two[-1]), evicted
     survivors = six if evicted[0] == six[-1] else two
     assert [ix.lookup(k) for k in survivors[:-1]] == [HIT] * (len(survivors) - 1)
     ix.check()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(sorted(cpkv.PrefixTree.POLICIES)),
+       st.lists(st.tuples(st.integers(0, 5), st.integers(1, 4), st.booleans()), min_size=1, max_size=40))
+def test_evicted_rows_are_the_rows_the_evicted_keys_held(policy, ops):
+    """prepare_store's fourth result, checked against a reference taken before each call: the row
+    each evicted key held, and every row the plan writes was free, held by an evicted key, or
+    held by an offered key it rewrites."""
+    capacity = 5
+    ix = OffloadIndex(capacity, policy, [CHUNK], (MISS, HIT, PENDING))
+    for n, (first, length, success) in enumerate(ops):
+        ks = keys(*range(first, first + length))
+        held = {k: ix.row_of(k) for k in ix.resident_keys()}
+        free = set(range(capacity)) - set(held.values())
+        out = ix.prepare_store(ks, str(n), positions(ks))
+        if out is not None:
+            store, rows, evicted, evicted_rows = out
+            assert evicted_rows.dtype.name == "int32" and len(evicted_rows) == len(evicted)
+            assert evicted_rows.tolist() == [held[k] for k in evicted]
+            assert not set(evicted) & set(ix.resident_keys())
+            rewritten = {held[k] for k in store if k in held}
+            assert set(rows.tolist()) <= free | set(evicted_rows.tolist()) | rewritten
+            ix.complete_store(store, success=success)
+        ix.request_finished(str(n))
+        ix.check()

@@ -81,17 +81,20 @@ class Engine:
     extra: dict[str, Any]
     num_gpu_blocks: int = 64
     load_failure_policy: str = "fail"
+    hash_algo: str = "sha256"
     scheduler: Scheduler = field(init=False)
     worker: OffloadingConnector = field(init=False)
     kv: dict[str, torch.Tensor] = field(init=False)
     outputs: list[Any] = field(default_factory=list)
     failed_loads: int = 0
     last_blocks: dict[str, list[int]] = field(default_factory=dict)
+    # Per request: the tokens it had when first computed (prefix cache and loads), i.e. its hits.
+    started_at: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.config = VllmConfig(
             model_config=model_config(),
-            cache_config=CacheConfig(block_size=BLOCK_TOKENS),
+            cache_config=CacheConfig(block_size=BLOCK_TOKENS, prefix_caching_hash_algo=self.hash_algo),
             scheduler_config=SchedulerConfig(max_model_len=2048, is_encoder_decoder=False,
                                              max_num_batched_tokens=2048, max_num_seqs=8),
             kv_transfer_config=KVTransferConfig(kv_connector="OffloadingConnector", kv_role="kv_both",
@@ -154,8 +157,9 @@ class Engine:
         self.worker.bind_connector_metadata(meta)
         self.worker.start_load_kv(None)
         self._forward(out)
-        if out.total_num_scheduled_tokens > 0:
-            self.worker.wait_for_save()
+        # As vLLM's model runner (kv_connector_model_runner_mixin): wait_for_save runs on every step,
+        # a step without tokens too (a store a step like that creates is queued there).
+        self.worker.wait_for_save()
         finished_sending, finished_recving = self.worker.get_finished(out.finished_req_ids)
         invalid: set[int] = set()
         if fail_load_of is not None and fail_load_of in finished_recving:
@@ -182,6 +186,7 @@ class Engine:
             req = self.scheduler.requests[req_id]
             end = req.num_computed_tokens
             start = end - count
+            self.started_at.setdefault(req_id, start)
             prompt = req.prompt_token_ids
             blocks = self.block_ids(req_id)
             self.last_blocks[req_id] = blocks
@@ -201,6 +206,11 @@ class Engine:
                 return steps
         raise AssertionError(f"the engine did not settle in {max_steps} steps "
                              f"({len(self.scheduler.requests)} requests, {self.manager.num_pins} pins)")
+
+    def close(self) -> None:
+        """What vLLM's shutdown calls on both sides (the manager's L3 catalog, the worker's files)."""
+        self.scheduler.connector.connector_scheduler.manager.shutdown()
+        self.worker.connector_worker.shutdown()
 
     def reset_device(self) -> None:
         """Drops vLLM's device prefix cache and zeroes the KV tensors: only the host copy is left."""

@@ -66,9 +66,11 @@ def drive(m: CpkvOffloadingManager, seed: int, steps: int = 300) -> list[int]:
                 assert len(spec.rows) == hits
                 inflight.append(("load", ctx, keys[:hits]))
             pinned_before = set(m.pinned_keys())
+            held = {k: m.row_of(k) for k in m.resident_keys()}
             out = m.prepare_store(keys[hits:], ctx)
             if out is not None:
                 assert not set(out.evicted_keys) & pinned_before, "a pinned chunk was evicted"
+                assert out.store_spec.evicted_rows.tolist() == [held[k] for k in out.evicted_keys]
                 assert set(out.keys_to_store) <= set(keys[hits:])
                 assert len({m.row_of(k) for k in out.keys_to_store}) == len(out.keys_to_store)
                 if out.keys_to_store:
@@ -131,9 +133,14 @@ def test_full_host_with_everything_pinned_refuses_the_store() -> None:
     other, more = request("b", [7, 8])
     assert m.prepare_store(more, other) is None
     m.complete_store(keys, ctx)
+    held = [m.row_of(k) for k in keys[1:]]
     out = m.prepare_store(more, other)
     # Two rows needed: the unpinned chain loses exactly two, from its tail; its head stays readable.
     assert out is not None and out.evicted_keys == keys[1:]
+    # The spec names the rows the evicted keys held (for a lower tier to copy out first): here the
+    # very rows the new chunks take.
+    assert out.store_spec.evicted_rows.tolist() == held
+    assert sorted(out.store_spec.rows.tolist()) == sorted(held)
     assert m.lookup(keys[0], ctx) is LookupResult.HIT
     m.check()
 

@@ -489,9 +489,11 @@ class OffloadIndex:
     def complete_load(self, keys: Iterable[bytes], request: str) -> None: ...
     def touch(self, keys: Iterable[bytes], request: str, positions: Mapping[bytes, int] | None = None) -> None: ...
     def prepare_store(self, keys: Iterable[bytes], request: str, positions: Mapping[bytes, int] | None = None
-                      ) -> tuple[list[bytes], npt.NDArray[np.int32], list[bytes]] | None:
+                      ) -> tuple[list[bytes], npt.NDArray[np.int32], list[bytes], npt.NDArray[np.int32]] | None:
         """``None`` when nothing can be placed, else (keys to store: the offered objects, their
-        rows, keys evicted to make room in eviction order)."""
+        rows, keys evicted to make room in eviction order, the row each evicted key held). An
+        evicted key's bytes are still in its row on return, and the row may be one of the plan's
+        own: a lower tier copies it out before the plan's stores are written."""
     @overload
     def complete_store(self, keys: Iterable[bytes], success: bool, report: Literal[True]) -> list[bytes]: ...
     @overload

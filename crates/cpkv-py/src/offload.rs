@@ -445,7 +445,10 @@ impl OffloadIndex {
     }
 
     /// `None` when nothing can be placed, else `(keys to store (the offered
-    /// objects), their rows (int32), evicted keys)`.
+    /// objects), their rows (int32), evicted keys, the row each evicted key
+    /// held (int32))`. An evicted key's bytes are still in its row when this
+    /// returns, and that row may be among the plan's own rows: a lower tier
+    /// copies it out before the plan's stores are written.
     #[pyo3(signature = (keys, request, positions = None))]
     fn prepare_store<'py>(
         &self,
@@ -466,9 +469,15 @@ impl OffloadIndex {
         let store = PyList::new(py, plan.store.iter().map(|&i| &objects[i]))?;
         let evicted = bytes_list(py, &plan.evicted)?;
         let rows = rows_array(py, plan.rows);
+        let evicted_rows = rows_array(py, plan.evicted_rows);
         Ok(Some(PyTuple::new(
             py,
-            [store.into_any(), rows.into_any(), evicted.into_any()],
+            [
+                store.into_any(),
+                rows.into_any(),
+                evicted.into_any(),
+                evicted_rows.into_any(),
+            ],
         )?))
     }
 

@@ -15,6 +15,9 @@ Enable it with ``--kv-transfer-config`` (see the README)::
   needs) and
 - :class:`CpkvOffloadingWorker` (worker side: copies between vLLM's KV tensors and the rows of a cpkv
   HostSlab shared by the node's workers, or of this process's own memory).
+
+With ``cpkv_l3_dir`` / ``cpkv_l3_bytes`` the host tier has a durable disk tier below it
+(:mod:`cpkv.integrations.vllm.l3`): evicted chunks are written there, and a restarted engine finds them.
 """
 
 from ._version import REQUIRED_VLLM, check_vllm_version

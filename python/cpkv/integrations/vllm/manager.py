@@ -27,7 +27,7 @@ the next offer of such a chunk rewrites it in its own row.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Collection, Iterable, Sequence
 from typing import Any, cast
 
@@ -49,6 +49,8 @@ from cpkv import DEFAULT_POLICY, PrefixTree
 from cpkv._cpkv import OffloadIndex
 from cpkv.errors import InvalidArgumentError, UnknownPolicyError
 
+from .l3 import Fill, L3Catalog, SpillBatch, l3_key
+
 __all__ = ["CpkvLoadStoreSpec", "CpkvOffloadingManager"]
 
 PAYLOAD = "kv"  # the slab payload name prefix the worker uses
@@ -61,14 +63,31 @@ def _offload_keys(keys: list[bytes]) -> list[OffloadKey]:
     return cast("list[OffloadKey]", keys)
 
 
+_NO_ROWS = np.zeros(0, dtype=np.int32)
+CARRIED_JOBS = 1 << 12  # jobs remembered for committing the spills they carried, pruned past this
+
+
 class CpkvLoadStoreSpec(BlockIDsLoadStoreSpec):
-    """Slab rows, one per offloaded chunk, in the order of the keys they hold."""
+    """Slab rows, one per offloaded chunk, in the order of the keys they hold. A store's spec also
+    names the rows its eviction released (``evicted_rows[i]`` held ``evicted_keys[i]`` of the
+    ``PrepareStoreOutput``): their bytes are still there until this store is copied in, which may
+    reuse them, so a lower tier copies them out first."""
+
+    evicted_rows: np.ndarray
+    # With L3: every spill batch not yet acknowledged (written first, in id order, once), and the
+    # promoted chunks whose host rows a load fills from disk before copying them out.
+    spills: list[SpillBatch]
+    fills: list[Fill]
 
     @classmethod
-    def of(cls, rows: np.ndarray) -> CpkvLoadStoreSpec:
+    def of(cls, rows: np.ndarray, evicted_rows: np.ndarray = _NO_ROWS, spills: list[SpillBatch] | None = None,
+           fills: list[Fill] | None = None) -> CpkvLoadStoreSpec:
         """The spec of rows the core returned (already int32, as vLLM's own specs hold them)."""
         spec = cls.__new__(cls)
         spec.block_ids = rows
+        spec.evicted_rows = evicted_rows
+        spec.spills = spills or []
+        spec.fills = fills or []
         return spec
 
     @property
@@ -90,7 +109,7 @@ class CpkvOffloadingManager(OffloadingManager):
     """
 
     def __init__(self, host_blocks: int, policy: str = DEFAULT_POLICY, *, tokens_per_chunk: Sequence[int] = (),
-                 enable_events: bool = False) -> None:
+                 enable_events: bool = False, l3: L3Catalog | None = None) -> None:
         if isinstance(host_blocks, bool) or not isinstance(host_blocks, int) or host_blocks < 1:
             raise InvalidArgumentError(f"host_blocks must be an int >= 1, got {host_blocks!r}")
         if policy not in PrefixTree.POLICIES:
@@ -103,6 +122,16 @@ class CpkvOffloadingManager(OffloadingManager):
         self.lookup = self._core.lookup  # type: ignore[method-assign,assignment,unused-ignore]
         self._events: list[OffloadingEvent] | None = [] if enable_events else None
         self._recent_evictions: deque[OffloadKey] = deque(maxlen=RECENT_EVICTIONS)
+        self.l3 = l3
+        if l3 is not None:
+            self.lookup = self._lookup_with_l3  # type: ignore[method-assign,assignment,unused-ignore]
+            self._failed: set[bytes] = set()  # stored with success=False: their rows hold no chunk
+            self._checks: dict[int, tuple[int, int, str]] = {}  # l3 key -> (slot, sequence, "checking"/"ok")
+            self._fills: dict[bytes, Fill] = {}  # promoted: row taken, filled from disk by the next load
+            self._from_disk: dict[str, set[bytes]] = {}  # per request: keys it found on disk
+            self._carried: dict[tuple, list[int]] = {}  # a job's identity -> the spill batches its spec carried
+            self._reading: dict[tuple, list[int]] = {}  # a load's identity -> the l3 keys it fills from disk
+            self._protected: Counter[int] = Counter()  # l3 keys a fill has yet to read: their slots stay
 
     # -- OffloadingManager -----------------------------------------------------------------------
 
@@ -113,13 +142,27 @@ class CpkvOffloadingManager(OffloadingManager):
         return cast(LookupResult, self._core.lookup(key, req_context))
 
     def get_load_source(self, key: OffloadKey, req_context: ReqContext) -> CacheHitSource:
+        if self.l3 is not None and key in self._from_disk.get(req_context.req_id, ()):
+            return CacheHitSource.DISK
         return CacheHitSource.HOST
 
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> CpkvLoadStoreSpec:
-        return CpkvLoadStoreSpec.of(self._core.prepare_load(keys, req_context.req_id, _positions(req_context)))
+        rows = self._core.prepare_load(keys, req_context.req_id, _positions(req_context))
+        if self.l3 is None:
+            return CpkvLoadStoreSpec.of(rows)
+        fills = [self._fills.pop(k) for k in keys if k in self._fills]
+        job = ("load", req_context.req_id, frozenset(keys))
+        if fills:
+            self._reading.setdefault(job, []).extend(f.key for f in fills)
+        return self._carry(job, CpkvLoadStoreSpec.of(rows, fills=fills))
 
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         self._core.complete_load(keys, req_context.req_id)
+        if self.l3 is not None:
+            job = ("load", req_context.req_id, frozenset(keys))
+            self._commit(job)
+            self._protected.subtract(self._reading.pop(job, ()))
+            self._protected += Counter()  # drops the keys no fill reads any more
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         self._core.touch(keys, req_context.req_id, _positions(req_context))
@@ -128,15 +171,22 @@ class CpkvOffloadingManager(OffloadingManager):
         out = self._core.prepare_store(keys, req_context.req_id, _positions(req_context))
         if out is None:
             return None
-        store, rows, evicted_bytes = out
+        store, rows, evicted_bytes, evicted_rows = out
         evicted = _offload_keys(evicted_bytes)
         if evicted:
             self._recent_evictions.extend(evicted)
             if self._events is not None:
                 self._events.append(OffloadingEvent(keys=evicted, medium=self.medium, removed=True))
-        return PrepareStoreOutput(keys_to_store=_offload_keys(store), store_spec=CpkvLoadStoreSpec.of(rows), evicted_keys=evicted)
+        spec = CpkvLoadStoreSpec.of(rows, evicted_rows)
+        if self.l3 is not None:
+            self._spill(evicted, evicted_rows)
+            self._carry(("store", frozenset(store)), spec)
+        return PrepareStoreOutput(keys_to_store=_offload_keys(store), store_spec=spec, evicted_keys=evicted)
 
     def complete_store(self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True) -> None:
+        if self.l3 is not None:
+            self._commit(("store", frozenset(keys)))
+            (self._failed.difference_update if success else self._failed.update)(keys)
         if self._events is None:
             self._core.complete_store(keys, success)
             return
@@ -146,6 +196,12 @@ class CpkvOffloadingManager(OffloadingManager):
 
     def on_request_finished(self, req_context: ReqContext) -> None:
         self._core.request_finished(req_context.req_id)
+        if self.l3 is not None:
+            self._from_disk.pop(req_context.req_id, None)
+
+    def has_pending_work(self) -> bool:
+        """While L3 records are being checked, vLLM keeps stepping so the deferred lookups resolve."""
+        return self.l3 is not None and self.l3.checking
 
     def take_events(self) -> Iterable[OffloadingEvent]:
         if self._events is None:
@@ -154,8 +210,117 @@ class CpkvOffloadingManager(OffloadingManager):
         return events
 
     def reset_cache(self) -> None:
-        """Drops everything (vLLM guarantees no completion of an earlier job arrives afterwards)."""
+        """Drops everything (vLLM guarantees no completion of an earlier job arrives afterwards).
+        L3 keeps what is durable on disk and forgets the spills not yet acknowledged."""
         self._core.reset()
+        if self.l3 is not None:
+            self.l3.forget_pending()
+            self._failed.clear()
+            self._checks.clear()
+            self._fills.clear()
+            self._carried.clear()
+            self._reading.clear()
+            self._protected.clear()
+
+    def shutdown(self) -> None:
+        if self.l3 is not None:
+            self.l3.close()
+
+    # -- L3: spills on eviction, lookups that fall through to disk ------------------------------
+
+    def _spill(self, evicted: list[OffloadKey], rows: np.ndarray) -> None:
+        """Evicted chunks go to disk, except rows that hold no chunk (a failed store, or a promoted
+        chunk whose fill never ran: its record is still on disk)."""
+        assert self.l3 is not None
+        keys, spill_rows = [], []
+        for key, row in zip(evicted, rows.tolist()):
+            if key in self._failed:
+                self._failed.discard(key)
+                continue
+            fill = self._fills.pop(key, None)
+            if fill is None:
+                keys.append(l3_key(key))
+                spill_rows.append(row)
+            else:
+                self._protected[fill.key] -= 1
+        self._protected += Counter()
+        if keys:
+            self.l3.spill(keys, spill_rows, protected=list(self._protected))
+
+    def _carry(self, job: tuple, spec: CpkvLoadStoreSpec) -> CpkvLoadStoreSpec:
+        assert self.l3 is not None
+        spec.spills = self.l3.carried()
+        if spec.spills:
+            if len(self._carried) >= CARRIED_JOBS:  # jobs vLLM never completed under this identity
+                self._carried = {j: ids for j, ids in self._carried.items() if any(i in self.l3.pending for i in ids)}
+            self._carried[job] = [b.id for b in spec.spills]
+        return spec
+
+    def _commit(self, job: tuple) -> None:
+        assert self.l3 is not None
+        batch_ids = self._carried.pop(job, None)
+        if batch_ids:
+            self.l3.commit(batch_ids)
+
+    def _lookup_with_l3(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        """The host first; on a miss, L3: a durable chunk is checked off this thread (RETRY until
+        the check finished), then given a host row (HIT: the load fills it from disk first); a
+        failed check is a counted miss."""
+        assert self.l3 is not None
+        result = cast(LookupResult, self._core.lookup(key, req_context))
+        if result is not LookupResult.MISS or key in self._failed:
+            return result
+        for k, sequence, reason in self.l3.checked():
+            state = self._checks.get(k)
+            if state is None or state[1] != sequence:
+                continue  # a check of a placement that has changed since
+            del self._checks[k]
+            if reason is None:
+                self._checks[k] = (state[0], state[1], "ok")
+                self.l3.counters["verified"] += 1
+            elif self.l3.peek(k) == state[:2]:
+                self.l3.drop(k, reason)
+        k = l3_key(key)
+        state = self._checks.get(k)
+        if state is not None and self.l3.peek(k) != state[:2]:
+            del self._checks[k]  # its slot went to another chunk meanwhile
+            state = None
+        if state is None:
+            found = self.l3.find(k)
+            if found is None:
+                return LookupResult.MISS
+            self._checks[k] = (found[0], found[1], "checking")
+            self.l3.start_check(k, found[0], found[1])
+            return LookupResult.RETRY
+        if state[2] == "checking":
+            return LookupResult.RETRY
+        return self._promote(key, k, state[0], state[1], req_context)
+
+    def _promote(self, key: OffloadKey, k: int, slot: int, sequence: int, req_context: ReqContext) -> LookupResult:
+        """A checked chunk takes a host row (evicting as a store would); the next load fills it."""
+        assert self.l3 is not None
+        self._protected[k] += 1  # before the eviction below spills: its slot must stay until the fill
+        out = self._core.prepare_store([key], req_context.req_id, _positions(req_context))
+        if out is None or not out[0]:
+            self._protected[k] -= 1
+            self._protected += Counter()
+            self.l3.counters["no_host_room"] += 1
+            return LookupResult.MISS
+        del self._checks[k]
+        _, rows, evicted_bytes, evicted_rows = out
+        evicted = _offload_keys(evicted_bytes)
+        if evicted:
+            self._recent_evictions.extend(evicted)
+            if self._events is not None:
+                self._events.append(OffloadingEvent(keys=evicted, medium=self.medium, removed=True))
+            self._spill(evicted, evicted_rows)
+        self._core.complete_store([key], True)
+        if self._events is not None:
+            self._events.append(OffloadingEvent(keys=[key], medium=self.medium, removed=False))
+        self._fills[key] = Fill(int(rows[0]), k, slot, sequence)
+        self._from_disk.setdefault(req_context.req_id, set()).add(key)
+        self.l3.counters["promoted"] += 1
+        return LookupResult.HIT
 
     # -- cpkv's own view -------------------------------------------------------------------------
 
@@ -207,4 +372,6 @@ class CpkvOffloadingManager(OffloadingManager):
         stats: dict[str, Any] = self._core.stats()
         stats["host_blocks"] = stats.pop("capacity")
         stats["policy"] = self.policy
+        if self.l3 is not None:
+            stats.update(self.l3.stats())
         return stats

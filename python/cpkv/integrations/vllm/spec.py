@@ -12,7 +12,8 @@ from typing import Any
 from vllm.v1.kv_offload.base import CanonicalKVCaches, OffloadingSpec
 from vllm.v1.kv_offload.config import OffloadingConfig
 
-from .config import CpkvOffloadConfig
+from .config import CpkvOffloadConfig, check_stable_block_hashes
+from .l3 import L3Catalog, L3Geometry
 from .manager import CpkvOffloadingManager
 from .worker import CpkvOffloadingWorker
 
@@ -25,6 +26,10 @@ class CpkvOffloadingSpec(OffloadingSpec):
         self.cpkv = CpkvOffloadConfig.from_extra_config(self.extra_config)
         # One offloaded chunk of group g covers tokens_per_block[g] * blocks_per_chunk tokens.
         self.tokens_per_chunk = tuple(t * self.blocks_per_chunk for t in self.tokens_per_block)
+        self.l3: L3Geometry | None = None
+        if self.cpkv.l3_dir is not None:
+            check_stable_block_hashes(_hash_algo())
+            self.l3 = _l3_geometry(config, self.cpkv, self.tokens_per_chunk)
         self._manager: CpkvOffloadingManager | None = None
         self._worker: CpkvOffloadingWorker | None = None
 
@@ -32,15 +37,43 @@ class CpkvOffloadingSpec(OffloadingSpec):
         if self._manager is None:
             self._manager = CpkvOffloadingManager(
                 self.cpkv.host_blocks, self.cpkv.policy, tokens_per_chunk=self.tokens_per_chunk,
-                enable_events=self.kv_events_config.enable_kv_cache_events)
+                enable_events=self.kv_events_config.enable_kv_cache_events,
+                l3=None if self.l3 is None else L3Catalog(self.l3))
         return self._manager
 
     def get_worker(self, kv_caches: CanonicalKVCaches) -> CpkvOffloadingWorker:
         if self._worker is None:
             self._worker = CpkvOffloadingWorker(
                 kv_caches, blocks_per_chunk=self.blocks_per_chunk, host_blocks=self.cpkv.host_blocks,
-                slab=self.cpkv.slab, process_group=_node_group(), timeout_s=self.cpkv.timeout_s)
+                slab=self.cpkv.slab, process_group=_node_group(), timeout_s=self.cpkv.timeout_s,
+                l3=None if self.l3 is None else (self.l3, self.config.parallel.rank))
         return self._worker
+
+
+def _hash_algo() -> str | None:
+    """vLLM's prefix_caching_hash_algo, when its config is in reach (it is while vLLM builds the
+    connector under ``set_current_vllm_config``)."""
+    from vllm.config import get_current_vllm_config_or_none
+
+    config = get_current_vllm_config_or_none()
+    return None if config is None else str(config.cache_config.prefix_caching_hash_algo)
+
+
+def _l3_geometry(config: OffloadingConfig, cpkv: CpkvOffloadConfig, tokens_per_chunk: tuple[int, ...]) -> L3Geometry:
+    """What both sides derive alike from vLLM's config: one worker's chunk bytes, the namespace."""
+    from pathlib import Path
+
+    parallel = config.parallel
+    layout = (f"{config.kv_cache_layout} layout, {len(config.groups)} group(s), tokens per chunk {list(tokens_per_chunk)}, "
+              f"tp {parallel.tp_size} pp {parallel.pp_size} pcp {parallel.pcp_size} dcp {parallel.dcp_size}")
+    assert cpkv.l3_dir is not None and cpkv.l3_bytes is not None
+    directory = Path(cpkv.l3_dir)
+    if parallel.data_parallel_size > 1:  # one scheduler per data-parallel engine: each its own catalog
+        directory = directory / f"dp-{parallel.data_parallel_index}-of-{parallel.data_parallel_size}"
+        directory.mkdir(exist_ok=True)
+    return L3Geometry(directory=directory, cap_bytes=cpkv.l3_bytes, model=config.model.name,
+                      dtype=str(config.model.dtype), layout=layout, tokens_per_chunk=max(tokens_per_chunk),
+                      world=parallel.world_size, page_bytes=config.worker_kv_bytes_per_block * config.cache.blocks_per_chunk)
 
 
 def _node_group() -> Any:

@@ -33,6 +33,7 @@ from cpkv.runtime.timeouts import DEFAULT_TIMEOUT_S
 from cpkv.tier.copy import RowCopy, SlabCopier, word_dtype
 from cpkv.tier.slab import HostSlab, SlabSpec
 
+from .l3 import L3Geometry, L3Shard
 from .manager import PAYLOAD, CpkvLoadStoreSpec
 
 __all__ = ["CpkvOffloadingWorker"]
@@ -40,7 +41,8 @@ __all__ = ["CpkvOffloadingWorker"]
 
 class CpkvOffloadingWorker(OffloadingWorker):
     def __init__(self, kv_caches: CanonicalKVCaches, *, blocks_per_chunk: int, host_blocks: int,
-                 slab: str = "shared", process_group: Any = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+                 slab: str = "shared", process_group: Any = None, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 l3: tuple[L3Geometry, int] | None = None) -> None:
         if not kv_caches.tensors:
             raise InvalidArgumentError("vLLM registered no KV cache tensors to offload")
         self.blocks_per_chunk = int(blocks_per_chunk)
@@ -75,6 +77,15 @@ class CpkvOffloadingWorker(OffloadingWorker):
         self._views = [(d.view(w), h.view(w)) for d, h, w in zip(self._device, self._host, words)]
         self._copier = SlabCopier()
         self._finished: list[TransferResult] = []
+        self.l3: L3Shard | None = None
+        if l3 is not None:
+            geometry, rank = l3
+            page = sum(self._page_bytes) * self.blocks_per_chunk
+            if page != geometry.page_bytes:
+                raise InvalidArgumentError(
+                    f"kv_connector_extra_config['cpkv_l3_dir']: this worker's chunk holds {page} bytes, vLLM's "
+                    f"worker_kv_bytes_per_block x blocks_per_chunk says {geometry.page_bytes}: L3 cannot size its records")
+            self.l3 = L3Shard(geometry, rank)
 
     # -- which device block goes to which host sub-row -------------------------------------------
 
@@ -109,7 +120,37 @@ class CpkvOffloadingWorker(OffloadingWorker):
             raise InvalidArgumentError(f"{len(rows)} host rows for {row_at} chunks")
         return out
 
+    # -- L3: this worker's shard of the spills and fills a spec carries ----------------------------
+
+    def _sub_rows(self, rows: np.ndarray) -> torch.Tensor:
+        bpc = self.blocks_per_chunk
+        return torch.from_numpy((np.asarray(rows, dtype=np.int64)[:, None] * bpc + np.arange(bpc)).reshape(-1))
+
+    def l3_pages(self, rows: np.ndarray) -> np.ndarray:
+        """uint8 ``[len(rows), page]``: chunk rows as one L3 page each (every tensor's pages in turn)."""
+        index = self._sub_rows(rows)
+        parts = [self._host[t][index].reshape(len(rows), -1) for t in range(len(self._host))]
+        return torch.cat(parts, dim=1).numpy()
+
+    def _fill_row(self, row: int, page: np.ndarray) -> None:
+        bpc, at = self.blocks_per_chunk, 0
+        for t, host in enumerate(self._host):
+            size = bpc * self._page_bytes[t]
+            host[row * bpc:(row + 1) * bpc].copy_(torch.from_numpy(page[at:at + size]).view(bpc, -1))
+            at += size
+
+    def _l3_first(self, host: LoadStoreSpec) -> None:
+        """Before a job touches the slab: the spills (rows an eviction released, possibly reused by
+        this very job), then the fills of promoted chunks."""
+        if self.l3 is None or not isinstance(host, CpkvLoadStoreSpec):
+            return
+        if host.spills:
+            self.l3.write(host.spills, self.l3_pages)
+        for fill in host.fills:
+            self._fill_row(fill.row, self.l3.read(fill))
+
     def _copy(self, gpu: GPULoadStoreSpec, host: LoadStoreSpec, *, load: bool) -> int:
+        self._l3_first(host)
         moved = 0
         for tensors, copy in self._pairs(gpu, host, load=load):
             for t in tensors:
@@ -147,6 +188,8 @@ class CpkvOffloadingWorker(OffloadingWorker):
         return self._host[tensor][row * self.blocks_per_chunk: (row + 1) * self.blocks_per_chunk]
 
     def shutdown(self) -> None:
+        if self.l3 is not None:
+            self.l3.close()
         self._copier.clear()  # its source tables hold views of the slab
         self._views.clear()
         if self.slab is not None:

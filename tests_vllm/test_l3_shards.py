@@ -1,0 +1,138 @@
+"""L3 with two workers holding different shards of each chunk (tensor parallelism): the manager and
+two CpkvOffloadingWorker instances of ranks 0 and 1 fed the very specs vLLM's connector hands every
+worker. Each worker writes only its shard, each once; after a restart both read back their own
+bytes exactly; a record damaged on one shard makes the chunk a miss for every worker."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from vllm.v1.kv_offload.base import (
+    CanonicalKVCacheRef,
+    CanonicalKVCaches,
+    CanonicalKVCacheTensor,
+    GPULoadStoreSpec,
+    LookupResult,
+    ReqContext,
+    make_offload_key,
+)
+
+from cpkv._cpkv import L3_HEADER_BYTES, l3_check
+from cpkv.integrations.vllm.l3 import L3Catalog, L3Geometry, l3_key
+from cpkv.integrations.vllm.manager import CpkvOffloadingManager
+from cpkv.integrations.vllm.worker import CpkvOffloadingWorker
+
+BLOCKS, HOST_CHUNKS, PER_CHUNK, CHUNK_TOKENS = 16, 2, 2, 32
+PAGES = (64, 40)
+WORLD = 2
+TIMEOUT_S = 60.0
+
+
+def geometry(directory: Path) -> L3Geometry:
+    return L3Geometry(directory=directory, cap_bytes=1 << 20, model="m", dtype="bfloat16", layout="test",
+                      tokens_per_chunk=CHUNK_TOKENS, world=WORLD, page_bytes=sum(PAGES) * PER_CHUNK)
+
+
+def workers(directory: Path, seed: int) -> tuple[list[CpkvOffloadingWorker], list[list[torch.Tensor]]]:
+    """One worker per rank, each over its own KV tensors (different bytes: different heads)."""
+    out, kv = [], []
+    for rank in range(WORLD):
+        gen = torch.Generator().manual_seed(seed * 10 + rank)
+        tensors = [torch.randint(-128, 127, (BLOCKS, page), dtype=torch.int8, generator=gen) for page in PAGES]
+        caches = CanonicalKVCaches([CanonicalKVCacheTensor(t, t.shape[1]) for t in tensors],
+                                   [[CanonicalKVCacheRef(i, page) for i, page in enumerate(PAGES)]])
+        out.append(CpkvOffloadingWorker(caches, blocks_per_chunk=PER_CHUNK, host_blocks=HOST_CHUNKS, slab="private",
+                                        l3=(geometry(directory), rank)))
+        kv.append(tensors)
+    return out, kv
+
+
+def request(req_id: str, chain: list[int]) -> tuple[ReqContext, list[bytes]]:
+    ctx = ReqContext(req_id=req_id)
+    keys = [make_offload_key(bytes(repr(tuple(chain[: i + 1])), "ascii"), 0) for i in range(len(chain))]
+    for i, key in enumerate(keys):
+        ctx.set_offload_key_position(key, (i + 1) * CHUNK_TOKENS)
+    return ctx, keys
+
+
+def store(m: CpkvOffloadingManager, ws: list[CpkvOffloadingWorker], ctx: ReqContext, keys: list[bytes],
+          blocks: list[int], job: int) -> None:
+    out = m.prepare_store(keys, ctx)
+    assert out is not None and out.keys_to_store == keys
+    for w in ws:  # every worker runs every job (vLLM's connector), then the scheduler completes it
+        w.submit_store(job, GPULoadStoreSpec(blocks, [len(blocks)], [0]), out.store_spec)
+    m.complete_store(keys, ctx)
+    m.on_request_finished(ctx)
+
+
+def test_each_worker_writes_and_reads_back_only_its_own_shard(tmp_path: Path) -> None:
+    m = CpkvOffloadingManager(HOST_CHUNKS, "lru", tokens_per_chunk=(CHUNK_TOKENS,), l3=L3Catalog(geometry(tmp_path)))
+    ws, kv = workers(tmp_path, seed=1)
+    first_ctx, first = request("a", [1, 2])
+    store(m, ws, first_ctx, first, [3, 4, 5, 6], job=1)
+    second_ctx, second = request("b", [7, 8])
+    store(m, ws, second_ctx, second, [9, 10, 11, 12], job=2)  # evicts "a": its spills ride on this job
+    stats = m.stats()
+    assert stats["l3_spilled"] == 2 and stats["l3_committed"] == 2, stats
+    assert [w.l3.counters["pages_written"] if w.l3 else None for w in ws] == [2, 2]  # each its own shard, once
+    original = [[t.clone() for t in tensors] for tensors in kv]
+    m.shutdown()
+    for w in ws:
+        w.shutdown()
+
+    # A restart: fresh manager and workers (other device bytes) on the same directory.
+    m = CpkvOffloadingManager(8, "lru", tokens_per_chunk=(CHUNK_TOKENS,), l3=L3Catalog(geometry(tmp_path)))
+    ws, kv = workers(tmp_path, seed=2)
+    assert m.stats()["l3_recovered"] == 2
+    ctx, keys = request("c", [1, 2])
+    assert [m.lookup(k, ctx) for k in keys] == [LookupResult.RETRY] * 2
+    assert m.l3 is not None and m.l3.wait_idle(TIMEOUT_S)
+    assert [m.lookup(k, ctx) for k in keys] == [LookupResult.HIT] * 2
+    spec = m.prepare_load(keys, ctx)
+    assert len(spec.fills) == 2
+    targets = [0, 1, 14, 15]
+    for w in ws:
+        w.submit_load(3, spec, GPULoadStoreSpec(targets, [len(targets)], [0]))
+    m.complete_load(keys, ctx)
+    for rank in range(WORLD):
+        for t in range(len(PAGES)):
+            for target, source in zip(targets, [3, 4, 5, 6]):
+                assert torch.equal(kv[rank][t][target], original[rank][t][source]), (rank, t, target)
+    assert not torch.equal(original[0][0][3], original[1][0][3]), "the ranks hold different bytes"
+    assert m.num_pins == 0
+    m.check()
+    m.shutdown()
+    for w in ws:
+        w.shutdown()
+
+
+def test_a_record_damaged_on_one_shard_is_a_miss_for_every_worker(tmp_path: Path) -> None:
+    m = CpkvOffloadingManager(1, "lru", tokens_per_chunk=(CHUNK_TOKENS,), l3=L3Catalog(geometry(tmp_path)))
+    ws, _ = workers(tmp_path, seed=3)
+    a_ctx, a = request("a", [1])
+    store(m, ws, a_ctx, a, [3, 4], job=1)
+    b_ctx, b = request("b", [2])
+    store(m, ws, b_ctx, b, [5, 6], job=2)
+    assert m.stats()["l3_committed"] == 1
+    g = geometry(tmp_path)
+    assert m.l3 is not None
+    slot, sequence = m.l3.index.peek(l3_key(a[0]))
+    file, offset = g.where(slot)
+    with open(g.shard_dir(1) / f"data-{file}.bin", "r+b") as f:  # rank 1's shard only
+        f.seek(offset + L3_HEADER_BYTES)
+        f.write(b"\xff\x00\xff")
+    ctx, keys = request("c", [1])
+    assert m.lookup(keys[0], ctx) is LookupResult.RETRY
+    assert m.l3.wait_idle(TIMEOUT_S)
+    assert m.lookup(keys[0], ctx) is LookupResult.MISS
+    stats = m.stats()
+    assert stats["l3_corrupt_dropped"] == 1 and list(stats["l3_rejects"]) == ["shard 1: checksum"], stats
+    assert m.lookup(keys[0], ctx) is LookupResult.MISS and m.l3.peek(l3_key(a[0])) is None
+    data = np.fromfile(g.shard_dir(0) / f"data-{file}.bin", dtype=np.uint8)
+    record = np.ascontiguousarray(data[offset:offset + g.slot_bytes])
+    assert l3_check(record, g.namespace(0), l3_key(a[0]), sequence, g.page_bytes) is None, "rank 0's shard is intact"
+    m.shutdown()
+    for w in ws:
+        w.shutdown()
