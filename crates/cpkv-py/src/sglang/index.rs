@@ -317,9 +317,12 @@ impl SglangIndex {
         copies_done(); // the stamps are invalid before any byte changes
         pool.run_write_hook(py)?;
         unshared(py, || -> Result<(), String> {
-            for w in &writes {
-                pool.copy_page(buffers, &pages, w.position, w.row, true)?;
-            }
+            pool.copy_pages(
+                buffers,
+                &pages,
+                writes.iter().map(|w| (w.position, w.row)),
+                true,
+            )?;
             copies_done(); // every byte is in place before a row is published
             for w in &writes {
                 buffers.publish(w.row, w.handle, w.tag)?;
@@ -352,10 +355,15 @@ impl SglangIndex {
             for &(i, p) in &found {
                 let (row, handle, tag) = (u64::from(p.row), p.serial as i64, keys.tag(i));
                 if buffers.holds(row, handle, tag)? {
-                    pool.copy_page(buffers, &pages, i, row, false)?;
                     copied.push((i, row, handle, tag));
                 }
             }
+            pool.copy_pages(
+                buffers,
+                &pages,
+                copied.iter().map(|&(i, row, ..)| (i, row)),
+                false,
+            )?;
             fence(Ordering::Acquire); // the bytes are read before the stamps are read again
             for &(i, row, handle, tag) in &copied {
                 ok[i] = buffers.holds(row, handle, tag)?;

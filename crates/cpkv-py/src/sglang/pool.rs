@@ -11,8 +11,11 @@
 //! ranges again right where it copies ([`copy_checked`]), against the buffer
 //! lengths given here.
 //!
-//! The slab side: `rows` rows of `page_bytes` (one page each, its entries in
-//! order), and per row a stamp and a key tag (int64, shared memory: other
+//! The slab side: `rows` rows of `page_bytes` (one page each), stored entry
+//! by entry: entry `j` of every row, then entry `j + 1` of every row (so the
+//! entries of consecutive rows lie back to back, as they do in a host buffer,
+//! and a batch copies in runs rather than page pieces); and per row a stamp
+//! and a key tag (int64, shared memory: other
 //! processes of the node read and write them, so every access is atomic).
 //! A row's writer stamps it `-handle`, copies, sets the tag, then stamps it
 //! `handle`; a reader checks stamp and tag before and after it copies (a
@@ -142,6 +145,24 @@ enum HostMap {
     Meta(Py<PyAny>),
 }
 
+/// Bytes of one copy: from `host_at` of host buffer `buffer` to or from
+/// `slab_at` of the slab.
+struct Run {
+    buffer: usize,
+    host_at: u64,
+    slab_at: u64,
+    bytes: u64,
+}
+
+impl Run {
+    /// Whether `next` starts where this run ends, on both sides.
+    fn continued_by(&self, next: &Run) -> bool {
+        next.buffer == self.buffer
+            && Some(next.host_at) == self.host_at.checked_add(self.bytes)
+            && Some(next.slab_at) == self.slab_at.checked_add(self.bytes)
+    }
+}
+
 /// Every page's entries in the host pool, page after page: (buffer, byte
 /// offset) each.
 pub(crate) struct HostPages {
@@ -221,7 +242,9 @@ pub(crate) struct SglangPool {
     page_bytes: u64,
     /// Each entry's size, and its offset in a slab row.
     sizes: Vec<u64>,
-    slab_offsets: Vec<u64>,
+    /// Where entry `j` of every row starts in the slab's data: row `r`'s
+    /// entry `j` is at `entry_bases[j] + r * sizes[j]`.
+    entry_bases: Vec<u64>,
     map: HostMap,
     /// Held so the buffers stay valid while the pool is open.
     _owners: Vec<Py<PyAny>>,
@@ -422,29 +445,51 @@ impl SglangPool {
         Ok(guard)
     }
 
-    /// Copies one page between the host pool and slab `row`, entry by entry.
-    pub(crate) fn copy_page(
+    /// Copies pages between the host pool and the slab: `(page, row)` each,
+    /// page `page` of `pages` to or from slab row `row`. Entries that lie back
+    /// to back in both the host buffer and the slab (an entry of consecutive
+    /// pages placed in consecutive rows) go as one copy: at 4 KB pages the
+    /// per-copy work, not the bytes, is the cost.
+    pub(crate) fn copy_pages(
         &self,
         buffers: &Buffers,
         pages: &HostPages,
-        page: usize,
-        row: u64,
+        which: impl IntoIterator<Item = (usize, u64)>,
         to_slab: bool,
     ) -> Result<(), String> {
-        let at = row
-            .checked_mul(self.page_bytes)
-            .ok_or_else(|| format!("slab row {row} overflows"))?;
-        let sizes = &self.sizes;
-        for (j, &(buffer, host_at)) in pages.page(page).iter().enumerate() {
-            let host = buffers.host[buffer];
-            let slab_at = at + self.slab_offsets[j];
+        let copy = |run: &Run| {
+            let host = buffers.host[run.buffer];
             if to_slab {
-                copy_checked(buffers.data, slab_at, host, host_at, sizes[j])?;
+                copy_checked(buffers.data, run.slab_at, host, run.host_at, run.bytes)
             } else {
-                copy_checked(host, host_at, buffers.data, slab_at, sizes[j])?;
+                copy_checked(host, run.host_at, buffers.data, run.slab_at, run.bytes)
+            }
+        };
+        let mut run: Option<Run> = None;
+        for (page, row) in which {
+            for (j, &(buffer, host_at)) in pages.page(page).iter().enumerate() {
+                let bytes = self.sizes[j];
+                let slab_at = row
+                    .checked_mul(bytes)
+                    .and_then(|at| at.checked_add(self.entry_bases[j]))
+                    .ok_or_else(|| format!("slab row {row} overflows"))?;
+                let next = Run {
+                    buffer,
+                    host_at,
+                    slab_at,
+                    bytes,
+                };
+                match &mut run {
+                    Some(r) if r.continued_by(&next) => r.bytes += next.bytes,
+                    _ => {
+                        if let Some(done) = run.replace(next) {
+                            copy(&done)?;
+                        }
+                    }
+                }
             }
         }
-        Ok(())
+        run.as_ref().map_or(Ok(()), copy)
     }
 
     /// Runs the write hook, if one is set (fault-injection tests): after a
@@ -507,7 +552,8 @@ impl SglangPool {
     /// `host_buffers`: the pool's CPU buffers (torch tensors); `entries`: the
     /// layout table (int64 `[E, 5]`: buffer, offset, stride, divisor, bytes),
     /// or `None` and `meta` (SGLang's `get_page_buffer_meta`) with
-    /// `entry_sizes`; `data`: the slab's uint8 `[rows, page_bytes]`;
+    /// `entry_sizes`; `data`: the slab's `rows * page_bytes` uint8 bytes
+    /// (entry by entry, see the module docs);
     /// `stamps`, `tags`: its int64 `[rows]` (any shape of `rows` elements).
     #[new]
     #[pyo3(signature = (name, host_buffers, entries, meta, entry_sizes, page_size, pool_tokens, data, stamps, tags))]
@@ -550,14 +596,11 @@ impl SglangPool {
                 "pool '{name}': entry sizes must be >= 1 and at least one, got {sizes:?}"
             )));
         }
-        let mut slab_offsets = Vec::with_capacity(sizes.len());
-        let mut page_bytes = 0u64;
-        for &s in &sizes {
-            slab_offsets.push(page_bytes);
-            page_bytes = page_bytes
+        let page_bytes = sizes.iter().try_fold(0u64, |total, &s| {
+            total
                 .checked_add(s)
-                .ok_or_else(|| invalid(format!("pool '{name}': a page's size overflows")))?;
-        }
+                .ok_or_else(|| invalid(format!("pool '{name}': a page's size overflows")))
+        })?;
         let data_region = Region::of_tensor(data, &format!("pool '{name}': slab data"))?;
         let stamp_region = Region::of_tensor(stamps, &format!("pool '{name}': slab stamps"))?;
         let tag_region = Region::of_tensor(tags, &format!("pool '{name}': slab tags"))?;
@@ -574,6 +617,15 @@ impl SglangPool {
                 data_region.bytes, stamp_region.bytes, tag_region.bytes
             )));
         }
+        // Bounded by the data's bytes (checked above): no overflow.
+        let entry_bases = sizes
+            .iter()
+            .scan(0u64, |at, &s| {
+                let base = *at;
+                *at += rows * s;
+                Some(base)
+            })
+            .collect();
         for (i, h) in host.iter().enumerate() {
             for (what, r) in [
                 ("data", &data_region),
@@ -595,7 +647,7 @@ impl SglangPool {
             pool_tokens,
             page_bytes,
             sizes,
-            slab_offsets,
+            entry_bases,
             map,
             _owners: owners,
             buffers: RwLock::new(Some(Buffers {

@@ -332,7 +332,7 @@ class CpkvHiCacheStorage(HiCacheStorage):
         out = target_location.view(-1).view(torch.uint8)
         if out.numel() != pool.page_bytes:
             raise InvalidArgumentError(f"get {key!r}: target has {out.numel()} bytes, a page has {pool.page_bytes}")
-        out.copy_(pool.row_view(e.row))
+        pool.read_row(e.row, out)
         if pool.stamps[e.row] != e.handle or pool.tags[e.row] != tag:
             with self._counters_lock:
                 self.counters["torn_reads_refused"] += 1
@@ -373,7 +373,7 @@ class CpkvHiCacheStorage(HiCacheStorage):
             if pool.stamps[row] == handle and pool.tags[row] == tag:
                 continue
             pool.stamps[row] = -handle
-            pool.row_view(row).copy_(flat)
+            pool.write_row(row, flat)
             pool.tags[row] = tag
             pool.stamps[row] = handle
             written += 1

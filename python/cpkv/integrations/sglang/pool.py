@@ -74,7 +74,14 @@ class PoolSlab:
             {"data": SlabSpec((self.page_bytes,), torch.uint8), "stamp": SlabSpec((1,), torch.int64),
              "tag": SlabSpec((1,), torch.int64)},
             num_pages=rows, num_layers=1, process_group=node_group, timeout_s=timeout_s, pin=False)
-        self.data = self.slab.rows("data")[0]  # uint8 [rows, page_bytes]
+        self.data = self.slab.rows("data")[0]  # rows * page_bytes uint8, entry-major (below)
+        # Entry j of every row, then entry j + 1 (the native pool's layout): an entry of consecutive rows
+        # lies back to back, as in a host buffer, so a batch copies in runs.
+        flat, at = self.data.view(-1), 0
+        self.entry_rows: list[torch.Tensor] = []
+        for size in sizes:
+            self.entry_rows.append(flat[at:at + rows * size].view(rows, size))
+            at += rows * size
         stamps, tags = self.slab.view("stamp")[0], self.slab.view("tag")[0]  # int64 [rows, 1]
         self.stamps = stamps.numpy()[:, 0]  # the tensor calls' and tests' view; the batch calls go native
         self.tags = tags.numpy()[:, 0]
@@ -88,10 +95,22 @@ class PoolSlab:
         """``layout`` (addresses computed natively) or ``meta`` (SGLang's ``get_page_buffer_meta``)."""
         return self.native.mode
 
-    def row_view(self, row: int) -> torch.Tensor:
-        return self.data[row]
+    def read_row(self, row: int, out: torch.Tensor) -> None:
+        """Copies slab row ``row`` (its entries in order) into the uint8 ``out`` of ``page_bytes``."""
+        at = 0
+        for entry in self.entry_rows:
+            out[at:at + entry.shape[1]].copy_(entry[row])
+            at += entry.shape[1]
+
+    def write_row(self, row: int, flat: torch.Tensor) -> None:
+        """Copies the uint8 ``flat`` of ``page_bytes`` (entries in order) into slab row ``row``."""
+        at = 0
+        for entry in self.entry_rows:
+            entry[row].copy_(flat[at:at + entry.shape[1]])
+            at += entry.shape[1]
 
     def close(self) -> None:
         self.native.close()  # waits for any copy in flight; the slab may be unmapped after it
         self.data = self.stamps = self.tags = None
+        self.entry_rows = []
         self.slab.close()
