@@ -192,6 +192,12 @@ impl Buffers {
         Ok(stamp.load(Ordering::Acquire) == handle && key.load(Ordering::Acquire) == tag)
     }
 
+    /// Whether `row` holds a fully written page (any handle) of key tag `tag`.
+    pub(crate) fn carries(&self, row: u64, tag: i64) -> Result<bool, String> {
+        let (stamp, key) = self.cells(row)?;
+        Ok(stamp.load(Ordering::Acquire) > 0 && key.load(Ordering::Acquire) == tag)
+    }
+
     /// Marks `row` invalid while its bytes change.
     pub(crate) fn invalidate(&self, row: u64, handle: i64) -> Result<(), String> {
         self.cells(row)?.0.store(-handle, Ordering::Release);
@@ -300,6 +306,10 @@ fn page_firsts(
 impl SglangPool {
     pub(crate) fn name(&self) -> &str {
         &self.name
+    }
+
+    pub(crate) fn page_bytes(&self) -> u64 {
+        self.page_bytes
     }
 
     /// Every page's entries in the host pool, each checked to lie inside its
@@ -443,6 +453,34 @@ impl SglangPool {
             } else {
                 copy_checked(host, host_at, buffers.data, slab_at, sizes[j])?;
             }
+        }
+        Ok(())
+    }
+
+    /// Copies slab `row` whole into `out` (`page_bytes` long): a victim's
+    /// bytes leaving the slab for L3, before its row is written again.
+    pub(crate) fn copy_row_out(&self, buffers: &Buffers, row: u64, out: &mut [u8]) -> Result<(), String> {
+        let at = row
+            .checked_mul(self.page_bytes)
+            .ok_or_else(|| format!("slab row {row} overflows"))?;
+        let dst = Region {
+            address: out.as_mut_ptr() as usize,
+            bytes: out.len(),
+        };
+        copy_checked(dst, 0, buffers.data, at, self.page_bytes)
+    }
+
+    /// Copies one page laid out as a slab row (`src`, `page_bytes` long: an
+    /// L3 record's payload) into its host pages, entry by entry.
+    fn copy_page_from(
+        &self,
+        buffers: &Buffers,
+        pages: &HostPages,
+        page: usize,
+        src: Region,
+    ) -> Result<(), String> {
+        for (j, &(buffer, host_at)) in pages.page(page).iter().enumerate() {
+            copy_checked(buffers.host[buffer], host_at, src, self.slab_offsets[j], self.sizes[j])?;
         }
         Ok(())
     }
@@ -613,6 +651,53 @@ impl SglangPool {
     /// first): raises `InvalidArgumentError` naming the page and its index.
     fn check(&self, py: Python<'_>, host_indices: &Bound<'_, PyAny>, pages: usize) -> PyResult<()> {
         self.host_pages(py, host_indices, pages).map(|_| ())
+    }
+
+    /// Writes pages laid out as slab rows into the host pool: `data` (uint8
+    /// `[m, page_bytes]`, C-contiguous) row `j` into host page
+    /// `positions[j]` of a call of `pages` pages at `host_indices` (checked
+    /// first, as every batch call's: nothing is copied when a check fails).
+    /// The L3 tier's reads land in SGLang's host pool through it.
+    fn fill_host(
+        &self,
+        py: Python<'_>,
+        host_indices: &Bound<'_, PyAny>,
+        pages: usize,
+        positions: Vec<usize>,
+        data: &Bound<'_, PyArray2<u8>>,
+    ) -> PyResult<()> {
+        let shape = data.shape();
+        if shape[0] != positions.len() || shape[1] as u64 != self.page_bytes {
+            return Err(invalid(format!(
+                "data has shape {shape:?}, {} pages of {} bytes were expected",
+                positions.len(),
+                self.page_bytes
+            )));
+        }
+        if !data.is_c_contiguous() {
+            return Err(invalid("data must be C-contiguous".to_string()));
+        }
+        if let Some(&p) = positions.iter().find(|&&p| p >= pages) {
+            return Err(invalid(format!(
+                "position {p} is not a page of a call of {pages} pages"
+            )));
+        }
+        let found = self.host_pages(py, host_indices, pages)?;
+        let guard = self.open(py)?;
+        let buffers = guard.as_ref().expect("open");
+        let readonly = data.readonly();
+        let bytes = readonly.as_slice().map_err(|e| invalid(format!("data: {e}")))?;
+        let page_bytes = self.page_bytes as usize;
+        for (j, &position) in positions.iter().enumerate() {
+            let row = &bytes[j * page_bytes..(j + 1) * page_bytes];
+            let src = Region {
+                address: row.as_ptr() as usize,
+                bytes: row.len(),
+            };
+            self.copy_page_from(buffers, &found, position, src)
+                .map_err(|e| InternalError::new_err(format!("pool '{}': {e}", self.name)))?;
+        }
+        Ok(())
     }
 
     /// int64 `[pages, entries]`: the host address of each entry of each page,
