@@ -21,7 +21,7 @@
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 
 use cpkv_hash::Hasher64;
-use cpkv_tier::{OffloadIndex as Core, Placed, GROUP_BYTES};
+use cpkv_tier::{Evicted, OffloadIndex as Core, Placed, GROUP_BYTES};
 use numpy::{PyArray1, PyArray2, PyArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
@@ -161,7 +161,7 @@ fn internal(message: String) -> PyErr {
 }
 
 /// A store's placements, and its victims with the row each held.
-type Stored = (Vec<Option<Placed>>, Vec<(Box<[u8]>, u32)>);
+type Stored = (Vec<Option<Placed>>, Vec<Evicted>);
 
 /// What a spilling store hands the L3 tier: every victim's key and row, in
 /// eviction order (the same on every rank), whether this rank copied its

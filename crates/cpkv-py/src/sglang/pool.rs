@@ -459,7 +459,12 @@ impl SglangPool {
 
     /// Copies slab `row` whole into `out` (`page_bytes` long): a victim's
     /// bytes leaving the slab for L3, before its row is written again.
-    pub(crate) fn copy_row_out(&self, buffers: &Buffers, row: u64, out: &mut [u8]) -> Result<(), String> {
+    pub(crate) fn copy_row_out(
+        &self,
+        buffers: &Buffers,
+        row: u64,
+        out: &mut [u8],
+    ) -> Result<(), String> {
         let at = row
             .checked_mul(self.page_bytes)
             .ok_or_else(|| format!("slab row {row} overflows"))?;
@@ -480,7 +485,13 @@ impl SglangPool {
         src: Region,
     ) -> Result<(), String> {
         for (j, &(buffer, host_at)) in pages.page(page).iter().enumerate() {
-            copy_checked(buffers.host[buffer], host_at, src, self.slab_offsets[j], self.sizes[j])?;
+            copy_checked(
+                buffers.host[buffer],
+                host_at,
+                src,
+                self.slab_offsets[j],
+                self.sizes[j],
+            )?;
         }
         Ok(())
     }
@@ -686,7 +697,9 @@ impl SglangPool {
         let guard = self.open(py)?;
         let buffers = guard.as_ref().expect("open");
         let readonly = data.readonly();
-        let bytes = readonly.as_slice().map_err(|e| invalid(format!("data: {e}")))?;
+        let bytes = readonly
+            .as_slice()
+            .map_err(|e| invalid(format!("data: {e}")))?;
         let page_bytes = self.page_bytes as usize;
         for (j, &position) in positions.iter().enumerate() {
             let row = &bytes[j * page_bytes..(j + 1) * page_bytes];

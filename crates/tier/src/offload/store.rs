@@ -29,6 +29,9 @@ struct Offer {
 /// Evicted keys, in eviction order, and the row each held.
 type Victims = (Vec<Box<[u8]>>, Vec<u32>);
 
+/// A key a store evicted and the row it held.
+pub type Evicted = (Box<[u8]>, u32);
+
 /// What `prepare_store` decided.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct StorePlan {
@@ -260,7 +263,7 @@ impl OffloadIndex {
         &mut self,
         keys: &[&[u8]],
         prefix: Option<&[u8]>,
-    ) -> Result<(Vec<Option<Placed>>, Vec<(Box<[u8]>, u32)>)> {
+    ) -> Result<(Vec<Option<Placed>>, Vec<Evicted>)> {
         Self::check_keys(keys)?;
         Self::check_keys(prefix.as_slice())?;
         let step = |k: &[u8]| {

@@ -82,6 +82,9 @@ class CpkvHiCacheStorage(HiCacheStorage):
         self.settings = CpkvStorageSettings.from_extra_config(storage_config.extra_config)
         if storage_config.dcp_size > 1:
             raise InvalidArgumentError("cpkv's storage backend does not run under decode CP (--dcp-size > 1)")
+        if self.settings.l3_dir is not None and not storage_config.model_name:
+            raise InvalidArgumentError("extra config key 'cpkv_l3_dir': SGLang's storage config names no model "
+                                       "(model_name), and an L3 page may only be served to the model that wrote it")
         self.storage_config = storage_config
         self.rank_replicated = make_every_rank_a_writer(storage_config)
         self.topology = build_topology(storage_config, self.settings, self.rank_replicated)

@@ -289,7 +289,7 @@ class L3Store:
         given as None is placed but not written (its writer has no bytes for it): its slot keeps an
         older record, which fails the key and sequence check, a counted miss."""
         keys = [k for k, _ in pages]
-        payloads = {}
+        payloads: dict[int, np.ndarray | None] = {}
         for key, data in pages:
             if data is None:  # placed like any page; this rank has no bytes for it and writes nothing
                 payloads[key] = None
