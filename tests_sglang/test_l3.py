@@ -70,6 +70,10 @@ def test_fill_spills_each_victim_once_per_node_from_skewed_ranks(filled) -> None
         assert res["closed"]["l3_disk_bytes"] <= res["closed"]["l3_cap_bytes"]
     # One copy per node: the pages written by the two ranks are the index's pages, each once.
     written = a["closed"]["l3_pages_written"] + b["closed"]["l3_pages_written"]
+    print(f"fill: hit tokens {sum(_hits(a))}, L3 pages read per rank {[r['stats']['l3_pages_read'] for r in results]}, "
+          f"victims spilled {a['stats']['l3_pages_spilled']} (+{a['closed']['l3_pages_spilled'] - a['stats']['l3_pages_spilled']}"
+          f" at the clean stop), written per rank {[r['closed']['l3_pages_written'] for r in results]}, "
+          f"on disk {a['closed']['l3_pages']} pages, {a['closed']['l3_disk_bytes']} of {a['closed']['l3_cap_bytes']} bytes")
     assert written == a["closed"]["l3_pages"]
     # On disk (read only): every record the node's two logs name reads back whole, one per key.
     from cpkv import _cpkv
@@ -147,7 +151,8 @@ def test_damaged_records_are_counted_misses_never_served(filled, tmp_path) -> No
     loaded = sum(f["loaded"] for f in results[0]["fetched"])
     assert 0 < loaded < sum(_hits(filled[1][0]))
     assert np.all([f["loaded"] <= f["post"] for f in results[0]["fetched"]])
-    print(f"{damaged} records damaged: read failures per rank {failures}, tokens loaded {loaded}")
+    print(f"{damaged} records damaged: read failures per rank {failures}, tokens loaded {loaded}, "
+          f"L3 pages read per rank {[r['stats']['l3_pages_read'] for r in results]}")
 
 
 @pytest.mark.timeout(900)
@@ -158,3 +163,33 @@ def test_a_foreign_namespace_starts_cold(filled, tmp_path) -> None:
     for res in results:
         assert res["stats"]["l3_recovered_pages"] == 0
         assert sum(f["post"] for f in res["fetched"]) == 0
+
+
+@pytest.mark.timeout(1200)
+def test_cp4_as_two_nodes_one_copy_per_node_and_warm_after_restart(tmp_path) -> None:
+    """CP 4 as two simulated nodes of two ranks: one L3 directory per node, each page written once
+    per node (by its row's writer on that node), every rank's L3 index the same; new processes on
+    the same directory get every hit back, byte-exact."""
+    opts = dict(_opts(tmp_path), ranks_per_node=2)
+    fill = launch(4, "l3", args={"phase": "fill", "requests": 16}, **opts)
+    pre = [[f["pre"] for f in r["fetched"]] for r in fill]
+    assert all(p == pre[0] for p in pre)
+    assert all(f["wrong"] == 0 for r in fill for f in r["fetched"])
+    nodes = sorted({r["closed"]["l3_dir"] for r in fill})
+    assert len(nodes) == 2
+    assert len({r["closed"]["l3_digest"] for r in fill}) == 1
+    for node in nodes:
+        here = [r for r in fill if r["closed"]["l3_dir"] == node]
+        assert len(here) == 2
+        assert sum(r["closed"]["l3_pages_written"] for r in here) == here[0]["closed"]["l3_pages"] > 0
+        assert all(r["closed"]["l3_pages_not_copied"] == 0 for r in here)
+    warm = launch(4, "l3", args={"phase": "warm", "requests": 16}, **opts)
+    pre = [[f["pre"] for f in r["fetched"]] for r in warm]
+    assert all(p == pre[0] for p in pre)
+    for res in warm:
+        assert res["stats"]["l3_read_failures"] == 0
+        for f in res["fetched"]:
+            assert f["wrong"] == 0 and f["post"] == f["pre"] and f["loaded"] == f["post"], f
+    print(f"CP 4 (2 nodes): hit tokens fill {sum(_hits(fill[0]))}, after the restart {sum(_hits(warm[0]))}; "
+          f"on disk per node {[next(r for r in fill if r['closed']['l3_dir'] == n)['closed']['l3_pages'] for n in nodes]}")
+    assert sum(_hits(warm[0])) == sum(_hits(fill[0])) > 0
