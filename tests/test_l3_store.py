@@ -256,3 +256,43 @@ def test_a_batch_read_serves_the_good_pages_and_names_the_bad_one(tmp_path):
             store.read_many(found, out[:3])
         with pytest.raises(InvalidArgumentError, match="C-contiguous"):
             store.read_many(found[:5], out[::2])
+
+
+def test_named_writers_own_their_records_through_compaction_and_a_restart(tmp_path):
+    """Two ranks of a node, each page's writer named by the caller (the opposite of the index's own
+    rule, as the SGLang backend names a slab row's writer), the other rank given no bytes (None):
+    each record is written once, by its named writer; each log keeps its own records through
+    compactions; a restart recovers every live page, byte-exact."""
+    ranks = [open_store(tmp_path, rank=r, ranks_on_node=2) for r in range(2)]
+    slots = ranks[0].slots
+    key = 1
+    for _ in range(5 * slots // 4):  # more placements than 2 x slots log entries: compactions on both
+        batch = list(range(key, key + 4))
+        key += 4
+        writers = [1 - ranks[0].index.writer(k) for k in batch]
+        for r, store in enumerate(ranks):
+            store.put([(k, page(k) if w == r else None) for k, w in zip(batch, writers)], writers=writers)
+    assert all(s.counters["compactions"] > 0 for s in ranks)
+    assert ranks[0].digest() == ranks[1].digest()
+    assert sum(s.counters["pages_written"] for s in ranks) == key - 1  # each page once per node
+    live = [k for k, _, _ in ranks[0].index.entries()]
+    for s in ranks:
+        s.close()
+    again = open_store(tmp_path, rank=0, ranks_on_node=2)
+    assert again.recovery["kept"] == len(live) == slots
+    assert all(served_exactly(again, k) for k in live)
+    again.close()
+
+
+def test_a_page_without_bytes_is_placed_but_never_served(tmp_path):
+    """A writer with no bytes for a page (None) places it like its peers and writes nothing: the slot
+    keeps its older record, whose key and sequence fail the check, a counted miss."""
+    store = open_store(tmp_path)
+    fill(store, range(1, store.slots + 1))  # every slot holds a record
+    store.put([(10_000, None)])  # evicts the least recently used page, writes nothing
+    assert store.index.peek(10_000) is not None
+    assert store.get(10_000) is None and store.counters["corrupt_dropped"] == 1
+    with pytest.raises(InvalidArgumentError, match="writers"):
+        store.put([(20_000, page(20_000))], writers=[2])
+    assert store.index.peek(20_000) is None
+    store.close()

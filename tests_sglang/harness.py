@@ -189,7 +189,8 @@ class Rank:
         self.strategy = type(strategy).__name__
         result = strategy.build(cache=None, kvcache=self.kv, params=params, server_args=self.server_args,
                                 load_cache_event=threading.Event(), storage_backend=backend,
-                                storage_backend_extra_config=dict(extra or {}), prefetch_threshold=self.page_size)
+                                storage_backend_extra_config=dict(extra or {}), prefetch_threshold=self.page_size,
+                                model_name=self.options.get("model"))
         self.ctl = result.cache_controller
         self.group = result.host_pool_group
         for entry in self.group.entries:  # the no-GPU shim: scratch pages (the tensor calls') unpinned too
@@ -392,6 +393,46 @@ def pressure(r: Rank, requests: int = 40, seed: int = 2, backend: str = "cpkv", 
     return out
 
 
+def l3(r: Rank, phase: str, requests: int = 24, seed: int = 5, lag: int = 0) -> dict:
+    """The L3 tier under a small slab. ``phase="fill"``: every rank stores the requests (rank 1 ``lag``
+    requests late: its backup thread reaches each store after rank 0 has already reused the rows),
+    then every rank prefetches each request (slab and L3 hits, bytes checked) and closes (a clean
+    stop). ``phase="warm"``: new processes on the same directory prefetch each request and check
+    every byte loaded; nothing is stored."""
+    extra = _cpkv_extra(r.options)
+    if r.options.get("l3_dir"):
+        extra.update(cpkv_l3_dir=r.options["l3_dir"], cpkv_l3_bytes=r.options["l3_bytes"])
+    r.controller("dynamic", extra)
+    reqs = shared_prefix_requests(requests, seed, r.page_size, prefixes=8, max_pages=32)
+    if phase == "fill":
+        pending: list[list[int]] = []
+        my_lag = lag if r.rank == 1 else 0
+        for tokens in reqs:
+            pending.append(tokens)
+            while len(pending) > my_lag:
+                idx, _ = r.write(pending.pop(0))
+                r.wait_backup(idx)
+        for tokens in pending:
+            idx, _ = r.write(tokens)
+            r.wait_backup(idx)
+        r.barrier()
+    fetched = [r.prefetch(f"req{i}", tokens) for i, tokens in enumerate(reqs)]
+    r.backend.wait_checks(WAIT_S)
+    r.barrier()
+    stats_open = r.backend.stats()
+    out = {"fetched": fetched, "stats": stats_open, "digest": r.backend.digest(),
+           "distinct_pages": len({h for t in reqs for h in r.hashes(t)}),
+           "page_bytes": r.backend.pools["kv"].page_bytes}
+    r.barrier()
+    r.backend.close()
+    if r.backend.l3 is not None:
+        closed = r.backend.l3.stats()
+        out["closed"] = {k: closed[k] for k in ("l3_pages_spilled", "l3_pages_written", "l3_pages_not_copied",
+                                                "l3_pages", "l3_digest", "l3_dir", "l3_disk_bytes", "l3_cap_bytes")}
+    r.barrier()
+    return out
+
+
 def _count_exists(backend: Any) -> None:
     """Records the hit pages of each hit query of a backend that does not log them itself."""
     log: list[int] = []
@@ -546,4 +587,4 @@ def bad_indices(r: Rank) -> dict:
 
 
 SCENARIOS = {"roundtrip": roundtrip, "pressure": pressure, "killed": killed, "diverged": diverged,
-             "missed_store": missed_store, "bad_indices": bad_indices}
+             "missed_store": missed_store, "bad_indices": bad_indices, "l3": l3}

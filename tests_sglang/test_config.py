@@ -46,6 +46,24 @@ def _config(extra: dict) -> HiCacheStorageConfig:
     ({"cpkv_pages": 8, "cpkv_check_every": 0}, InvalidArgumentError, "cpkv_check_every"),
     ({"cpkv_pages": 8, "cpkv_ranks_per_node": -1}, InvalidArgumentError, "cpkv_ranks_per_node"),
     ({"cpkv_pages": 8, "interface_v1": 2}, InvalidArgumentError, "interface_v1"),
+    # The L3 tier: both keys or neither, an existing directory, a positive int, the v1 calls.
+    ({"cpkv_pages": 8, "interface_v1": 1, "cpkv_l3_dir": "/tmp"}, InvalidArgumentError, "'cpkv_l3_dir' needs 'cpkv_l3_bytes'"),
+    ({"cpkv_pages": 8, "interface_v1": 1, "cpkv_l3_bytes": 1 << 20}, InvalidArgumentError, "'cpkv_l3_bytes' needs 'cpkv_l3_dir'"),
+    ({"cpkv_pages": 8, "interface_v1": 1, "cpkv_l3_dir": "/nonexistent-cpkv-l3", "cpkv_l3_bytes": 1 << 20},
+     InvalidArgumentError, "'cpkv_l3_dir': '/nonexistent-cpkv-l3' is not an existing directory"),
+    ({"cpkv_pages": 8, "interface_v1": 1, "cpkv_l3_dir": 7, "cpkv_l3_bytes": 1 << 20}, InvalidArgumentError,
+     "'cpkv_l3_dir': 7 is not"),
+    ({"cpkv_pages": 8, "interface_v1": 1, "cpkv_l3_dir": "/tmp", "cpkv_l3_bytes": 0}, InvalidArgumentError, "'cpkv_l3_bytes' must be an int"),
+    ({"cpkv_pages": 8, "interface_v1": 1, "cpkv_l3_dir": "/tmp", "cpkv_l3_bytes": "1G"},
+     InvalidArgumentError, "'cpkv_l3_bytes' must be an int"),
+    ({"cpkv_pages": 8, "interface_v1": 1, "cpkv_l3_dir": "/tmp", "cpkv_l3_bytes": True},
+     InvalidArgumentError, "'cpkv_l3_bytes' must be an int"),
+    ({"cpkv_pages": 8, "interface_v1": 1, "cpkv_l3_dir": "/tmp", "cpkv_l3_bytes": 1 << 63},
+     InvalidArgumentError, "'cpkv_l3_bytes' must be an int"),
+    ({"cpkv_pages": 8, "cpkv_l3_dir": "/tmp", "cpkv_l3_bytes": 1 << 20}, InvalidArgumentError, "'cpkv_l3_dir' needs 'interface_v1'"),
+    # The config names no model (model_name None here): an L3 page could not be tied to one.
+    ({"cpkv_pages": 8, "interface_v1": 1, "cpkv_l3_dir": "/tmp", "cpkv_l3_bytes": 1 << 20},
+     InvalidArgumentError, "'cpkv_l3_dir'.*model_name"),
 ])
 def test_bad_extra_config_names_the_key(extra: dict, cls: type, named: str) -> None:
     with pytest.raises(cls, match=named):
@@ -58,6 +76,13 @@ def test_timeout_follows_the_one_rule(seconds: float) -> None:
     range, 0.1 to 86400, refused the ends)."""
     settings = CpkvStorageSettings.from_extra_config({"cpkv_pages": 8, "cpkv_timeout_s": seconds})
     assert settings.timeout_s == float(seconds)
+
+
+def test_l3_settings_are_read(tmp_path) -> None:
+    settings = CpkvStorageSettings.from_extra_config(
+        {"cpkv_pages": 8, "interface_v1": 1, "cpkv_l3_dir": str(tmp_path), "cpkv_l3_bytes": 1 << 20})
+    assert (settings.l3_dir, settings.l3_bytes) == (str(tmp_path), 1 << 20)
+    assert CpkvStorageSettings.from_extra_config({"cpkv_pages": 8}).l3_dir is None
 
 
 def test_version_check() -> None:

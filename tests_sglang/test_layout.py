@@ -211,7 +211,7 @@ def test_batch_calls_match_a_reference(which: str, ops: list, rows: int) -> None
             idx = indices(len(keys), step)
             for i, k in enumerate(keys):
                 write_page(host, int(idx[i * ps]), page_content(k, nbytes))
-            placed, written = index.store_pages(keys, None, pool, idx, 1, 0)
+            placed, written, _ = index.store_pages(keys, None, pool, idx, 1, 0)
             assert written <= sum(placed)
             readable = index.held(keys, pool)
             assert readable == placed  # a placed key is readable at once

@@ -611,6 +611,11 @@ class SglangPool:
         in ``[0, pool_tokens)``, every entry inside its buffer."""
     def addresses(self, host_indices: object, pages: int) -> npt.NDArray[np.int64]:
         """int64 ``[pages, entries]``: each entry's host address, as the checks compute them."""
+    def fill_host(self, host_indices: object, pages: int, positions: list[int],
+                  data: npt.NDArray[np.uint8]) -> None:
+        """Writes ``data[j]`` (a page laid out as a slab row, an L3 record's payload) into host page
+        ``positions[j]`` of a call of ``pages`` pages at ``host_indices``, checked first like every
+        batch call's host range."""
     def set_write_hook(self, hook: object | None) -> None:
         """A callable run after a write marked its rows invalid, before it copies (fault-injection tests)."""
     def close(self) -> None:
@@ -636,10 +641,18 @@ class SglangIndex:
     def store(self, keys: Iterable[str | bytes], prefix: str | bytes | None = None) -> npt.NDArray[np.int64]:
         """One store call, no bytes: int64 ``[n, 2]``, each key's (row, handle), (-1, 0) where refused."""
     def store_pages(self, keys: Iterable[str | bytes], prefix: str | bytes | None, pool: SglangPool,
-                    host_indices: object, node_size: int, local_rank: int) -> tuple[list[bool], int]:
+                    host_indices: object, node_size: int, local_rank: int, spill: bool = False,
+                    ) -> tuple[list[bool], int, tuple[list[bytes], list[int], list[bool], npt.NDArray[np.uint8]] | None]:
         """Checks every page's host range (a refused call changes nothing), stores the keys, then copies
         each placed page whose row this rank writes (``row % node_size == local_rank``) and that is not
-        there yet: stamp ``-handle``, bytes, tag, stamp ``handle``. (placed per key, pages written)."""
+        there yet: stamp ``-handle``, bytes, tag, stamp ``handle``. (placed per key, pages written,
+        spilled): with ``spill``, before any byte is written, every key the store evicted (in eviction
+        order), its row, whether this rank copied its page out (its row, still carrying the key's page)
+        and uint8 ``[evicted, page_bytes]`` holding those pages; else None."""
+    def spill_resident(self, pool: SglangPool, node_size: int, local_rank: int,
+                       ) -> tuple[list[bytes], list[int], list[bool], npt.NDArray[np.uint8]]:
+        """Every readable key's page as ``store_pages``' spill (in placement order; this rank copies the
+        pages of its rows): a clean stop that leaves the slab in L3. Changes nothing."""
     def read_pages(self, keys: Iterable[str | bytes], pool: SglangPool,
                    host_indices: object) -> tuple[list[bool], int, int]:
         """Checks every page's host range, then copies each key's page whose row carries the key's handle

@@ -70,7 +70,8 @@ pub use device_pool::DevicePool;
 pub use error::{Result, TierError};
 pub use host_index::{HostIndex, Pin};
 pub use offload::{
-    key_hex, KeyState, OffloadIndex, OffloadStats, Placed, StorePlan, GROUP_BYTES, MAX_OFFLOAD_ROWS,
+    key_hex, Evicted, KeyState, OffloadIndex, OffloadStats, Placed, StorePlan, GROUP_BYTES,
+    MAX_OFFLOAD_ROWS,
 };
 pub use ownership::{owned_rows, OwnedRows};
 pub use plan::{Backup, CommitOutcome, InsertOutcome, LoadPlan, LoadRun, Lookup};

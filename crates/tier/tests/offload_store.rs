@@ -93,13 +93,28 @@ fn run(policy: Policy, capacity: u64, ops: &[Op]) -> Vec<u64> {
                     protected.extend(path(&index, p));
                 }
 
-                let got = index.store(&refs, prefix.as_deref()).unwrap();
+                let rows_before: Vec<(Vec<u8>, u32)> = before
+                    .iter()
+                    .map(|k| (k.clone(), index.locate(k).unwrap().row))
+                    .collect();
+                let (got, evicted) = index.store_evicting(&refs, prefix.as_deref()).unwrap();
                 let want = composed(&mut twin, &refs, prefix.as_deref());
                 assert_eq!(got, want, "store is exactly its composition");
                 assert_eq!(index.digest(), twin.digest());
 
                 let after: BTreeSet<Vec<u8>> =
                     index.resident_keys().iter().map(|k| k.to_vec()).collect();
+                // The evictions reported are exactly the keys that left, each
+                // with the row it held before the call.
+                let mut reported: Vec<(Vec<u8>, u32)> =
+                    evicted.iter().map(|(k, r)| (k.to_vec(), *r)).collect();
+                reported.sort();
+                let mut left: Vec<(Vec<u8>, u32)> = rows_before
+                    .into_iter()
+                    .filter(|(k, _)| !after.contains(k))
+                    .collect();
+                left.sort();
+                assert_eq!(reported, left, "evictions reported with their rows");
                 for gone in before.difference(&after) {
                     assert!(!protected.contains(gone), "evicted the call's own path");
                 }

@@ -21,8 +21,8 @@
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 
 use cpkv_hash::Hasher64;
-use cpkv_tier::{OffloadIndex as Core, Placed, GROUP_BYTES};
-use numpy::{PyArray1, PyArray2};
+use cpkv_tier::{Evicted, OffloadIndex as Core, Placed, GROUP_BYTES};
+use numpy::{PyArray1, PyArray2, PyArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
@@ -160,6 +160,19 @@ fn internal(message: String) -> PyErr {
     InternalError::new_err(message)
 }
 
+/// A store's placements, and its victims with the row each held.
+type Stored = (Vec<Option<Placed>>, Vec<Evicted>);
+
+/// What a spilling store hands the L3 tier: every victim's key and row, in
+/// eviction order (the same on every rank), whether this rank copied its
+/// page, and those pages.
+type Spilled<'py> = (
+    Bound<'py, PyList>,
+    Vec<u32>,
+    Vec<bool>,
+    Bound<'py, PyArray2<u8>>,
+);
+
 /// One page this rank writes: its position in the call, row, handle, tag.
 struct Write {
     position: usize,
@@ -182,13 +195,23 @@ impl SglangIndex {
         keys: &Keys,
         prefix: Option<&[u8]>,
     ) -> PyResult<Vec<Option<Placed>>> {
+        Ok(self.store_evicting(py, keys, prefix)?.0)
+    }
+
+    /// One index store and the keys it evicted, each with its row.
+    fn store_evicting(
+        &self,
+        py: Python<'_>,
+        keys: &Keys,
+        prefix: Option<&[u8]>,
+    ) -> PyResult<Stored> {
         let refs = keys.slices();
-        let placed = self
+        let stored = self
             .core
-            .with(py, |c| c.store(&refs, prefix))?
+            .with(py, |c| c.store_evicting(&refs, prefix))?
             .map_err(tier_error)?;
         self.stores.fetch_add(1, Ordering::Relaxed);
-        Ok(placed)
+        Ok(stored)
     }
 
     fn locate_core(&self, py: Python<'_>, keys: &Keys) -> PyResult<Vec<(usize, Placed)>> {
@@ -222,6 +245,42 @@ impl SglangIndex {
                 .map_err(internal)?;
         }
         Ok(held)
+    }
+}
+
+impl SglangIndex {
+    /// Copies out each victim whose row this rank writes and that still
+    /// carries the victim's page (a written stamp and its key tag); the other
+    /// victims are listed, not copied.
+    fn spill_victims<'py>(
+        py: Python<'py>,
+        pool: &SglangPool,
+        buffers: &super::pool::Buffers,
+        evicted: &[(Box<[u8]>, u32)],
+        node_size: u64,
+        local_rank: u64,
+    ) -> PyResult<Spilled<'py>> {
+        let page_bytes = pool.page_bytes() as usize;
+        let rows: Vec<u32> = evicted.iter().map(|&(_, row)| row).collect();
+        let mut copied = vec![false; evicted.len()];
+        let mut data = vec![0u8; evicted.len() * page_bytes];
+        unshared(py, || -> Result<(), String> {
+            for (i, (key, row)) in evicted.iter().enumerate() {
+                let row = u64::from(*row);
+                if row % node_size != local_rank || !buffers.carries(row, key_tag(key))? {
+                    continue;
+                }
+                let out = &mut data[i * page_bytes..(i + 1) * page_bytes];
+                pool.copy_row_out(buffers, row, out)?;
+                fence(Ordering::Acquire); // the bytes are read before the stamp is read again
+                copied[i] = buffers.carries(row, key_tag(key))?;
+            }
+            Ok(())
+        })?
+        .map_err(|e| internal(format!("pool '{}': {e}", pool.name())))?;
+        let keys = PyList::new(py, evicted.iter().map(|(k, _)| PyBytes::new(py, k)))?;
+        let pages = PyArray1::from_vec(py, data).reshape([evicted.len(), page_bytes])?;
+        Ok((keys, rows, copied, pages))
     }
 }
 
@@ -262,9 +321,13 @@ impl SglangIndex {
     }
 
     /// One SGLang store call with its bytes (see the module docs): each key
-    /// placed (list of bool), and the pages this rank copied. `node_size`,
-    /// `local_rank`: this rank writes the rows `row % node_size == local_rank`.
-    #[pyo3(signature = (keys, prefix, pool, host_indices, node_size, local_rank))]
+    /// placed (list of bool), the pages this rank copied, and with `spill`
+    /// the victims (`Spilled`: keys, rows, copied, pages), else `None`.
+    /// `node_size`, `local_rank`: this rank writes the rows `row % node_size
+    /// == local_rank`, and so is the only rank that overwrites them: it copies
+    /// each victim of its rows out (while the row still carries the victim's
+    /// key tag) before any byte of the call is written.
+    #[pyo3(signature = (keys, prefix, pool, host_indices, node_size, local_rank, spill = false))]
     #[allow(clippy::too_many_arguments)] // SGLang's call and where this rank writes
     fn store_pages<'py>(
         &self,
@@ -275,7 +338,8 @@ impl SglangIndex {
         host_indices: &Bound<'py, PyAny>,
         node_size: u64,
         local_rank: u64,
-    ) -> PyResult<(Bound<'py, PyList>, usize)> {
+        spill: bool,
+    ) -> PyResult<(Bound<'py, PyList>, usize, Option<Spilled<'py>>)> {
         if node_size == 0 || local_rank >= node_size {
             return Err(invalid(format!(
                 "local_rank {local_rank} is not a rank of a node of {node_size}"
@@ -286,10 +350,17 @@ impl SglangIndex {
         let pool = pool.get();
         // Checked before the index stores anything: a refused call changes nothing.
         let pages = pool.host_pages(py, host_indices, keys.len())?;
-        let placed = self.store_core(py, &keys, prefix.as_deref())?;
+        let (placed, evicted) = self.store_evicting(py, &keys, prefix.as_deref())?;
         let stored = PyList::new(py, placed.iter().map(Option::is_some))?;
         let guard = pool.open(py)?;
         let buffers = guard.as_ref().expect("open");
+        let spilled = if spill {
+            Some(Self::spill_victims(
+                py, pool, buffers, &evicted, node_size, local_rank,
+            )?)
+        } else {
+            None
+        };
         let mut writes = Vec::new();
         for (position, p) in placed.iter().enumerate() {
             let Some(p) = p else { continue };
@@ -309,7 +380,7 @@ impl SglangIndex {
             });
         }
         if writes.is_empty() {
-            return Ok((stored, 0));
+            return Ok((stored, 0, spilled));
         }
         for w in &writes {
             buffers.invalidate(w.row, w.handle).map_err(internal)?;
@@ -330,7 +401,34 @@ impl SglangIndex {
             Ok(())
         })?
         .map_err(|e| internal(format!("pool '{}': {e}", pool.name())))?;
-        Ok((stored, writes.len()))
+        Ok((stored, writes.len(), spilled))
+    }
+
+    /// Every resident key's page as a spill (`Spilled`, in placement order,
+    /// the same on every rank), for a clean stop that leaves the whole slab
+    /// in L3. Changes nothing.
+    fn spill_resident<'py>(
+        &self,
+        py: Python<'py>,
+        pool: &Bound<'py, SglangPool>,
+        node_size: u64,
+        local_rank: u64,
+    ) -> PyResult<Spilled<'py>> {
+        if node_size == 0 || local_rank >= node_size {
+            return Err(invalid(format!(
+                "local_rank {local_rank} is not a rank of a node of {node_size}"
+            )));
+        }
+        let resident: Vec<(Box<[u8]>, u32)> = self.core.with(py, |c| {
+            c.resident_keys()
+                .into_iter()
+                .filter_map(|k| c.locate(&k).map(|p| (k, p.row)))
+                .collect()
+        })?;
+        let pool = pool.get();
+        let guard = pool.open(py)?;
+        let buffers = guard.as_ref().expect("open");
+        Self::spill_victims(py, pool, buffers, &resident, node_size, local_rank)
     }
 
     /// One SGLang read call (see the module docs): each key's page read into

@@ -213,6 +213,12 @@ impl Buffers {
         Ok(stamp.load(Ordering::Acquire) == handle && key.load(Ordering::Acquire) == tag)
     }
 
+    /// Whether `row` holds a fully written page (any handle) of key tag `tag`.
+    pub(crate) fn carries(&self, row: u64, tag: i64) -> Result<bool, String> {
+        let (stamp, key) = self.cells(row)?;
+        Ok(stamp.load(Ordering::Acquire) > 0 && key.load(Ordering::Acquire) == tag)
+    }
+
     /// Marks `row` invalid while its bytes change.
     pub(crate) fn invalidate(&self, row: u64, handle: i64) -> Result<(), String> {
         self.cells(row)?.0.store(-handle, Ordering::Release);
@@ -245,6 +251,9 @@ pub(crate) struct SglangPool {
     /// Where entry `j` of every row starts in the slab's data: row `r`'s
     /// entry `j` is at `entry_bases[j] + r * sizes[j]`.
     entry_bases: Vec<u64>,
+    /// Where entry `j` starts in a page laid out whole (an L3 record's
+    /// payload): the sizes of the entries before it.
+    page_offsets: Vec<u64>,
     map: HostMap,
     /// Held so the buffers stay valid while the pool is open.
     _owners: Vec<Py<PyAny>>,
@@ -323,6 +332,10 @@ fn page_firsts(
 impl SglangPool {
     pub(crate) fn name(&self) -> &str {
         &self.name
+    }
+
+    pub(crate) fn page_bytes(&self) -> u64 {
+        self.page_bytes
     }
 
     /// Every page's entries in the host pool, each checked to lie inside its
@@ -468,16 +481,11 @@ impl SglangPool {
         let mut run: Option<Run> = None;
         for (page, row) in which {
             for (j, &(buffer, host_at)) in pages.page(page).iter().enumerate() {
-                let bytes = self.sizes[j];
-                let slab_at = row
-                    .checked_mul(bytes)
-                    .and_then(|at| at.checked_add(self.entry_bases[j]))
-                    .ok_or_else(|| format!("slab row {row} overflows"))?;
                 let next = Run {
                     buffer,
                     host_at,
-                    slab_at,
-                    bytes,
+                    slab_at: self.slab_at(row, j)?,
+                    bytes: self.sizes[j],
                 };
                 match &mut run {
                     Some(r) if r.continued_by(&next) => r.bytes += next.bytes,
@@ -490,6 +498,54 @@ impl SglangPool {
             }
         }
         run.as_ref().map_or(Ok(()), copy)
+    }
+
+    /// Where entry `j` of slab row `row` starts in the slab's data.
+    fn slab_at(&self, row: u64, j: usize) -> Result<u64, String> {
+        row.checked_mul(self.sizes[j])
+            .and_then(|at| at.checked_add(self.entry_bases[j]))
+            .ok_or_else(|| format!("slab row {row} overflows"))
+    }
+
+    /// Copies slab `row` into `out` (`page_bytes` long, its entries in
+    /// order, as an L3 record holds a page): a victim's bytes leaving the
+    /// slab for L3, before its row is written again.
+    pub(crate) fn copy_row_out(
+        &self,
+        buffers: &Buffers,
+        row: u64,
+        out: &mut [u8],
+    ) -> Result<(), String> {
+        let dst = Region {
+            address: out.as_mut_ptr() as usize,
+            bytes: out.len(),
+        };
+        for j in 0..self.sizes.len() {
+            let at = self.slab_at(row, j)?;
+            copy_checked(dst, self.page_offsets[j], buffers.data, at, self.sizes[j])?;
+        }
+        Ok(())
+    }
+
+    /// Copies one page laid out as L3 holds it (`src`, `page_bytes` long,
+    /// its entries in order) into its host pages, entry by entry.
+    fn copy_page_from(
+        &self,
+        buffers: &Buffers,
+        pages: &HostPages,
+        page: usize,
+        src: Region,
+    ) -> Result<(), String> {
+        for (j, &(buffer, host_at)) in pages.page(page).iter().enumerate() {
+            copy_checked(
+                buffers.host[buffer],
+                host_at,
+                src,
+                self.page_offsets[j],
+                self.sizes[j],
+            )?;
+        }
+        Ok(())
     }
 
     /// Runs the write hook, if one is set (fault-injection tests): after a
@@ -596,11 +652,14 @@ impl SglangPool {
                 "pool '{name}': entry sizes must be >= 1 and at least one, got {sizes:?}"
             )));
         }
-        let page_bytes = sizes.iter().try_fold(0u64, |total, &s| {
-            total
+        let mut page_offsets = Vec::with_capacity(sizes.len());
+        let mut page_bytes = 0u64;
+        for &s in &sizes {
+            page_offsets.push(page_bytes);
+            page_bytes = page_bytes
                 .checked_add(s)
-                .ok_or_else(|| invalid(format!("pool '{name}': a page's size overflows")))
-        })?;
+                .ok_or_else(|| invalid(format!("pool '{name}': a page's size overflows")))?;
+        }
         let data_region = Region::of_tensor(data, &format!("pool '{name}': slab data"))?;
         let stamp_region = Region::of_tensor(stamps, &format!("pool '{name}': slab stamps"))?;
         let tag_region = Region::of_tensor(tags, &format!("pool '{name}': slab tags"))?;
@@ -648,6 +707,7 @@ impl SglangPool {
             page_bytes,
             sizes,
             entry_bases,
+            page_offsets,
             map,
             _owners: owners,
             buffers: RwLock::new(Some(Buffers {
@@ -665,6 +725,55 @@ impl SglangPool {
     /// first): raises `InvalidArgumentError` naming the page and its index.
     fn check(&self, py: Python<'_>, host_indices: &Bound<'_, PyAny>, pages: usize) -> PyResult<()> {
         self.host_pages(py, host_indices, pages).map(|_| ())
+    }
+
+    /// Writes pages laid out as slab rows into the host pool: `data` (uint8
+    /// `[m, page_bytes]`, C-contiguous) row `j` into host page
+    /// `positions[j]` of a call of `pages` pages at `host_indices` (checked
+    /// first, as every batch call's: nothing is copied when a check fails).
+    /// The L3 tier's reads land in SGLang's host pool through it.
+    fn fill_host(
+        &self,
+        py: Python<'_>,
+        host_indices: &Bound<'_, PyAny>,
+        pages: usize,
+        positions: Vec<usize>,
+        data: &Bound<'_, PyArray2<u8>>,
+    ) -> PyResult<()> {
+        let shape = data.shape();
+        if shape[0] != positions.len() || shape[1] as u64 != self.page_bytes {
+            return Err(invalid(format!(
+                "data has shape {shape:?}, {} pages of {} bytes were expected",
+                positions.len(),
+                self.page_bytes
+            )));
+        }
+        if !data.is_c_contiguous() {
+            return Err(invalid("data must be C-contiguous".to_string()));
+        }
+        if let Some(&p) = positions.iter().find(|&&p| p >= pages) {
+            return Err(invalid(format!(
+                "position {p} is not a page of a call of {pages} pages"
+            )));
+        }
+        let found = self.host_pages(py, host_indices, pages)?;
+        let guard = self.open(py)?;
+        let buffers = guard.as_ref().expect("open");
+        let readonly = data.readonly();
+        let bytes = readonly
+            .as_slice()
+            .map_err(|e| invalid(format!("data: {e}")))?;
+        let page_bytes = self.page_bytes as usize;
+        for (j, &position) in positions.iter().enumerate() {
+            let row = &bytes[j * page_bytes..(j + 1) * page_bytes];
+            let src = Region {
+                address: row.as_ptr() as usize,
+                bytes: row.len(),
+            };
+            self.copy_page_from(buffers, &found, position, src)
+                .map_err(|e| InternalError::new_err(format!("pool '{}': {e}", self.name)))?;
+        }
+        Ok(())
     }
 
     /// int64 `[pages, entries]`: the host address of each entry of each page,

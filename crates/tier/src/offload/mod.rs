@@ -55,7 +55,7 @@ use crate::host_index::HostIndex;
 
 pub use chunks::{KeyState, Placed};
 pub use keys::{key_hex, GROUP_BYTES};
-pub use store::StorePlan;
+pub use store::{Evicted, StorePlan};
 pub use views::OffloadStats;
 
 use chunks::Chunk;

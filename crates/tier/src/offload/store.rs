@@ -29,6 +29,9 @@ struct Offer {
 /// Evicted keys, in eviction order, and the row each held.
 type Victims = (Vec<Box<[u8]>>, Vec<u32>);
 
+/// A key a store evicted and the row it held.
+pub type Evicted = (Box<[u8]>, u32);
+
 /// What `prepare_store` decided.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct StorePlan {
@@ -248,6 +251,19 @@ impl OffloadIndex {
     /// is refused from the end of the call. Returns each key's row and
     /// serial when readable, `None` when refused.
     pub fn store(&mut self, keys: &[&[u8]], prefix: Option<&[u8]>) -> Result<Vec<Option<Placed>>> {
+        Ok(self.store_evicting(keys, prefix)?.0)
+    }
+
+    /// `store`, and the keys it evicted to make room, each with the row it
+    /// held, in eviction order. A victim's bytes are still in its row when
+    /// the call returns, but the row may be one of the call's own placements:
+    /// a lower tier copies the victims out before the call's pages are
+    /// written (the SGLang backend's spills to L3).
+    pub fn store_evicting(
+        &mut self,
+        keys: &[&[u8]],
+        prefix: Option<&[u8]>,
+    ) -> Result<(Vec<Option<Placed>>, Vec<Evicted>)> {
         Self::check_keys(keys)?;
         Self::check_keys(prefix.as_slice())?;
         let step = |k: &[u8]| {
@@ -277,8 +293,13 @@ impl OffloadIndex {
             self.complete_load(STORE_REQUEST, &[p]);
         }
         self.request_finished(STORE_REQUEST);
-        plan?;
-        Ok(keys.iter().map(|k| self.locate(k)).collect())
+        // No plan means nothing was placed, and then nothing was evicted
+        // either (an eviction frees a row, so something fits).
+        let evicted = match plan? {
+            Some(plan) => plan.evicted.into_iter().zip(plan.evicted_rows).collect(),
+            None => Vec::new(),
+        };
+        Ok((keys.iter().map(|k| self.locate(k)).collect(), evicted))
     }
 
     /// Evicts in policy order until `needed` rows are free or nothing else

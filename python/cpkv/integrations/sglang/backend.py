@@ -60,6 +60,7 @@ from cpkv.runtime.agree import agree
 
 from .config import CpkvStorageSettings
 from .index import ReplicatedIndex
+from .l3 import SglangL3
 from .pool import PoolSlab
 from .topology import build_topology
 from .writers import make_every_rank_a_writer
@@ -81,11 +82,15 @@ class CpkvHiCacheStorage(HiCacheStorage):
         self.settings = CpkvStorageSettings.from_extra_config(storage_config.extra_config)
         if storage_config.dcp_size > 1:
             raise InvalidArgumentError("cpkv's storage backend does not run under decode CP (--dcp-size > 1)")
+        if self.settings.l3_dir is not None and not storage_config.model_name:
+            raise InvalidArgumentError("extra config key 'cpkv_l3_dir': SGLang's storage config names no model "
+                                       "(model_name), and an L3 page may only be served to the model that wrote it")
         self.storage_config = storage_config
         self.rank_replicated = make_every_rank_a_writer(storage_config)
         self.topology = build_topology(storage_config, self.settings, self.rank_replicated)
         self.index = ReplicatedIndex(self.settings.pages, self.settings.policy)
         self.pools: dict[str, PoolSlab] = {}
+        self.l3: SglangL3 | None = None
         self._broken: CpkvError | None = None
         self._closed = False
         self._counters_lock = threading.Lock()
@@ -117,8 +122,17 @@ class CpkvHiCacheStorage(HiCacheStorage):
         """Collective over this node's CP ranks (SGLang registers pools on every rank in one order)."""
         if name in self.pools:
             return
-        self.pools[name] = PoolSlab(name, host_pool, self.settings.pages, self.topology.node_group,
-                                    self.settings.timeout_s)
+        if self.settings.l3_dir is not None and name != KV:
+            raise InvalidArgumentError(
+                f"extra config key 'cpkv_l3_dir': the L3 tier holds the KV pool's pages only, and this model "
+                f"registers a sidecar pool {name!r} too (DSA's indexer); run it without cpkv_l3_dir")
+        pool = self.pools[name] = PoolSlab(name, host_pool, self.settings.pages, self.topology.node_group,
+                                           self.settings.timeout_s)
+        if self.settings.l3_dir is not None and self.settings.l3_bytes is not None:
+            self.l3 = SglangL3(self.settings.l3_dir, self.settings.l3_bytes, host_pool=host_pool,
+                               page_bytes=pool.page_bytes, page_size=pool.page_size,
+                               model=self.storage_config.model_name, topology=self.topology,
+                               tp_size=int(self.storage_config.tp_size), timeout_s=self.settings.timeout_s)
 
     def _pool(self, name: Any) -> PoolSlab:
         try:
@@ -204,8 +218,11 @@ class CpkvHiCacheStorage(HiCacheStorage):
         self._check_usable()
         started = time.perf_counter()
         topo = self.topology
-        stored, written = self.index.store_pages(keys, prefix, pool.native, host_indices, topo.node_size,
-                                                 topo.local_rank)
+        l3 = self.l3 if pool.name == KV else None
+        stored, written, spilled = self.index.store_pages(keys, prefix, pool.native, host_indices, topo.node_size,
+                                                          topo.local_rank, l3 is not None)
+        if l3 is not None and spilled is not None:
+            l3.spill(*spilled)  # the victims leave the slab for L3 (this rank's share written, durable)
         with self._counters_lock:
             self.counters["stores"] += 1
             self.counters["pages_offered"] += len(keys)
@@ -219,6 +236,11 @@ class CpkvHiCacheStorage(HiCacheStorage):
     def _read(self, pool: PoolSlab, keys: list[str], host_indices: Any) -> list[bool]:
         started = time.perf_counter()
         ok, good, torn = self.index.read_pages(keys, pool.native, host_indices)
+        if self.l3 is not None and pool.name == KV and not all(ok):
+            served = self.l3.read_into(keys, [i for i, hit in enumerate(ok) if not hit], pool.native, host_indices)
+            for i in served:
+                ok[i] = True
+            good += len(served)
         with self._counters_lock:
             self.counters["torn_reads_refused"] += torn
             self.counters["pages_read"] += good
@@ -230,7 +252,18 @@ class CpkvHiCacheStorage(HiCacheStorage):
 
     def batch_exists(self, keys: list[str], extra_info: HiCacheStorageExtraInfo | None = None) -> int:
         self._check_usable()
-        hits = self.index.present(keys, self._pool(KV).native)
+        kv = self._pool(KV)
+        hits = self.index.present(keys, kv.native)
+        if self.l3 is not None and hits < len(keys):
+            # The run goes on through pages the slab or L3 holds (no disk read here).
+            rest = keys[hits:]
+            held = self.index.held(rest, kv.native)
+            for key, in_slab in zip(rest, held):
+                if not (in_slab or self.l3.holds(key)):
+                    break
+                hits += 1
+                if not in_slab:
+                    self.l3.counters["l3_exists_hit_pages"] += 1
         with self._counters_lock:
             self.counters["exists_calls"] += 1
             self.counters["exists_hit_pages"] += hits
@@ -414,6 +447,8 @@ class CpkvHiCacheStorage(HiCacheStorage):
             "copy": {name: p.mode for name, p in self.pools.items()},
             "broken": None if self._broken is None else f"{type(self._broken).__name__}: {self._broken}",
         })
+        if self.l3 is not None:
+            out.update(self.l3.stats())
         return out
 
     def get_stats(self) -> Any:
@@ -434,8 +469,15 @@ class CpkvHiCacheStorage(HiCacheStorage):
         if self._checker is not None:
             self._checks.put(None)
             self._checker.join(self.settings.timeout_s)
+        if self.l3 is not None and self._broken is None and KV in self.pools:
+            # A clean stop (SGLang's detach_storage_backend; every rank): the slab's pages go to L3
+            # too, so a restart on the directory is warm with everything, not only the evicted pages.
+            topo = self.topology
+            self.l3.spill(*self.index.spill_resident(self.pools[KV].native, topo.node_size, topo.local_rank))
         for pool in self.pools.values():
             pool.close()
+        if self.l3 is not None:
+            self.l3.close()
         import torch.distributed as dist
 
         for group in self.topology.groups:

@@ -7,6 +7,7 @@ module does not know, or a bad value, fails at construction with a typed error n
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -24,6 +25,9 @@ KEYS = {
     "cpkv_layout": "replicated, the only layout SGLang 0.5.23 produces (every rank of a store group holds the same page bytes)",
     "cpkv_ranks_per_node": "CP ranks per slab (default: the ranks on one machine); set it to simulate several nodes on one",
     "cpkv_check_every": "compare the replicated index's digest across the CP ranks every N stores, int >= 1 (default 64)",
+    "cpkv_l3_dir": ("an existing directory on a node-local disk for the durable third tier below the slab "
+                    "(with cpkv_l3_bytes; needs interface_v1: 1)"),
+    "cpkv_l3_bytes": "the most bytes the L3 tier keeps on disk per store group and node, int >= 1 (with cpkv_l3_dir)",
     "cpkv_timeout_s": (f"seconds any rank waits for its peers in a collective, {MIN_TIMEOUT_S:g} to {MAX_TIMEOUT_S:g} "
                        f"(cpkv.runtime.timeouts' one rule; default {DEFAULT_TIMEOUT_S:g})"),
 }
@@ -38,6 +42,8 @@ class CpkvStorageSettings:
     check_every: int = 64
     timeout_s: float = DEFAULT_TIMEOUT_S
     interface_v1: bool = False
+    l3_dir: str | None = None
+    l3_bytes: int | None = None
 
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, Any] | None) -> CpkvStorageSettings:
@@ -73,7 +79,27 @@ class CpkvStorageSettings:
         v1 = extra.get("interface_v1", 0)
         if v1 not in (0, 1, True, False):
             raise InvalidArgumentError(f"extra config key 'interface_v1' must be 0 or 1, got {v1!r}")
-        return cls(pages, policy, layout, ranks_per_node, check_every, timeout_s, bool(v1))
+        l3_dir, l3_bytes = _l3(extra, bool(v1))
+        return cls(pages, policy, layout, ranks_per_node, check_every, timeout_s, bool(v1), l3_dir, l3_bytes)
+
+
+def _l3(extra: Mapping[str, Any], interface_v1: bool) -> tuple[str | None, int | None]:
+    """``cpkv_l3_dir`` and ``cpkv_l3_bytes``: both or neither, an existing directory, a positive size,
+    and SGLang's v1 calls (the store path that spills the slab's victims)."""
+    directory, cap = extra.get("cpkv_l3_dir"), extra.get("cpkv_l3_bytes")
+    if (directory is None) != (cap is None):
+        given, missing = ("cpkv_l3_dir", "cpkv_l3_bytes") if directory is not None else ("cpkv_l3_bytes", "cpkv_l3_dir")
+        raise InvalidArgumentError(f"extra config key {given!r} needs {missing!r} too")
+    if directory is None:
+        return None, None
+    if not isinstance(directory, str) or not directory or not os.path.isdir(directory):
+        raise InvalidArgumentError(f"extra config key 'cpkv_l3_dir': {directory!r} is not an existing directory")
+    if isinstance(cap, bool) or not isinstance(cap, int) or not 1 <= cap < 1 << 63:
+        raise InvalidArgumentError(f"extra config key 'cpkv_l3_bytes' must be an int in [1, 2**63), got {cap!r}")
+    if not interface_v1:
+        raise InvalidArgumentError("extra config key 'cpkv_l3_dir' needs 'interface_v1': 1 (the v1 store calls are "
+                                   "where the slab's victims are copied out to L3)")
+    return directory, cap
 
 
 def _int(extra: Mapping[str, Any], key: str, minimum: int) -> int:

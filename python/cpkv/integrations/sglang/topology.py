@@ -40,6 +40,7 @@ class Topology:
     group: Any = None  # gloo, the digest check
     node_group: Any = None  # gloo, the slab's creation
     groups: list[Any] = field(default_factory=list)  # every group this rank created (destroyed on close)
+    store_key: tuple = ()  # what names the store group's content: (pp, attention DP[, attention TP]) rank
 
 
 def _boot_id() -> str:
@@ -129,6 +130,7 @@ def build_topology(config: Any, settings: CpkvStorageSettings, rank_replicated: 
         node_groups = [dist.new_group(n, backend="gloo", timeout=timeout) for n in node_list]
         if me in ranks:
             topo.rank, topo.size, topo.group = ranks.index(me), size, group
+            topo.store_key = tuple(_key)
             for index, (node_ranks, node_group) in enumerate(zip(node_list, node_groups)):
                 if me in node_ranks:
                     topo.node, topo.nodes = index, len(node_list)

@@ -151,6 +151,7 @@ class L3Store:
         self._log_fd = -1
         self._log_entries = 0
         self._pending: list[tuple[int, int, int, int]] = []  # log entries of records not yet synced
+        self._own: set[tuple[int, int]] = set()  # (key, sequence) of the records this rank wrote
         self._unsynced: set[int] = set()
         self.mode = "buffered"
         self.mode_reason = ""
@@ -192,6 +193,11 @@ class L3Store:
                 logs.append(b"")
         self.index, report, valid = _cpkv.L3Index.recover(self.slots, self.ranks_on_node, logs, self.namespace_id,
                                                            self.slot_bytes)
+        # This rank's own records: what its log names (a record's writer logs it; compaction and
+        # tombstones go to the log of the rank that wrote the record).
+        own_index, _, _ = _cpkv.L3Index.recover(self.slots, self.ranks_on_node, [logs[self.rank]], self.namespace_id,
+                                                self.slot_bytes)
+        self._own = {(key, sequence) for key, _, sequence in own_index.entries()}
         self.recovery: dict[str, float] = dict(report)
         own = self._log_path(self.rank)
         self._log_fd = os.open(own, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
@@ -254,11 +260,13 @@ class L3Store:
 
     def drop(self, key: int, reason: str = "dropped") -> None:
         """Forget ``key`` (its record failed a check): replicated; the writer rank logs a tombstone."""
+        found = self.index.peek(key)
         tombstone = self.index.drop(key)
-        if tombstone is not None:
+        if tombstone is not None and found is not None:
             self.counters["corrupt_dropped"] += 1
             self.rejects[reason] = self.rejects.get(reason, 0) + 1
-            if self.index.writer(key) == self.rank:
+            if (key, found[1]) in self._own:
+                self._own.discard((key, found[1]))
                 os.write(self._log_fd, tombstone)  # not synced: a lost tombstone costs a counted miss, never a wrong page
                 self._log_entries += 1
 
@@ -267,24 +275,40 @@ class L3Store:
     def _where(self, slot: int) -> tuple[int, int]:
         return self._fds[slot // self.slots_per_file], (slot % self.slots_per_file) * self.slot_bytes
 
-    def put(self, pages: Sequence[tuple[int, np.ndarray | bytes]], *,
-            durable: bool = True) -> list[tuple[int, int, int, int | None, int]]:
+    def put(self, pages: Sequence[tuple[int, np.ndarray | bytes | None]], *, durable: bool = True,
+            writers: Sequence[int] | None = None) -> list[tuple[int, int, int, int | None, int]]:
         """Places a batch of pages leaving the host slab (replicated) and writes this rank's share.
         Returns the placements ``(key, slot, sequence, evicted, writer)``. With ``durable`` (the
         default) it returns once this rank's pages are durable (acknowledged); with ``durable=False``
         the records are written and readable at once and their log entries wait for the next
-        :meth:`flush` (group commit: one pair of syncs for many batches)."""
+        :meth:`flush` (group commit: one pair of syncs for many batches).
+
+        ``writers`` (one node rank per page, the same on every rank) replaces the index's writer rule
+        (:meth:`cpkv._cpkv.L3Index.writer`) for this batch: a caller whose bytes are only on one rank
+        (the SGLang backend: a slab row's only writer copies its victim out) names that rank. A page
+        given as None is placed but not written (its writer has no bytes for it): its slot keeps an
+        older record, which fails the key and sequence check, a counted miss."""
         keys = [k for k, _ in pages]
-        payloads = {}
+        payloads: dict[int, np.ndarray | None] = {}
         for key, data in pages:
+            if data is None:  # placed like any page; this rank has no bytes for it and writes nothing
+                payloads[key] = None
+                continue
             view = np.frombuffer(data, dtype=np.uint8) if isinstance(data, (bytes, bytearray, memoryview)) \
                 else np.asarray(data).reshape(-1).view(np.uint8)
             if view.nbytes != self.page_bytes:
                 raise InvalidArgumentError(f"page {key:#x} has {view.nbytes} bytes, the store's pages have "
                                            f"{self.page_bytes}")
             payloads[key] = view
+        if writers is not None:
+            if len(writers) != len(keys) or any(not 0 <= w < self.ranks_on_node for w in writers):
+                raise InvalidArgumentError(f"writers must name a rank below {self.ranks_on_node} for each of the "
+                                           f"{len(keys)} pages, got {list(writers)!r}")
+            chosen = dict(zip(keys, writers))
         placed = self.index.place(keys)
-        mine = sorted((p for p in placed if p[4] == self.rank), key=lambda p: p[1])
+        if writers is not None:
+            placed = [(k, slot, seq, evicted, chosen[k]) for k, slot, seq, evicted, _ in placed]
+        mine = sorted((p for p in placed if p[4] == self.rank and payloads[p[0]] is not None), key=lambda p: p[1])
         if mine:
             self._write_records(mine, payloads)
         if durable:
@@ -306,6 +330,7 @@ class L3Store:
                 raise OSError(errno.EIO, f"short L3 write: {written} of {len(run)} bytes")
             self._unsynced.add(fd)
         self._pending.extend((key, sequence, slot, self.page_bytes) for key, slot, sequence, _, _ in mine)
+        self._own.update((key, sequence) for key, _, sequence, _, _ in mine)
         self.counters["pages_written"] += len(mine)
         self.counters["bytes_written"] += len(mine) * self.page_bytes
 
@@ -396,7 +421,8 @@ class L3Store:
     def _compact(self) -> None:
         """Rewrites this rank's log as its live entries (temporary file, sync, rename, sync dir)."""
         entries = [(key, sequence, slot, self.page_bytes) for key, slot, sequence in self.index.entries()
-                   if self.index.writer(key) == self.rank]
+                   if (key, sequence) in self._own]
+        self._own = {(key, sequence) for key, sequence, _, _ in entries}
         path = self._log_path(self.rank)
         tmp = path.with_suffix(".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
