@@ -11,8 +11,13 @@ use std::time::Duration;
 use cpkv_tier::{OffloadIndex, Policy};
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion, Throughput};
 
-mod common;
-use common::Rng;
+/// splitmix64: distinct, well-spread words for the keys' hex.
+fn mix(i: u64) -> u64 {
+    let mut z = i.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
 
 const ROWS: u64 = 4_096;
 const BATCH: usize = 128;
@@ -20,11 +25,10 @@ const BATCHES: usize = ROWS as usize / BATCH;
 
 /// `count` distinct SGLang-shaped keys, seeded.
 fn keys(seed: u64, count: usize) -> Vec<Vec<u8>> {
-    let mut rng = Rng(seed | 1);
-    (0..count)
-        .map(|_| {
+    (0..count as u64)
+        .map(|i| {
             let mut key: Vec<u8> = (0..4)
-                .flat_map(|_| format!("{:016x}", rng.next()).into_bytes())
+                .flat_map(|w| format!("{:016x}", mix(seed ^ (i << 2 | w))).into_bytes())
                 .collect();
             key.extend_from_slice(&0u32.to_be_bytes());
             key
