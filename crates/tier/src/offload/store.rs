@@ -4,6 +4,8 @@
 //! Rows come from the host tier's one row stack; a victim's rows go back
 //! to it together.
 
+use std::collections::hash_map::Entry;
+
 use cpkv_evict::Namespace;
 
 use super::chunks::{chunk_term, Chunk, Placed, State};
@@ -19,11 +21,23 @@ enum Parent {
     Slot(u32),
 }
 
-/// A store call's keys, checked: each key's token, and the first occurrence
-/// of each key (its index, its slot when resident), in offer order.
+/// A store call's keys, checked: each key's token, the first occurrence
+/// of each key (its index, its slot when resident), in offer order, and
+/// each key's first occurrence by index.
 struct Offer {
     tokens: Vec<u64>,
     unique: Vec<(usize, Option<u32>)>,
+    first: Vec<usize>,
+}
+
+/// What `place_offer` did: the plan (`None` when nothing could be placed),
+/// each offered key's slot after it (`NO_SLOT` where none; a duplicate key
+/// has its first occurrence's), and the slots the plan stores, in its
+/// order. Carried through the call so no key is hashed or looked up again.
+struct Placement {
+    plan: Option<StorePlan>,
+    slots: Vec<u32>,
+    stored: Vec<u32>,
 }
 
 /// Evicted keys, in eviction order, and the row each held.
@@ -59,7 +73,9 @@ impl OffloadIndex {
     ) -> Result<Option<StorePlan>> {
         Self::check_call(keys, positions)?;
         let offer = self.offer(keys)?;
-        self.place_offer(request, keys, positions, offer)
+        Ok(self
+            .place_offer(request, keys, positions, offer, true)?
+            .plan)
     }
 
     /// The offered keys as `place_offer` takes them; reads only, and is
@@ -73,15 +89,23 @@ impl OffloadIndex {
         seen.reserve(keys.len());
         let mut unique: Vec<(usize, Option<u32>)> = Vec::with_capacity(keys.len());
         let mut tokens = vec![0; keys.len()];
+        let mut firsts = Vec::with_capacity(keys.len());
         for (i, key) in keys.iter().enumerate() {
             let token = token_of(key);
-            if let Some(&first) = seen.get(&token) {
-                if keys[first] == *key {
+            match seen.entry(token) {
+                Entry::Occupied(first) => {
+                    let first = *first.get();
+                    if keys[first] != *key {
+                        return Err(Self::collision(key));
+                    }
+                    firsts.push(first);
                     continue;
                 }
-                return Err(Self::collision(key));
+                Entry::Vacant(vacant) => {
+                    vacant.insert(i);
+                }
             }
-            seen.insert(token, i);
+            firsts.push(i);
             tokens[i] = token;
             // One probe tells resident, new, and another key's token apart.
             let slot = match self.by_token.get(&token) {
@@ -91,18 +115,32 @@ impl OffloadIndex {
             };
             unique.push((i, slot));
         }
-        Ok(Offer { tokens, unique })
+        Ok(Offer {
+            tokens,
+            unique,
+            first: firsts,
+        })
     }
 
-    /// `prepare_store` once its keys are checked.
+    /// `prepare_store` once its keys are checked. `remember`: record the
+    /// stored chunks under `request` for its later stores (`store` finishes
+    /// its request at once, so it has none).
     fn place_offer(
         &mut self,
         request: &str,
         keys: &[&[u8]],
         positions: &[Option<u64>],
         offer: Offer,
-    ) -> Result<Option<StorePlan>> {
-        let Offer { tokens, unique } = offer;
+        remember: bool,
+    ) -> Result<Placement> {
+        let Offer { tokens, unique, .. } = offer;
+        // Each key's slot: resident ones now, new ones as they are placed.
+        let mut slots = vec![NO_SLOT; keys.len()];
+        for &(i, slot) in &unique {
+            if let Some(s) = slot {
+                slots[i] = s;
+            }
+        }
         let mut in_call: Map<(u32, u64), usize> = Map::default();
         let mut parents = vec![Parent::None; keys.len()];
         let chain = self.requests.get(request);
@@ -134,7 +172,7 @@ impl OffloadIndex {
             .iter()
             .filter_map(|&i| match parents[i] {
                 Parent::Slot(s) => Some(s),
-                Parent::InCall(j) => self.slot_at(tokens[j], keys[j]),
+                Parent::InCall(j) => (slots[j] != NO_SLOT).then_some(slots[j]),
                 Parent::None => None,
             })
             .collect();
@@ -155,10 +193,14 @@ impl OffloadIndex {
             for node in guard {
                 self.host.tree_mut().unlock(node)?;
             }
-            return Ok(None);
+            return Ok(Placement {
+                plan: None,
+                slots,
+                stored: Vec::new(),
+            });
         }
         new.truncate(fits);
-        let placed = self.place(keys, &tokens, &new, &parents);
+        let placed = self.place(keys, &tokens, &new, &parents, &mut slots);
         for node in guard {
             self.host.tree_mut().unlock(node)?;
         }
@@ -187,21 +229,29 @@ impl OffloadIndex {
         for &s in &rewrite {
             self.chunk_mut(s).mark = epoch;
         }
-        let mut stored_slots = Vec::new();
+        let mut stored = Vec::new();
+        let mut stored_positions = Vec::new();
         for &(i, _) in &unique {
-            let Some(slot) = self.slot_at(tokens[i], keys[i]) else {
+            let slot = slots[i];
+            if slot == NO_SLOT {
                 continue;
-            };
+            }
             let c = self.chunk(slot);
             if take[i] || c.mark == epoch {
                 plan.store.push(i);
                 plan.rows.push(c.row);
-                stored_slots.push((slot, positions[i]));
+                stored.push(slot);
+                stored_positions.push(positions[i]);
             }
         }
-        let (s, p): (Vec<u32>, Vec<Option<u64>>) = stored_slots.into_iter().unzip();
-        self.remember(request, &s, &p);
-        Ok(Some(plan))
+        if remember {
+            self.remember(request, &stored, &stored_positions);
+        }
+        Ok(Placement {
+            plan: Some(plan),
+            slots,
+            stored,
+        })
     }
 
     /// Marks stored keys readable (or, on failure, unreadable until a later
@@ -214,19 +264,23 @@ impl OffloadIndex {
     pub fn complete_store(&mut self, keys: &[&[u8]], success: bool) -> Vec<usize> {
         let mut stored = Vec::new();
         for (i, key) in keys.iter().enumerate() {
-            let Some(slot) = self.slot_of(key) else {
-                continue;
-            };
-            let Some(pin) = self.chunk_mut(slot).store_pin.take() else {
-                continue;
-            };
-            self.set_state(slot, if success { State::Ready } else { State::Failed });
-            if success {
-                stored.push(i);
+            if let Some(slot) = self.slot_of(key) {
+                if self.complete_slot(slot, success) && success {
+                    stored.push(i);
+                }
             }
-            self.host.part_done(pin);
         }
         stored
+    }
+
+    /// `complete_store` of one resident chunk; whether it was in flight.
+    fn complete_slot(&mut self, slot: u32, success: bool) -> bool {
+        let Some(pin) = self.chunk_mut(slot).store_pin.take() else {
+            return false;
+        };
+        self.set_state(slot, if success { State::Ready } else { State::Failed });
+        self.host.part_done(pin);
+        true
     }
 
     /// Evicts at least `num` unpinned chunks in policy order (fewer when
@@ -279,27 +333,36 @@ impl OffloadIndex {
             .collect();
         // Refused (a key hash collision) before the prefix is stamped: a
         // refused call changes nothing.
-        let offer = self.offer(keys)?;
+        let mut offer = self.offer(keys)?;
         let anchor = prefix.filter(|p| self.lookup(p) == KeyState::Ready);
         if let Some(p) = anchor {
             self.prepare_load(STORE_REQUEST, &[p], &[Some(0)])?;
         }
-        let plan = self.place_offer(STORE_REQUEST, keys, &positions, offer);
-        if let Ok(Some(plan)) = &plan {
-            let stored: Vec<&[u8]> = plan.store.iter().map(|&i| keys[i]).collect();
-            self.complete_store(&stored, true);
+        let first = std::mem::take(&mut offer.first);
+        let placement = self.place_offer(STORE_REQUEST, keys, &positions, offer, false);
+        if let Ok(placement) = &placement {
+            for &slot in &placement.stored {
+                self.complete_slot(slot, true);
+            }
         }
         if let Some(p) = anchor {
             self.complete_load(STORE_REQUEST, &[p]);
         }
         self.request_finished(STORE_REQUEST);
+        let Placement { plan, slots, .. } = placement?;
         // No plan means nothing was placed, and then nothing was evicted
         // either (an eviction frees a row, so something fits).
-        let evicted = match plan? {
+        let evicted = match plan {
             Some(plan) => plan.evicted.into_iter().zip(plan.evicted_rows).collect(),
             None => Vec::new(),
         };
-        Ok((keys.iter().map(|k| self.locate(k)).collect(), evicted))
+        // Each key as `locate` reads it: its slot was carried through the
+        // call, and nothing since has evicted a slot the call placed or
+        // locked.
+        Ok((
+            first.iter().map(|&f| self.placed_at(slots[f])).collect(),
+            evicted,
+        ))
     }
 
     /// Evicts in policy order until `needed` rows are free or nothing else
@@ -339,12 +402,13 @@ impl OffloadIndex {
         tokens: &[u64],
         new: &[usize],
         parents: &[Parent],
+        slots: &mut [u32],
     ) -> Result<()> {
         let mut runs: Vec<Vec<u32>> = Vec::new();
         for &i in new {
             let parent = match parents[i] {
                 Parent::Slot(s) => s,
-                Parent::InCall(j) => self.slot_at(tokens[j], keys[j]).unwrap_or(NO_SLOT),
+                Parent::InCall(j) => slots[j],
                 Parent::None => NO_SLOT,
             };
             let row = self.host.rows_mut().take_one();
@@ -376,6 +440,7 @@ impl OffloadIndex {
             };
             self.by_token.insert(tokens[i], slot);
             self.by_row[row as usize] = slot;
+            slots[i] = slot;
             match runs.last_mut() {
                 Some(run) if run.last() == Some(&parent) => run.push(slot),
                 _ => runs.push(vec![slot]),

@@ -23,7 +23,12 @@ impl OffloadIndex {
     /// A readable key's row and serial; reads nothing else and changes
     /// nothing.
     pub fn locate(&self, key: &[u8]) -> Option<Placed> {
-        let c = self.chunk(self.slot_of(key)?);
+        self.placed_at(self.slot_of(key)?)
+    }
+
+    /// `locate` of the chunk in `slot` (`NO_SLOT`: none).
+    pub(super) fn placed_at(&self, slot: u32) -> Option<Placed> {
+        let c = self.slots.get(slot as usize)?.as_ref()?;
         (c.state == State::Ready).then_some(Placed {
             row: c.row,
             serial: c.serial,
