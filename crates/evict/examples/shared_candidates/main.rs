@@ -10,29 +10,14 @@
 //! ```
 
 mod page_candidates;
+#[path = "../common/trace.rs"]
+mod trace;
 
 use cpkv_evict::{replica_hits, Namespace, Policy, PrefixTree};
 use page_candidates::{PageCandidates, PairMap};
+use trace::requests;
 
 const NAMES: [&str; 5] = ["priority", "recency", "segmented", "arc", "s3fifo"];
-
-/// The `hash_ids` of each line of a Mooncake trace (as `replay_cost.rs`).
-fn requests(path: &str) -> Vec<Vec<u64>> {
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    text.lines()
-        .filter(|line| !line.trim().is_empty())
-        .map(|line| {
-            let start = line.find("\"hash_ids\"").expect("a hash_ids key");
-            let open = start + line[start..].find('[').expect("a list");
-            let close = open + line[open..].find(']').expect("a closed list");
-            line[open + 1..close]
-                .split(',')
-                .filter(|s| !s.trim().is_empty())
-                .map(|s| s.trim().parse().expect("an integer block id"))
-                .collect()
-        })
-        .collect()
-}
 
 /// The replica shadows' switch rule (`shadow.rs`) applied to their hits.
 #[derive(Default)]

@@ -172,16 +172,21 @@ class CpkvOffloadingManager(OffloadingManager):
         if out is None:
             return None
         store, rows, evicted_bytes, evicted_rows = out
-        evicted = _offload_keys(evicted_bytes)
-        if evicted:
-            self._recent_evictions.extend(evicted)
-            if self._events is not None:
-                self._events.append(OffloadingEvent(keys=evicted, medium=self.medium, removed=True))
+        evicted = self._evicted(evicted_bytes)
         spec = CpkvLoadStoreSpec.of(rows, evicted_rows)
         if self.l3 is not None:
             self._spill(evicted, evicted_rows)
             self._carry(("store", frozenset(store)), spec)
         return PrepareStoreOutput(keys_to_store=_offload_keys(store), store_spec=spec, evicted_keys=evicted)
+
+    def _evicted(self, evicted_bytes: list[bytes]) -> list[OffloadKey]:
+        """The keys an eviction released, remembered and (with events on) reported to vLLM."""
+        evicted = _offload_keys(evicted_bytes)
+        if evicted:
+            self._recent_evictions.extend(evicted)
+            if self._events is not None:
+                self._events.append(OffloadingEvent(keys=evicted, medium=self.medium, removed=True))
+        return evicted
 
     def complete_store(self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True) -> None:
         if self.l3 is not None:
@@ -308,11 +313,8 @@ class CpkvOffloadingManager(OffloadingManager):
             return LookupResult.MISS
         del self._checks[k]
         _, rows, evicted_bytes, evicted_rows = out
-        evicted = _offload_keys(evicted_bytes)
+        evicted = self._evicted(evicted_bytes)
         if evicted:
-            self._recent_evictions.extend(evicted)
-            if self._events is not None:
-                self._events.append(OffloadingEvent(keys=evicted, medium=self.medium, removed=True))
             self._spill(evicted, evicted_rows)
         self._core.complete_store([key], True)
         if self._events is not None:
