@@ -16,7 +16,7 @@ written page; file: the bytes of its files; SGLang's per-rank host pool: every r
 page, cp copies, computed from the geometry).
 
 Part 2, one process: ``batch_set_v1`` and ``batch_get_v1`` of cpkv's backend against a plain
-``memcpy`` (libc ``memcpy`` of one contiguous range per call) of the same bytes, 128 pages per call as
+``memcpy`` (one contiguous range per call, a numpy slice copy: libc memcpy, bounds-checked) of the same bytes, 128 pages per call as
 SGLang batches them, over a working set of 128 MB, on a GQA pool at 4 KB and 64 KB pages
 (``--page-kb``) and on the DSA stack's two pools (the MLA latent, 72 KB pages, through the v1 calls;
 the indexer, 8.25 KB pages, through the v2 calls SGLang makes for it; ``--no-copy-dsa`` leaves them
@@ -39,6 +39,8 @@ import time
 from pathlib import Path
 from queue import Queue
 from typing import Any, Callable
+
+import numpy as np
 
 BATCH = 128  # SGLang's STORAGE_BATCH_SIZE
 PAGE_TOKENS = 16  # tokens per page in part 1 (the bench's unit of a "token")
@@ -398,7 +400,6 @@ def _speed(rank: int, world: int, kind: str, page_kb: int, reps: int) -> list[li
     between the copies): what the index costs per batch bounds the fraction of memcpy a batch call can
     reach, whatever its copies do."""
     _quiet()
-    import ctypes
 
     import torch
     from sglang.srt.mem_cache.hicache_storage import PoolName
@@ -430,20 +431,19 @@ def _speed(rank: int, world: int, kind: str, page_kb: int, reps: int) -> list[li
         host_ptr = int(pool.get_page_buffer_meta(torch.arange(page_size, 2 * page_size))[0][0])
         (buffer,) = [b for b in (getattr(pool, n, None) for n in ("kv_buffer", "index_k_with_scale_buffer"))
                      if b is not None][:1]
-        host_end = buffer.data_ptr() + buffer.numel() * buffer.element_size()
-        slab = slab_pool.data
-        slab_ptr = slab.data_ptr()
-        # Bytes each region holds from its start: every raw copy below is checked against both.
-        holds = {host_ptr: host_end - host_ptr, slab_ptr: slab.numel()}
+        # Byte views of the two regions (numpy: one single-threaded memcpy per slice assignment); a slice
+        # past either end is refused below, and numpy refuses a size mismatch, so no byte moves unchecked.
+        host_bytes = buffer.view(-1).view(torch.uint8).numpy()[host_ptr - buffer.data_ptr():]
+        slab_bytes = slab_pool.data.view(-1).numpy()
         put, get = _batch_calls(backend, name)
 
-        def memcpy(i: int, to: int, frm: int, page_bytes: int = page_bytes, holds: dict[int, int] = holds) -> None:
+        def memcpy(i: int, dst: np.ndarray, src: np.ndarray, page_bytes: int = page_bytes) -> None:
             at = i * BATCH * page_bytes
             size = min(BATCH, pages - i * BATCH) * page_bytes
-            if i < 0 or size <= 0 or at + size > holds[to] or at + size > holds[frm]:
+            if i < 0 or size <= 0 or at + size > len(dst) or at + size > len(src):
                 raise InternalError(f"bench sglang: batch {i} copies bytes [{at}, {at + size}), past the "
-                                    f"{holds[to]} bytes at the destination or the {holds[frm]} at the source")
-            ctypes.memmove(to + at, frm + at, size)
+                                    f"{len(dst)} bytes at the destination or the {len(src)} at the source")
+            dst[at:at + size] = src[at:at + size]
 
         alone = ReplicatedIndex(pages, backend.settings.policy)
         best = {n: float("inf") for n in ("set", "get", "memcpy in", "memcpy out", "index store", "index locate")}
@@ -460,9 +460,9 @@ def _speed(rank: int, world: int, kind: str, page_kb: int, reps: int) -> list[li
             if not all(ok):
                 raise RuntimeError("the backend missed pages it had just stored")
             timed = {"set": set_s, "get": get_s}
-            for op, (to, frm) in {"memcpy in": (slab_ptr, host_ptr), "memcpy out": (host_ptr, slab_ptr)}.items():
+            for op, (to, frm) in {"memcpy in": (slab_bytes, host_bytes), "memcpy out": (host_bytes, slab_bytes)}.items():
                 started = time.perf_counter()
-                for i in range(len(batches)):  # libc memcpy, one call per batch of contiguous pages
+                for i in range(len(batches)):  # one memcpy per batch of contiguous pages
                     memcpy(i, to, frm)
                 timed[op] = time.perf_counter() - started
             alone.clear()
@@ -471,7 +471,7 @@ def _speed(rank: int, world: int, kind: str, page_kb: int, reps: int) -> list[li
             for op, call in index_calls.items():
                 seconds = 0.0
                 for i, (k, _) in enumerate(batches):
-                    memcpy((i + len(batches) // 2) % len(batches), slab_ptr, host_ptr)  # caches as between copies
+                    memcpy((i + len(batches) // 2) % len(batches), slab_bytes, host_bytes)  # caches as between copies
                     started = time.perf_counter()
                     call(k)
                     seconds += time.perf_counter() - started
