@@ -47,8 +47,6 @@ __all__ = [
     "l3_seal",
     "l3_check",
     "l3_check_into",
-    "l3_read_records",
-    "l3_write_records",
     "l3_record_bytes",
     "l3_namespace_id",
     "l3_log_header",
@@ -555,24 +553,6 @@ def l3_check_into(records: npt.NDArray[np.uint8], slot_bytes: int, namespace: in
     """Checks the records read back to back into ``records`` (``slot_bytes`` each, the last ones possibly
     short) against ``keys[j]``/``sequences[j]``, copying each good payload into row ``rows[j]`` of ``out``
     (rows of ``length`` bytes); per record ``None`` when served, else the reason's name."""
-
-def l3_write_records(runs: list[tuple[int, int, int, int]], scratch: npt.NDArray[np.uint8], slot_bytes: int,
-                     namespace: int, keys: _IntVector, sequences: _IntVector,
-                     payloads: list[npt.NDArray[np.uint8]]) -> None:
-    """Builds the record of ``payloads[j]`` for ``keys[j]``/``sequences[j]`` (``slot_bytes`` each, back to
-    back in ``scratch``, payload copied and checksummed in one pass) and writes ``records[start:stop]`` at
-    ``offset`` of ``fd`` for each run ``(fd, offset, start, stop)`` (the runs tile the batch in order), a
-    second thread writing each chunk while the next is built; without the GIL. Not synced. ``OSError``
-    when a write fails or is short."""
-
-def l3_read_records(runs: list[tuple[int, int, int, int]], scratch: npt.NDArray[np.uint8], slot_bytes: int,
-                    namespace: int, keys: _IntVector, sequences: _IntVector, length: int,
-                    out: npt.NDArray[np.uint8], rows: _IntVector) -> list[str | None]:
-    """Reads ``records[start:stop]`` from ``offset`` of ``fd`` for each run ``(fd, offset, start, stop)``
-    into ``scratch`` (a second thread reading the next chunk while this one checks the last), checks
-    record j against ``keys[j]``/``sequences[j]``/``length`` and copies its payload into row ``rows[j]`` of
-    ``out`` (rows of ``length`` bytes); per record ``None`` when served, else the reason's name (its row
-    then holds none of the record's bytes). ``OSError`` when a read fails."""
 
 def l3_record_bytes(payload: int) -> int:
     """Bytes a record of ``payload`` bytes takes on disk (whole 4 KiB blocks)."""

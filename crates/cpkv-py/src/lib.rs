@@ -11,7 +11,6 @@ mod convert;
 mod copy;
 mod errors;
 mod l3;
-mod l3_io;
 mod offload;
 mod prefix_tree;
 mod sglang;
@@ -34,7 +33,6 @@ fn _cpkv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     allocator::register(m)?;
     copy::register(m)?;
     l3::register(m)?;
-    l3_io::register(m)?;
     offload::register(m)?;
     prefix_tree::register(m)?;
     sglang::register(m)?;

@@ -33,6 +33,6 @@ pub use log::{
 };
 pub use namespace::L3Namespace;
 pub use record::{
-    decode_record, decode_record_into, encode_header, encode_record_into, record_bytes, Expected,
-    RecordReject, FORMAT_VERSION, HEADER_BYTES, MAX_PAYLOAD_BYTES, RECORD_ALIGN, RECORD_MAGIC,
+    decode_record, encode_header, record_bytes, Expected, RecordReject, FORMAT_VERSION,
+    HEADER_BYTES, MAX_PAYLOAD_BYTES, RECORD_ALIGN, RECORD_MAGIC,
 };

@@ -161,9 +161,10 @@ pub fn encode_header(
     header
 }
 
-/// Every check of `record` against `expected` but the checksum; the payload's
-/// byte range when they pass.
-fn check_fields(record: &[u8], expected: &Expected) -> Result<Range<usize>, RecordReject> {
+/// The payload's byte range inside `record` when it is exactly what
+/// `expected` describes, else the first mismatch. Cheap checks first; the
+/// checksum last, so a stale or foreign slot costs no CRC pass.
+pub fn decode_record(record: &[u8], expected: &Expected) -> Result<Range<usize>, RecordReject> {
     let have = record.len() as u64;
     if record.len() < HEADER_BYTES {
         return Err(RecordReject::Truncated {
@@ -201,104 +202,13 @@ fn check_fields(record: &[u8], expected: &Expected) -> Result<Range<usize>, Reco
     if have < need {
         return Err(RecordReject::Truncated { have, need });
     }
-    Ok(HEADER_BYTES..HEADER_BYTES + length as usize)
-}
-
-/// The payload's byte range inside `record` when it is exactly what
-/// `expected` describes, else the first mismatch. Cheap checks first; the
-/// checksum last, so a stale or foreign slot costs no CRC pass.
-pub fn decode_record(record: &[u8], expected: &Expected) -> Result<Range<usize>, RecordReject> {
-    let payload = check_fields(record, expected)?;
+    let payload = HEADER_BYTES..HEADER_BYTES + length as usize;
     let found = get_u32(record, CRC_AT);
     let computed = checksum(&record[..HEADER_BYTES], &record[payload.clone()]);
     if found != computed {
         return Err(RecordReject::Checksum { found, computed });
     }
     Ok(payload)
-}
-
-/// Bytes copied per step of the one-pass copy + checksum: small enough that
-/// a step's bytes are still in the L1 cache when the other half reads them.
-const FUSED_STEP: usize = 16 * 1024;
-
-/// Builds in `record` the whole record of `payload` for `key` at `sequence`
-/// (header, payload, zero padding to the end of `record`) in one pass over
-/// the payload: each step is copied, then checksummed while in cache. The
-/// same bytes as `encode_header` followed by the payload and zeros.
-///
-/// # Panics
-/// When `record` is shorter than the header and payload (the caller sizes
-/// it by `record_bytes`).
-pub fn encode_record_into(
-    record: &mut [u8],
-    namespace: u64,
-    key: u64,
-    sequence: u64,
-    payload: &[u8],
-) {
-    let end = HEADER_BYTES + payload.len();
-    assert!(
-        record.len() >= end,
-        "a record buffer of {} bytes cannot hold a payload of {} bytes",
-        record.len(),
-        payload.len()
-    );
-    let (header, body) = record.split_at_mut(HEADER_BYTES);
-    header.fill(0);
-    put_u64(header, 0, RECORD_MAGIC);
-    header[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
-    put_u64(header, 16, namespace);
-    put_u64(header, 24, key);
-    put_u64(header, 32, sequence);
-    put_u64(header, 40, payload.len() as u64);
-    let mut crc = crc32c::crc32c(header);
-    let (dst, padding) = body.split_at_mut(payload.len());
-    for (to, from) in dst.chunks_mut(FUSED_STEP).zip(payload.chunks(FUSED_STEP)) {
-        to.copy_from_slice(from);
-        crc = crc32c::crc32c_append(crc, to);
-    }
-    padding.fill(0);
-    header[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
-}
-
-/// `decode_record` that also copies the payload into `out` in the same pass
-/// (each step checksummed, then copied, while in cache). On any mismatch the
-/// reason is returned and `out` holds no byte of the record: a checksum
-/// found bad only after copying zeroes it.
-///
-/// # Panics
-/// When `out` is not exactly `expected.length` bytes.
-pub fn decode_record_into(
-    record: &[u8],
-    expected: &Expected,
-    out: &mut [u8],
-) -> Result<(), RecordReject> {
-    assert_eq!(
-        out.len() as u64,
-        expected.length,
-        "the output row must be exactly the expected payload length"
-    );
-    let payload = check_fields(record, expected)?;
-    let header = &record[..HEADER_BYTES];
-    let mut crc = crc32c::crc32c(&header[..CRC_AT]);
-    crc = crc32c::crc32c_append(crc, &[0u8; 4]);
-    crc = crc32c::crc32c_append(crc, &header[CRC_AT + 4..]);
-    for (from, to) in record[payload]
-        .chunks(FUSED_STEP)
-        .zip(out.chunks_mut(FUSED_STEP))
-    {
-        crc = crc32c::crc32c_append(crc, from);
-        to.copy_from_slice(from);
-    }
-    let found = get_u32(record, CRC_AT);
-    if found != crc {
-        out.fill(0);
-        return Err(RecordReject::Checksum {
-            found,
-            computed: crc,
-        });
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -421,47 +331,6 @@ mod tests {
             }
             // The new header over the old payload is never the old record either.
             prop_assert!(decode_record(&torn, &e_old).is_err());
-        }
-
-        /// The one-pass encoder writes exactly the bytes of the header
-        /// encoder, the payload and zero padding, whatever the buffer held.
-        #[test]
-        fn one_pass_encode_equals_the_header_encoder(ns: u64, key: u64, seq: u64,
-                                                     payload in proptest::collection::vec(any::<u8>(), 0..40000),
-                                                     junk: u8) {
-            let e = expected_for(ns, key, seq, payload.len());
-            let mut buf = vec![junk; record_bytes(payload.len() as u64) as usize];
-            encode_record_into(&mut buf, ns, key, seq, &payload);
-            prop_assert_eq!(buf, record(&e, &payload));
-        }
-
-        /// The one-pass decoder serves exactly what `decode_record` serves
-        /// and rejects with the same reason, leaving no byte of a rejected
-        /// record in the output (valid, bit-flipped and cut records).
-        #[test]
-        fn one_pass_decode_agrees_with_decode(ns: u64, key: u64, seq: u64,
-                                              payload in proptest::collection::vec(any::<u8>(), 1..40000),
-                                              at: prop::sample::Index, bit in 0u8..8, damage in 0u8..3) {
-            let e = expected_for(ns, key, seq, payload.len());
-            let mut rec = record(&e, &payload);
-            let i = at.index(HEADER_BYTES + payload.len());
-            match damage {
-                1 => rec[i] ^= 1 << bit,
-                2 => rec.truncate(i),
-                _ => {}
-            }
-            let mut out = vec![0u8; payload.len()];
-            let fused = decode_record_into(&rec, &e, &mut out);
-            match decode_record(&rec, &e) {
-                Ok(range) => {
-                    prop_assert_eq!(fused, Ok(()));
-                    prop_assert_eq!(&out[..], &rec[range]);
-                }
-                Err(reject) => {
-                    prop_assert_eq!(fused, Err(reject));
-                    prop_assert!(out.iter().all(|b| *b == 0));
-                }
-            }
         }
 
         /// Random bytes are never a valid record for any expectation.

@@ -295,7 +295,7 @@ class L3Store:
                 payloads[key] = None
                 continue
             view = np.frombuffer(data, dtype=np.uint8) if isinstance(data, (bytes, bytearray, memoryview)) \
-                else np.ascontiguousarray(np.asarray(data).reshape(-1)).view(np.uint8)
+                else np.asarray(data).reshape(-1).view(np.uint8)
             if view.nbytes != self.page_bytes:
                 raise InvalidArgumentError(f"page {key:#x} has {view.nbytes} bytes, the store's pages have "
                                            f"{self.page_bytes}")
@@ -316,22 +316,23 @@ class L3Store:
         return placed
 
     def _write_records(self, mine: list, payloads: dict) -> None:
-        """Builds and writes this rank's records of a batch in one native call (records built in the
-        aligned scratch chunk by chunk while the chunks already built are written; one write per
-        chunk of a run of consecutive slots). Not synced: :meth:`flush` does that."""
         scratch = self._scratch.take(len(mine) * self.slot_bytes)
-        runs = self._io_runs([p[1] for p in mine])
-        _cpkv.l3_write_records(runs, scratch, self.slot_bytes, self.namespace_id, [p[0] for p in mine],
-                               [p[2] for p in mine], [payloads[p[0]] for p in mine])
-        self._unsynced.update(fd for fd, _, _, _ in runs)
+        for i, (key, _, sequence, _, _) in enumerate(mine):
+            record = scratch[i * self.slot_bytes:(i + 1) * self.slot_bytes]
+            record[HEADER:HEADER + self.page_bytes] = payloads[key]
+            record[HEADER + self.page_bytes:] = 0
+            _cpkv.l3_seal(record, self.namespace_id, key, sequence, self.page_bytes)
+        for start, stop in self._runs([p[1] for p in mine]):  # one write per run of consecutive slots
+            fd, offset = self._where(mine[start][1])
+            run = self._scratch.view(start * self.slot_bytes, stop * self.slot_bytes)
+            written = os.pwrite(fd, run, offset)
+            if written != len(run):
+                raise OSError(errno.EIO, f"short L3 write: {written} of {len(run)} bytes")
+            self._unsynced.add(fd)
         self._pending.extend((key, sequence, slot, self.page_bytes) for key, slot, sequence, _, _ in mine)
         self._own.update((key, sequence) for key, _, sequence, _, _ in mine)
         self.counters["pages_written"] += len(mine)
         self.counters["bytes_written"] += len(mine) * self.page_bytes
-
-    def _io_runs(self, slots: list[int]) -> list[tuple[int, int, int, int]]:
-        """(fd, file offset, start, stop) of each run of ``slots`` (sorted): the native calls' runs."""
-        return [(*self._where(slots[start]), start, stop) for start, stop in self._runs(slots)]
 
     def _runs(self, slots: list[int]) -> list[tuple[int, int]]:
         """[start, stop) index ranges of ``slots`` (sorted) that are consecutive within one data file."""
@@ -363,29 +364,30 @@ class L3Store:
         return len(entries)
 
     def read_many(self, found: Sequence[tuple[int, int, int]], out: np.ndarray) -> list[str | None]:
-        """Reads pages ``(key, slot, sequence)`` (from :meth:`lookup`) into ``out[i]`` in one native call
-        (the next chunk of a run of consecutive slots is read while the last one is checked and copied
-        out); per page ``None`` when served, else the reason its record failed (its row then holds
-        none of the record's bytes)."""
+        """Reads pages ``(key, slot, sequence)`` (from :meth:`lookup`) into ``out[i]``, one read per run
+        of consecutive slots; per page ``None`` when served, else the reason its record failed."""
+        order = sorted(range(len(found)), key=lambda i: found[i][1])
+        slots = [found[i][1] for i in order]
+        buf = self._scratch.take(len(found) * self.slot_bytes)
+        reasons: list[str | None] = [None] * len(found)
         if not out.flags.c_contiguous:
             raise InvalidArgumentError("out must be a C-contiguous array (pages are copied into it in place)")
         flat = out.reshape(-1).view(np.uint8)
         if flat.nbytes != len(found) * self.page_bytes:
             raise InvalidArgumentError(f"out holds {flat.nbytes} bytes, {len(found)} pages need "
                                        f"{len(found) * self.page_bytes}")
-        if not found:
-            return []
-        order = sorted(range(len(found)), key=lambda i: found[i][1])
-        buf = self._scratch.take(len(found) * self.slot_bytes)
-        in_order = _cpkv.l3_read_records(self._io_runs([found[i][1] for i in order]), buf, self.slot_bytes,
-                                         self.namespace_id, [found[i][0] for i in order],
-                                         [found[i][2] for i in order], self.page_bytes, flat, order)
-        reasons: list[str | None] = [None] * len(found)
-        for i, reason in zip(order, in_order):
-            reasons[i] = reason
-        served = in_order.count(None)
-        self.counters["pages_read"] += served
-        self.counters["bytes_read"] += served * self.page_bytes
+        for start, stop in self._runs(slots):
+            fd, offset = self._where(slots[start])
+            got = os.preadv(fd, [self._scratch.view(start * self.slot_bytes, stop * self.slot_bytes)], offset)
+            members = order[start:stop]
+            run = _cpkv.l3_check_into(buf[start * self.slot_bytes:start * self.slot_bytes + got], self.slot_bytes,
+                                      self.namespace_id, [found[i][0] for i in members],
+                                      [found[i][2] for i in members], self.page_bytes, flat, members)
+            for i, reason in zip(members, run):
+                reasons[i] = reason
+            served = run.count(None)
+            self.counters["pages_read"] += served
+            self.counters["bytes_read"] += served * self.page_bytes
         return reasons
 
     def read(self, key: int, slot: int, sequence: int, out: np.ndarray | None = None) -> np.ndarray | None:
