@@ -43,13 +43,17 @@ from typing import Any
 WAIT_S = 60.0  # any single wait inside a rank
 CPKV = {"backend_name": "cpkv", "module_path": "cpkv.integrations.sglang", "class_name": "CpkvHiCacheStorage"}
 DSA_PAGE = 64  # SGLang 0.5.23 runs DSA with 64-token pages
+# What every rank imports (tens of seconds of imports per process on a loaded machine).
+SGLANG_MODULES = ("sglang.srt.server_args", "sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler",
+                  "sglang.srt.mem_cache.memory_pool", "cpkv.integrations.sglang")
 
 
 def launch(world: int, scenario: str, wall_s: float = 300.0, **options: Any) -> list[dict]:
     """Runs ``scenario`` on ``world`` ranks through cpkv's launcher; returns each rank's result (None
     for a rank that died)."""
-    from cpkv.runtime.launch import run_ranks
+    from cpkv.runtime.launch import preload, run_ranks
 
+    preload(*SGLANG_MODULES)  # imported once by the forkserver, not by every rank of every launch
     # SGLang builds its kernels with tools next to this interpreter.
     path = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
     results = run_ranks(_rank_entry, world, scenario, options, timeout_s=wall_s, collective_timeout_s=WAIT_S,
