@@ -407,7 +407,7 @@ def l3(r: Rank, phase: str, requests: int = 24, seed: int = 5, lag: int = 0) -> 
     if r.options.get("l3_dir"):
         extra.update(cpkv_l3_dir=r.options["l3_dir"], cpkv_l3_bytes=r.options["l3_bytes"])
     r.controller("dynamic", extra)
-    reqs = shared_prefix_requests(requests, seed, r.page_size, prefixes=8, max_pages=32)
+    reqs = shared_prefix_requests(requests, seed, r.page_size, prefixes=8, max_pages=12 if r.kind == "dsa" else 32)
     if phase == "fill":
         pending: list[list[int]] = []
         my_lag = lag if r.rank == 1 else 0
@@ -426,13 +426,16 @@ def l3(r: Rank, phase: str, requests: int = 24, seed: int = 5, lag: int = 0) -> 
     stats_open = r.backend.stats()
     out = {"fetched": fetched, "stats": stats_open, "digest": r.backend.digest(),
            "distinct_pages": len({h for t in reqs for h in r.hashes(t)}),
-           "page_bytes": r.backend.pools["kv"].page_bytes}
+           "page_bytes": r.backend.pools["kv"].page_bytes,
+           "pool_page_bytes": {name: p.page_bytes for name, p in r.backend.pools.items()}}
     r.barrier()
     r.backend.close()
     if r.backend.l3 is not None:
         closed = r.backend.l3.stats()
-        out["closed"] = {k: closed[k] for k in ("l3_pages_spilled", "l3_pages_written", "l3_pages_not_copied",
-                                                "l3_pages", "l3_digest", "l3_dir", "l3_disk_bytes", "l3_cap_bytes")}
+        names = ("l3_pages_spilled", "l3_pages_written", "l3_pages_not_copied", "l3_pages", "l3_digest", "l3_dir",
+                 "l3_disk_bytes", "l3_cap_bytes", "l3_slots", "l3_read_failures")
+        out["closed"] = {k: closed[k] for k in names}
+        out["closed"]["pools"] = {pool: {k: s[k] for k in names} for pool, s in closed["l3_pools"].items()}
     r.barrier()
     return out
 
