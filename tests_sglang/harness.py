@@ -440,6 +440,125 @@ def l3(r: Rank, phase: str, requests: int = 24, seed: int = 5, lag: int = 0) -> 
     return out
 
 
+def _read_back(r: Rank, keys: list[str]) -> dict:
+    """Reads ``keys`` through the backend's own batch_get_v1 (KV) and batch_get_v2 (the DSA indexer)
+    into host pages, a few at a time; per key whether every pool served it, and the keys served with
+    a byte wrong in any pool."""
+    from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransfer
+
+    served: dict[str, bool] = {}
+    wrong: list[str] = []
+    step = 16
+    for start in range(0, len(keys), step):
+        part = keys[start:start + step]
+        idx = r.group.alloc(len(part) * r.page_size)
+        assert idx is not None, "host pool full"
+        ok = r.backend.batch_get_v1(part, idx)
+        if r.side_host is not None:
+            side = r.backend.batch_get_v2([PoolTransfer(name=PoolName.INDEXER, host_indices=idx, keys=part)])
+            ok = [a and b for a, b in zip(ok, side[str(PoolName.INDEXER)])]
+        for i, key in enumerate(part):
+            served[key] = bool(ok[i])
+            page = idx[i * r.page_size:(i + 1) * r.page_size]
+            bad = r.check(r.host, page, [key]) if ok[i] else 0
+            if ok[i] and r.side_host is not None:
+                bad += r.check(r.side_host, page, [key], "indexer")
+            if bad:
+                wrong.append(key)
+        r.group.free(idx)
+    return {"served": served, "wrong": wrong}
+
+
+def l3_crash(r: Rank, run: int, kill_at: list[int], point: int, log_dir: str, runs_before: int) -> dict:
+    """One life of a node under SGLang's L3 that ends in a kill -9 of each rank at its own store.
+
+    First the restart check: every page a rank logged as acknowledged durable in an earlier life
+    (``acked-*.jsonl``) must be served, by the backend's own reads, with its KV and indexer bytes,
+    and no page ever offered may be served with a wrong byte; written to ``verify-<run>-r<rank>.json``
+    before anything is stored. Then this life stores new requests (no collective: no barrier, no
+    digest check) and logs, after each store operation SGLang acknowledged (the store calls
+    returned), the pages this rank wrote to L3 in it. Rank ``i`` SIGKILLs itself at its
+    ``kill_at[i]``-th spill with victims (or the next that can take the ``point``): 0 before any
+    byte, 1 between the KV store's record and the indexer's, 2 after both (the store call has not
+    returned), 3 in the KV store with its records written but not yet synced or logged.
+    ``kill_at`` empty: check, then close cleanly."""
+    extra = _cpkv_extra(r.options, cpkv_check_every=1 << 20)
+    extra.update(cpkv_l3_dir=r.options["l3_dir"], cpkv_l3_bytes=r.options["l3_bytes"])
+    r.controller("dynamic", extra)
+    b = r.backend
+    logs = Path(log_dir)
+    acked = [key for f in sorted(logs.glob("acked-*.jsonl")) for line in f.read_text().splitlines()
+             for key in json.loads(line)]
+    offered = [h for life in range(runs_before) for t in _crash_requests(r, life) for h in r.hashes(t)]
+    stats = b.stats()
+    verify = {"acked": len(set(acked)), "offered": len(set(offered)), "run_id": b.pools["kv"].slab.run_id,
+              "l3_disk_bytes": stats["l3_disk_bytes"], "l3_cap_bytes": stats["l3_cap_bytes"],
+              "l3_evicted": {n: p["l3_evicted"] for n, p in stats["l3_pools"].items()},
+              "recovered": {n: p["l3_recovered_pages"] for n, p in stats["l3_pools"].items()}}
+    got = _read_back(r, sorted(set(offered) | set(acked)))
+    verify["acked_missing"] = sorted(k for k in set(acked) if not got["served"].get(k))
+    verify["served_wrong"] = got["wrong"]
+    verify["served"] = sum(got["served"].values())
+    (logs / f"verify-{run}-r{r.rank}.json").write_text(json.dumps(verify))
+    r.barrier()
+    if not kill_at:
+        return _finish(r, verify)
+    # -- this life's stores, then the kill ---------------------------------------------------------
+    me, node_size = b.topology.local_rank, b.topology.node_size
+    tier = b.l3
+    spills = 0
+    armed = False
+    mine: list[str] = []
+
+    def die() -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    inner_spill = tier.spill
+
+    def spill(keys: Any, rows: Any, copied: Any, pages: Any) -> int:
+        nonlocal spills, armed
+        if len(keys):
+            spills += 1
+            armed = armed or spills >= kill_at[r.rank]
+        if armed and point == 0 and len(keys):
+            die()
+        n = inner_spill(keys, rows, copied, pages)
+        if armed and point == 2 and len(keys):
+            die()
+        mine.extend(bytes(k)[:-4].decode() for k, row, c in zip(keys, rows, copied) if c and row % node_size == me)
+        return n
+
+    tier.spill = spill
+    second, first = tier.pools["indexer"], tier.pools["kv"]
+    inner_second, inner_flush = second.spill, first.store.flush
+
+    def second_spill(*args: Any) -> int:
+        if armed and point == 1 and len(args[0]):
+            die()
+        return inner_second(*args)
+
+    def flush() -> int:
+        if armed and point == 3 and first.store._pending:
+            die()  # records written (pwrite), neither synced nor logged
+        return inner_flush()
+
+    second.spill = second_spill
+    first.store.flush = flush
+    with open(logs / f"acked-{run}-r{r.rank}.jsonl", "a") as log:
+        for tokens in _crash_requests(r, run):
+            idx, _ = r.write(tokens)
+            r.wait_backup(idx)  # every store call of the operation returned: its spills are durable
+            log.write(json.dumps(mine) + "\n")
+            log.flush()
+            mine.clear()
+    raise AssertionError(f"rank {r.rank} stored every request of life {run} without reaching spill "
+                         f"{kill_at[r.rank]} (it made {spills})")
+
+
+def _crash_requests(r: Rank, life: int) -> list[list[int]]:
+    return shared_prefix_requests(40, 1000 + life, r.page_size, prefixes=4, max_pages=8)
+
+
 def _count_exists(backend: Any) -> None:
     """Records the hit pages of each hit query of a backend that does not log them itself."""
     log: list[int] = []
@@ -594,4 +713,4 @@ def bad_indices(r: Rank) -> dict:
 
 
 SCENARIOS = {"roundtrip": roundtrip, "pressure": pressure, "killed": killed, "diverged": diverged,
-             "missed_store": missed_store, "bad_indices": bad_indices, "l3": l3}
+             "missed_store": missed_store, "bad_indices": bad_indices, "l3": l3, "l3_crash": l3_crash}
