@@ -555,6 +555,37 @@ def l3_crash(r: Rank, run: int, kill_at: list[int], point: int, log_dir: str, ru
                          f"{kill_at[r.rank]} (it made {spills})")
 
 
+def l3_diverged(r: Rank, requests: int = 6, odd: int = -1) -> dict:
+    """Every rank stores the same requests, with L3 and a digest check after every store; rank
+    ``odd`` (the last by default) gives its KV pool's L3 index one extra placement (a key no store
+    made, no bytes) after the first request: only that rank's L3 index differs, its slab index does
+    not. The next digest check must raise DivergenceError on every rank."""
+    extra = _cpkv_extra(r.options, cpkv_check_every=1)
+    extra.update(cpkv_l3_dir=r.options["l3_dir"], cpkv_l3_bytes=r.options["l3_bytes"])
+    r.controller("dynamic", extra)
+    odd = odd % r.world
+    reqs = shared_prefix_requests(requests, 6, r.page_size, max_pages=8)
+    for i, tokens in enumerate(reqs):
+        idx, _ = r.write(tokens)
+        r.wait_backup(idx)
+        if i == 0:
+            r.backend.wait_checks(WAIT_S)  # the first check passed on every rank
+            slab_digest = r.backend.digest()
+            if r.rank == odd:
+                from cpkv.integrations.sglang.l3 import l3_key
+
+                l3 = r.backend.l3.pools["kv"]
+                with l3._lock:  # the backup thread is idle: its store was acknowledged
+                    l3.store.put([(l3_key("never-stored"), None)], writers=[0])
+    try:
+        r.backend.wait_checks(WAIT_S)
+        error = None
+    except Exception as err:  # noqa: BLE001
+        error = f"{type(err).__name__}: {err}"
+    return {"error_seen": error, "slab_digest_after_first": slab_digest, "slab_digest": r.backend.digest(),
+            "l3_digest": r.backend.l3.digest()}
+
+
 def _crash_requests(r: Rank, life: int) -> list[list[int]]:
     return shared_prefix_requests(40, 1000 + life, r.page_size, prefixes=4, max_pages=8)
 
@@ -713,4 +744,5 @@ def bad_indices(r: Rank) -> dict:
 
 
 SCENARIOS = {"roundtrip": roundtrip, "pressure": pressure, "killed": killed, "diverged": diverged,
-             "missed_store": missed_store, "bad_indices": bad_indices, "l3": l3, "l3_crash": l3_crash}
+             "missed_store": missed_store, "bad_indices": bad_indices, "l3": l3, "l3_crash": l3_crash,
+             "l3_diverged": l3_diverged}

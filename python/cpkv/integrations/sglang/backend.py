@@ -8,8 +8,9 @@ every rank. What each part does:
 - placement and eviction: a :class:`~.index.ReplicatedIndex` fed only by the store calls, which
   SGLang's backup thread makes on every rank of a store group (:mod:`.topology`) with the same keys
   in the same order. No collective decides anything; every ``cpkv_check_every`` stores the ranks
-  compare the index's digest (:func:`cpkv.runtime.agree.agree`, on a gloo group of the backend's own)
-  and a mismatch raises :class:`~cpkv.errors.DivergenceError` on every rank;
+  compare the index's digest, with L3 on the L3 indexes' too (:func:`cpkv.runtime.agree.agree`, on
+  gloo groups of the backend's own; see :meth:`CpkvHiCacheStorage._digest_check`) and a mismatch
+  raises :class:`~cpkv.errors.DivergenceError` on every rank;
 - bytes: per registered host pool (the KV pool and any sidecar, such as the DSA indexer's) one
   :class:`~.pool.PoolSlab` shared by the group's ranks on one node, one row per index row. Every
   rank's page bytes are the same (SGLang 0.5.23 holds the KV, and the DSA indexer, replicated on
@@ -33,6 +34,7 @@ later call raises the same error class, naming the first failure.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import queue
 import threading
@@ -56,7 +58,7 @@ from cpkv.errors import (
     InvalidArgumentError,
     UnknownPayloadError,
 )
-from cpkv.runtime.agree import agree
+from cpkv.runtime.agree import agree, all_reduce_min, decode, encode
 
 from .config import CpkvStorageSettings
 from .index import ReplicatedIndex
@@ -70,6 +72,12 @@ __all__ = ["CpkvHiCacheStorage"]
 log = logging.getLogger("cpkv.sglang")
 
 KV = str(PoolName.KV)
+
+
+def _combined(*digests: int) -> int:
+    """One 64-bit digest of several (the slab index's and the L3's), the same on every rank."""
+    raw = b"".join(int(d).to_bytes(8, "little") for d in digests)
+    return int.from_bytes(hashlib.blake2b(raw, digest_size=8, person=b"cpkv-sgl-agree").digest(), "little")
 
 
 # -- the backend ----------------------------------------------------------------------------------
@@ -189,7 +197,10 @@ class CpkvHiCacheStorage(HiCacheStorage):
             self._checker.start()
         with self._checked:
             self._checks_queued += 1
-        self._checks.put((self.index.stores, self.index.digest()))
+        # The L3 indexes change only in this thread's spills, inside the store just made: this is the
+        # same point of their stream on every rank of a node too.
+        l3 = self.l3.digest() if self.l3 is not None else None
+        self._checks.put((self.index.stores, self.index.digest(), l3))
 
     def _check_loop(self) -> None:
         while True:
@@ -205,10 +216,30 @@ class CpkvHiCacheStorage(HiCacheStorage):
                     self._checks_done += 1
                     self._checked.notify_all()
 
-    def _digest_check(self, stores: int, digest: int) -> None:
+    def _digest_check(self, stores: int, digest: int, l3_digest: int | None) -> None:
+        """Agrees on the slab index's digest over the store group, and with L3 on, on the L3 indexes:
+        combined with the slab's where the group is one node (one L3 per node, so one collective);
+        across nodes (each node its own L3 index) each node first agrees on its own over its node
+        group, then the store group agrees on the slab digest combined with whether every node did,
+        so a node whose ranks' L3 indexes differ raises :class:`~cpkv.errors.DivergenceError` on every
+        rank of the group, not only its own."""
+        topo, timeout_s = self.topology, self.settings.timeout_s
+        step = f"the digest check after store {stores}"
         try:
-            agree(digest, group=self.topology.group, rank=self.topology.rank,
-                  step=f"the digest check after store {stores}", timeout_s=self.settings.timeout_s)
+            if l3_digest is None:
+                agree(digest, group=topo.group, rank=topo.rank, step=step, timeout_s=timeout_s)
+            elif topo.nodes == 1:
+                agree(_combined(digest, l3_digest), group=topo.group, rank=topo.rank, timeout_s=timeout_s,
+                      step=f"{step} (slab index and L3 index)")
+            else:
+                node_agrees = 1
+                if topo.node_size > 1:
+                    low, high = decode(all_reduce_min(encode(l3_digest), group=topo.node_group, rank=topo.local_rank,
+                                                      step=f"{step} (this node's L3 index)", timeout_s=timeout_s))
+                    node_agrees = int(low == high)
+                agree(_combined(digest, node_agrees), group=topo.group, rank=topo.rank, timeout_s=timeout_s,
+                      step=f"{step} (slab index, and 1 where every rank of this rank's node holds one L3 index, "
+                           f"this rank's: {node_agrees})")
         except CpkvError as err:
             raise self._fail(err) from err
         with self._counters_lock:
