@@ -28,10 +28,10 @@ key and placement stream (:class:`SglangL3Tier`).
   thread's spills change the L3 indexes, so every rank answers the same once no spill is in
   flight); ``batch_get_v1`` (KV) and ``batch_get_v2`` (the indexer) read each page the slab does
   not hold from that pool's record into SGLang's host pool, its header, key, sequence, namespace
-  and CRC32C checked first. A record
-  that fails is a miss, counted, never served, and this rank stops reporting it; every rank of the
-  node reads the same file and so finds the same failure, and SGLang's MIN over the completed tokens
-  makes the load common. L3 pages are not promoted into slab rows: a slab placement must come from
+  and CRC32C checked first. A record that fails is a miss, counted, never served, and this rank
+  stops reporting it (nor the page: an L3 hit is whole); every rank of the node reads the same file
+  and so finds the same failure, and SGLang's MIN over the completed tokens (the least of a batch's
+  KV and indexer hits) makes the load common. L3 pages are not promoted into slab rows: a slab placement must come from
   the replicated store stream, and prefetch calls fall between the stores at a different point on
   each rank.
 
