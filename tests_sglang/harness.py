@@ -586,6 +586,26 @@ def l3_diverged(r: Rank, requests: int = 6, odd: int = -1) -> dict:
             "l3_digest": r.backend.l3.digest()}
 
 
+def l3_late_pool(r: Rank) -> dict:
+    """With L3 open (SGLang's registration burst over), a pool registered later (a dynamic sidecar)
+    must be refused with a typed error, and the backend keep working with the pools it had."""
+    extra = _cpkv_extra(r.options)
+    extra.update(cpkv_l3_dir=r.options["l3_dir"], cpkv_l3_bytes=r.options["l3_bytes"])
+    r.controller("dynamic", extra)
+    before = list(r.backend.pools)
+    try:
+        r.backend.register_mem_host_pool_v2(r.side_host, "late-sidecar")
+        error = None
+    except Exception as err:  # noqa: BLE001
+        error = f"{type(err).__name__}: {err}"
+    tokens = [9000 + t for t in range(2 * r.page_size)]
+    idx, hashes = r.write(tokens)
+    r.wait_backup(idx)
+    fetched = r.prefetch("after", tokens)
+    return _finish(r, {"error": None, "refused": error, "before": before, "after": list(r.backend.pools),
+                       "fetched": fetched, "pages": len(hashes)})
+
+
 def _crash_requests(r: Rank, life: int) -> list[list[int]]:
     return shared_prefix_requests(40, 1000 + life, r.page_size, prefixes=4, max_pages=8)
 
@@ -745,4 +765,4 @@ def bad_indices(r: Rank) -> dict:
 
 SCENARIOS = {"roundtrip": roundtrip, "pressure": pressure, "killed": killed, "diverged": diverged,
              "missed_store": missed_store, "bad_indices": bad_indices, "l3": l3, "l3_crash": l3_crash,
-             "l3_diverged": l3_diverged}
+             "l3_diverged": l3_diverged, "l3_late_pool": l3_late_pool}

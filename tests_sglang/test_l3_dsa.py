@@ -179,6 +179,18 @@ def test_dsa_damaged_indexer_record_is_a_miss_on_every_rank(filled, tmp_path) ->
           f"{sum(loads[0])} of {full}")
 
 
+@pytest.mark.timeout(600)
+def test_a_pool_registered_after_l3_opened_is_refused(tmp_path) -> None:
+    """L3 splits its cap between the pools SGLang registers before ``on_host_pools_registered``; a
+    later one is a typed error naming cpkv_l3_dir, and the backend goes on with its pools."""
+    res = launch(1, "l3_late_pool", **_opts(tmp_path))[0]
+    assert res["refused"] is not None and res["refused"].startswith("InvalidArgumentError"), res
+    assert "cpkv_l3_dir" in res["refused"] and "late-sidecar" in res["refused"]
+    assert res["before"] == res["after"] == list(POOLS)
+    assert res["fetched"]["loaded"] == res["fetched"]["post"] == res["pages"] * 64
+    assert res["fetched"]["wrong"] == res["fetched"]["sidecar_wrong"] == 0
+
+
 @settings(max_examples=200, deadline=None)
 @given(cap=st.integers(1, 1 << 34), page_bytes=st.lists(st.integers(1, 1 << 22), min_size=1, max_size=3),
        ranks=st.integers(1, 8))
