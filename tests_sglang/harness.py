@@ -43,13 +43,17 @@ from typing import Any
 WAIT_S = 60.0  # any single wait inside a rank
 CPKV = {"backend_name": "cpkv", "module_path": "cpkv.integrations.sglang", "class_name": "CpkvHiCacheStorage"}
 DSA_PAGE = 64  # SGLang 0.5.23 runs DSA with 64-token pages
+# What every rank imports (tens of seconds of imports per process on a loaded machine).
+SGLANG_MODULES = ("sglang.srt.server_args", "sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler",
+                  "sglang.srt.mem_cache.memory_pool", "cpkv.integrations.sglang")
 
 
 def launch(world: int, scenario: str, wall_s: float = 300.0, **options: Any) -> list[dict]:
     """Runs ``scenario`` on ``world`` ranks through cpkv's launcher; returns each rank's result (None
     for a rank that died)."""
-    from cpkv.runtime.launch import run_ranks
+    from cpkv.runtime.launch import preload, run_ranks
 
+    preload(*SGLANG_MODULES)  # imported once by the forkserver, not by every rank of every launch
     # SGLang builds its kernels with tools next to this interpreter.
     path = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
     results = run_ranks(_rank_entry, world, scenario, options, timeout_s=wall_s, collective_timeout_s=WAIT_S,
@@ -403,7 +407,7 @@ def l3(r: Rank, phase: str, requests: int = 24, seed: int = 5, lag: int = 0) -> 
     if r.options.get("l3_dir"):
         extra.update(cpkv_l3_dir=r.options["l3_dir"], cpkv_l3_bytes=r.options["l3_bytes"])
     r.controller("dynamic", extra)
-    reqs = shared_prefix_requests(requests, seed, r.page_size, prefixes=8, max_pages=32)
+    reqs = shared_prefix_requests(requests, seed, r.page_size, prefixes=8, max_pages=12 if r.kind == "dsa" else 32)
     if phase == "fill":
         pending: list[list[int]] = []
         my_lag = lag if r.rank == 1 else 0
@@ -422,15 +426,188 @@ def l3(r: Rank, phase: str, requests: int = 24, seed: int = 5, lag: int = 0) -> 
     stats_open = r.backend.stats()
     out = {"fetched": fetched, "stats": stats_open, "digest": r.backend.digest(),
            "distinct_pages": len({h for t in reqs for h in r.hashes(t)}),
-           "page_bytes": r.backend.pools["kv"].page_bytes}
+           "page_bytes": r.backend.pools["kv"].page_bytes,
+           "pool_page_bytes": {name: p.page_bytes for name, p in r.backend.pools.items()}}
     r.barrier()
     r.backend.close()
     if r.backend.l3 is not None:
         closed = r.backend.l3.stats()
-        out["closed"] = {k: closed[k] for k in ("l3_pages_spilled", "l3_pages_written", "l3_pages_not_copied",
-                                                "l3_pages", "l3_digest", "l3_dir", "l3_disk_bytes", "l3_cap_bytes")}
+        names = ("l3_pages_spilled", "l3_pages_written", "l3_pages_not_copied", "l3_pages", "l3_digest", "l3_dir",
+                 "l3_disk_bytes", "l3_cap_bytes", "l3_slots", "l3_read_failures")
+        out["closed"] = {k: closed[k] for k in names}
+        out["closed"]["pools"] = {pool: {k: s[k] for k in names} for pool, s in closed["l3_pools"].items()}
     r.barrier()
     return out
+
+
+def _read_back(r: Rank, keys: list[str]) -> dict:
+    """Reads ``keys`` through the backend's own batch_get_v1 (KV) and batch_get_v2 (the DSA indexer)
+    into host pages, a few at a time; per key whether every pool served it, and the keys served with
+    a byte wrong in any pool."""
+    from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransfer
+
+    served: dict[str, bool] = {}
+    wrong: list[str] = []
+    step = 16
+    for start in range(0, len(keys), step):
+        part = keys[start:start + step]
+        idx = r.group.alloc(len(part) * r.page_size)
+        assert idx is not None, "host pool full"
+        ok = r.backend.batch_get_v1(part, idx)
+        if r.side_host is not None:
+            side = r.backend.batch_get_v2([PoolTransfer(name=PoolName.INDEXER, host_indices=idx, keys=part)])
+            ok = [a and b for a, b in zip(ok, side[str(PoolName.INDEXER)])]
+        for i, key in enumerate(part):
+            served[key] = bool(ok[i])
+            page = idx[i * r.page_size:(i + 1) * r.page_size]
+            bad = r.check(r.host, page, [key]) if ok[i] else 0
+            if ok[i] and r.side_host is not None:
+                bad += r.check(r.side_host, page, [key], "indexer")
+            if bad:
+                wrong.append(key)
+        r.group.free(idx)
+    return {"served": served, "wrong": wrong}
+
+
+def l3_crash(r: Rank, run: int, kill_at: list[int], point: int, log_dir: str, runs_before: int) -> dict:
+    """One life of a node under SGLang's L3 that ends in a kill -9 of each rank at its own store.
+
+    First the restart check: every page a rank logged as acknowledged durable in an earlier life
+    (``acked-*.jsonl``) must be served, by the backend's own reads, with its KV and indexer bytes,
+    and no page ever offered may be served with a wrong byte; written to ``verify-<run>-r<rank>.json``
+    before anything is stored. Then this life stores new requests (no collective: no barrier, no
+    digest check) and logs, after each store operation SGLang acknowledged (the store calls
+    returned), the pages this rank wrote to L3 in it. Rank ``i`` SIGKILLs itself at its
+    ``kill_at[i]``-th spill with victims (or the next that can take the ``point``): 0 before any
+    byte, 1 between the KV store's record and the indexer's, 2 after both (the store call has not
+    returned), 3 in the KV store with its records written but not yet synced or logged.
+    ``kill_at`` empty: check, then close cleanly."""
+    extra = _cpkv_extra(r.options, cpkv_check_every=1 << 20)
+    extra.update(cpkv_l3_dir=r.options["l3_dir"], cpkv_l3_bytes=r.options["l3_bytes"])
+    r.controller("dynamic", extra)
+    b = r.backend
+    logs = Path(log_dir)
+    acked = [key for f in sorted(logs.glob("acked-*.jsonl")) for line in f.read_text().splitlines()
+             for key in json.loads(line)]
+    offered = [h for life in range(runs_before) for t in _crash_requests(r, life) for h in r.hashes(t)]
+    stats = b.stats()
+    verify = {"acked": len(set(acked)), "offered": len(set(offered)), "run_id": b.pools["kv"].slab.run_id,
+              "l3_disk_bytes": stats["l3_disk_bytes"], "l3_cap_bytes": stats["l3_cap_bytes"],
+              "l3_evicted": {n: p["l3_evicted"] for n, p in stats["l3_pools"].items()},
+              "recovered": {n: p["l3_recovered_pages"] for n, p in stats["l3_pools"].items()}}
+    got = _read_back(r, sorted(set(offered) | set(acked)))
+    verify["acked_missing"] = sorted(k for k in set(acked) if not got["served"].get(k))
+    verify["served_wrong"] = got["wrong"]
+    verify["served"] = sum(got["served"].values())
+    (logs / f"verify-{run}-r{r.rank}.json").write_text(json.dumps(verify))
+    r.barrier()
+    if not kill_at:
+        return _finish(r, verify)
+    # -- this life's stores, then the kill ---------------------------------------------------------
+    me, node_size = b.topology.local_rank, b.topology.node_size
+    tier = b.l3
+    spills = 0
+    armed = False
+    mine: list[str] = []
+
+    def die() -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    inner_spill = tier.spill
+
+    def spill(keys: Any, rows: Any, copied: Any, pages: Any) -> int:
+        nonlocal spills, armed
+        if len(keys):
+            spills += 1
+            armed = armed or spills >= kill_at[r.rank]
+        if armed and point == 0 and len(keys):
+            die()
+        n = inner_spill(keys, rows, copied, pages)
+        if armed and point == 2 and len(keys):
+            die()
+        mine.extend(bytes(k)[:-4].decode() for k, row, c in zip(keys, rows, copied) if c and row % node_size == me)
+        return n
+
+    tier.spill = spill
+    second, first = tier.pools["indexer"], tier.pools["kv"]
+    inner_second, inner_flush = second.spill, first.store.flush
+
+    def second_spill(*args: Any) -> int:
+        if armed and point == 1 and len(args[0]):
+            die()
+        return inner_second(*args)
+
+    def flush() -> int:
+        if armed and point == 3 and first.store._pending:
+            die()  # records written (pwrite), neither synced nor logged
+        return inner_flush()
+
+    second.spill = second_spill
+    first.store.flush = flush
+    with open(logs / f"acked-{run}-r{r.rank}.jsonl", "a") as log:
+        for tokens in _crash_requests(r, run):
+            idx, _ = r.write(tokens)
+            r.wait_backup(idx)  # every store call of the operation returned: its spills are durable
+            log.write(json.dumps(mine) + "\n")
+            log.flush()
+            mine.clear()
+    raise AssertionError(f"rank {r.rank} stored every request of life {run} without reaching spill "
+                         f"{kill_at[r.rank]} (it made {spills})")
+
+
+def l3_diverged(r: Rank, requests: int = 6, odd: int = -1) -> dict:
+    """Every rank stores the same requests, with L3 and a digest check after every store; rank
+    ``odd`` (the last by default) gives its KV pool's L3 index one extra placement (a key no store
+    made, no bytes) after the first request: only that rank's L3 index differs, its slab index does
+    not. The next digest check must raise DivergenceError on every rank."""
+    extra = _cpkv_extra(r.options, cpkv_check_every=1)
+    extra.update(cpkv_l3_dir=r.options["l3_dir"], cpkv_l3_bytes=r.options["l3_bytes"])
+    r.controller("dynamic", extra)
+    odd = odd % r.world
+    reqs = shared_prefix_requests(requests, 6, r.page_size, max_pages=8)
+    for i, tokens in enumerate(reqs):
+        idx, _ = r.write(tokens)
+        r.wait_backup(idx)
+        if i == 0:
+            r.backend.wait_checks(WAIT_S)  # the first check passed on every rank
+            slab_digest = r.backend.digest()
+            if r.rank == odd:
+                from cpkv.integrations.sglang.l3 import l3_key
+
+                l3 = r.backend.l3.pools["kv"]
+                with l3._lock:  # the backup thread is idle: its store was acknowledged
+                    l3.store.put([(l3_key("never-stored"), None)], writers=[0])
+    try:
+        r.backend.wait_checks(WAIT_S)
+        error = None
+    except Exception as err:  # noqa: BLE001
+        error = f"{type(err).__name__}: {err}"
+    return {"error_seen": error, "slab_digest_after_first": slab_digest, "slab_digest": r.backend.digest(),
+            "l3_digest": r.backend.l3.digest()}
+
+
+def l3_late_pool(r: Rank) -> dict:
+    """With L3 open (SGLang's registration burst over), a pool registered later (a dynamic sidecar)
+    must be refused with a typed error, and the backend keep working with the pools it had."""
+    extra = _cpkv_extra(r.options)
+    extra.update(cpkv_l3_dir=r.options["l3_dir"], cpkv_l3_bytes=r.options["l3_bytes"])
+    r.controller("dynamic", extra)
+    before = list(r.backend.pools)
+    try:
+        r.backend.register_mem_host_pool_v2(r.side_host, "late-sidecar")
+        error = None
+    except Exception as err:  # noqa: BLE001
+        error = f"{type(err).__name__}: {err}"
+    tokens = [9000 + t for t in range(2 * r.page_size)]
+    idx, hashes = r.write(tokens)
+    r.wait_backup(idx)
+    fetched = r.prefetch("after", tokens)
+    return _finish(r, {"error": None, "refused": error, "before": before, "after": list(r.backend.pools),
+                       "fetched": fetched, "pages": len(hashes)})
+
+
+def _crash_requests(r: Rank, life: int) -> list[list[int]]:
+    return shared_prefix_requests(40, 1000 + life, r.page_size, prefixes=4, max_pages=8)
 
 
 def _count_exists(backend: Any) -> None:
@@ -587,4 +764,5 @@ def bad_indices(r: Rank) -> dict:
 
 
 SCENARIOS = {"roundtrip": roundtrip, "pressure": pressure, "killed": killed, "diverged": diverged,
-             "missed_store": missed_store, "bad_indices": bad_indices, "l3": l3}
+             "missed_store": missed_store, "bad_indices": bad_indices, "l3": l3, "l3_crash": l3_crash,
+             "l3_diverged": l3_diverged, "l3_late_pool": l3_late_pool}

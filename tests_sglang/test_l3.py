@@ -78,8 +78,8 @@ def test_fill_spills_each_victim_once_per_node_from_skewed_ranks(filled) -> None
     # On disk (read only): every record the node's two logs name reads back whole, one per key.
     from cpkv import _cpkv
 
-    sub = Path(a["closed"]["l3_dir"])
-    assert sub.parent == directory
+    sub = Path(a["closed"]["l3_dir"]) / "kv"
+    assert sub.parent.parent == directory
     logs = [(sub / f"index-r{r}.log").read_bytes() for r in range(2)]
     namespace, slot_bytes, slots = (int.from_bytes(logs[0][at:at + 8], "little") for at in (16, 24, 32))
     index, _, valid = _cpkv.L3Index.recover(slots, 2, logs, namespace, slot_bytes)
@@ -115,13 +115,13 @@ def test_restart_is_warm_and_every_byte_served_is_exact(filled, tmp_path) -> Non
     assert warm == sum(_hits(before[0])) > 0
 
 
-def _damage(directory: Path, records: int) -> int:
-    """Flips one payload byte in each of the first ``records`` of rank 0's live records (found from
-    its log alone, as recovery finds them); returns how many."""
+def _damage(directory: Path, records: int, pool: str = "kv") -> int:
+    """Flips one payload byte in each of the first ``records`` of rank 0's live records of ``pool``
+    (found from its log alone, as recovery finds them); returns how many."""
     from cpkv import _cpkv
     from cpkv.tier.l3.store import HEADER
 
-    sub = next(directory.glob("group-*"))
+    sub = next(directory.glob("group-*")) / pool
     log = (sub / "index-r0.log").read_bytes()
     namespace, slot_bytes, slots = (int.from_bytes(log[a:a + 8], "little") for a in (16, 24, 32))
     index, _, valid = _cpkv.L3Index.recover(slots, 2, [log], namespace, slot_bytes)

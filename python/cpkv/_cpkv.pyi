@@ -641,18 +641,20 @@ class SglangIndex:
     def store(self, keys: Iterable[str | bytes], prefix: str | bytes | None = None) -> npt.NDArray[np.int64]:
         """One store call, no bytes: int64 ``[n, 2]``, each key's (row, handle), (-1, 0) where refused."""
     def store_pages(self, keys: Iterable[str | bytes], prefix: str | bytes | None, pool: SglangPool,
-                    host_indices: object, node_size: int, local_rank: int, spill: bool = False,
-                    ) -> tuple[list[bool], int, tuple[list[bytes], list[int], list[bool], npt.NDArray[np.uint8]] | None]:
+                    host_indices: object, node_size: int, local_rank: int, spill: list[SglangPool] | None = None,
+                    ) -> tuple[list[bool], int,
+                               tuple[list[bytes], list[int], list[bool], list[npt.NDArray[np.uint8]]] | None]:
         """Checks every page's host range (a refused call changes nothing), stores the keys, then copies
         each placed page whose row this rank writes (``row % node_size == local_rank``) and that is not
         there yet: stamp ``-handle``, bytes, tag, stamp ``handle``. (placed per key, pages written,
-        spilled): with ``spill``, before any byte is written, every key the store evicted (in eviction
-        order), its row, whether this rank copied its page out (its row, still carrying the key's page)
-        and uint8 ``[evicted, page_bytes]`` holding those pages; else None."""
-    def spill_resident(self, pool: SglangPool, node_size: int, local_rank: int,
-                       ) -> tuple[list[bytes], list[int], list[bool], npt.NDArray[np.uint8]]:
-        """Every readable key's page as ``store_pages``' spill (in placement order; this rank copies the
-        pages of its rows): a clean stop that leaves the slab in L3. Changes nothing."""
+        spilled): with ``spill`` (every pool sharing this index, each once), before any byte is
+        written, every key the store evicted (in eviction order), its row, whether this rank copied its
+        page out of every pool (its rows, still carrying the key's page before and after the copy) and
+        per pool, in ``spill``'s order, uint8 ``[evicted, page_bytes]`` holding those pages; else None."""
+    def spill_resident(self, pools: list[SglangPool], node_size: int, local_rank: int,
+                       ) -> tuple[list[bytes], list[int], list[bool], list[npt.NDArray[np.uint8]]]:
+        """Every readable key's page as ``store_pages``' spill out of ``pools`` (in placement order; this
+        rank copies the pages of its rows): a clean stop that leaves the slab in L3. Changes nothing."""
     def read_pages(self, keys: Iterable[str | bytes], pool: SglangPool,
                    host_indices: object) -> tuple[list[bool], int, int]:
         """Checks every page's host range, then copies each key's page whose row carries the key's handle

@@ -42,14 +42,26 @@ from cpkv.runtime.shm import unlink_created_by, unlink_owned_and_stop
 from cpkv.runtime.timeouts import as_timedelta
 
 _context: Any = None
+_preload = ["torch", "torch.distributed", "cpkv"]
 
 
 def _ctx() -> Any:
     global _context
     if _context is None:
         _context = mp.get_context("forkserver")
-        _context.set_forkserver_preload(["torch", "torch.distributed", "cpkv"])
+        _context.set_forkserver_preload(list(_preload))
     return _context
+
+
+def preload(*modules: str) -> None:
+    """Modules the forkserver imports once, for every later launch of this process (an engine's
+    test harness: SGLang's imports take tens of seconds per process otherwise). Takes effect only
+    before the forkserver starts, at this process's first launch."""
+    for module in modules:
+        if module not in _preload:
+            _preload.append(module)
+    if _context is not None:
+        _context.set_forkserver_preload(list(_preload))
 
 
 def free_port() -> int:

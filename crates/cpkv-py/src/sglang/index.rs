@@ -165,13 +165,17 @@ type Stored = (Vec<Option<Placed>>, Vec<Evicted>);
 
 /// What a spilling store hands the L3 tier: every victim's key and row, in
 /// eviction order (the same on every rank), whether this rank copied its
-/// page, and those pages.
+/// page out of every spilled pool, and per pool (in the order given) those
+/// pages.
 type Spilled<'py> = (
     Bound<'py, PyList>,
     Vec<u32>,
     Vec<bool>,
-    Bound<'py, PyArray2<u8>>,
+    Vec<Bound<'py, PyArray2<u8>>>,
 );
+
+/// A pool whose victims leave the slab, and its buffers while it is open.
+type SpillSide<'a> = (&'a SglangPool, &'a super::pool::Buffers);
 
 /// One page this rank writes: its position in the call, row, handle, tag.
 struct Write {
@@ -250,37 +254,85 @@ impl SglangIndex {
 
 impl SglangIndex {
     /// Copies out each victim whose row this rank writes and that still
-    /// carries the victim's page (a written stamp and its key tag); the other
-    /// victims are listed, not copied.
+    /// carries the victim's page in every pool of `sides` (a written stamp and
+    /// its key tag, before and after the copy); the other victims are listed,
+    /// not copied: a page leaves for L3 whole (every pool's bytes) or not at
+    /// all. The pools share the index, so a row has one writer in all of them.
     fn spill_victims<'py>(
         py: Python<'py>,
-        pool: &SglangPool,
-        buffers: &super::pool::Buffers,
+        sides: &[SpillSide<'_>],
         evicted: &[(Box<[u8]>, u32)],
         node_size: u64,
         local_rank: u64,
     ) -> PyResult<Spilled<'py>> {
-        let page_bytes = pool.page_bytes() as usize;
         let rows: Vec<u32> = evicted.iter().map(|&(_, row)| row).collect();
         let mut copied = vec![false; evicted.len()];
-        let mut data = vec![0u8; evicted.len() * page_bytes];
+        let mut data: Vec<Vec<u8>> = sides
+            .iter()
+            .map(|(pool, _)| vec![0u8; evicted.len() * pool.page_bytes() as usize])
+            .collect();
         unshared(py, || -> Result<(), String> {
             for (i, (key, row)) in evicted.iter().enumerate() {
-                let row = u64::from(*row);
-                if row % node_size != local_rank || !buffers.carries(row, key_tag(key))? {
+                let (row, tag) = (u64::from(*row), key_tag(key));
+                if row % node_size != local_rank {
                     continue;
                 }
-                let out = &mut data[i * page_bytes..(i + 1) * page_bytes];
-                pool.copy_row_out(buffers, row, out)?;
-                fence(Ordering::Acquire); // the bytes are read before the stamp is read again
-                copied[i] = buffers.carries(row, key_tag(key))?;
+                let mut whole = true;
+                for ((pool, buffers), out) in sides.iter().zip(data.iter_mut()) {
+                    if !buffers
+                        .carries(row, tag)
+                        .map_err(|e| format!("pool '{}': {e}", pool.name()))?
+                    {
+                        whole = false;
+                        break;
+                    }
+                    let page_bytes = pool.page_bytes() as usize;
+                    pool.copy_row_out(buffers, row, &mut out[i * page_bytes..(i + 1) * page_bytes])
+                        .map_err(|e| format!("pool '{}': {e}", pool.name()))?;
+                }
+                if !whole {
+                    continue;
+                }
+                fence(Ordering::Acquire); // the bytes are read before the stamps are read again
+                let mut still = true;
+                for (pool, buffers) in sides {
+                    still &= buffers
+                        .carries(row, tag)
+                        .map_err(|e| format!("pool '{}': {e}", pool.name()))?;
+                }
+                copied[i] = still;
             }
             Ok(())
         })?
-        .map_err(|e| internal(format!("pool '{}': {e}", pool.name())))?;
+        .map_err(internal)?;
         let keys = PyList::new(py, evicted.iter().map(|(k, _)| PyBytes::new(py, k)))?;
-        let pages = PyArray1::from_vec(py, data).reshape([evicted.len(), page_bytes])?;
+        let pages = sides
+            .iter()
+            .zip(data)
+            .map(|((pool, _), d)| {
+                PyArray1::from_vec(py, d).reshape([evicted.len(), pool.page_bytes() as usize])
+            })
+            .collect::<PyResult<Vec<_>>>()?;
         Ok((keys, rows, copied, pages))
+    }
+
+    /// The pools a spill copies from, each given once.
+    fn spill_pools<'a, 'py>(spill: &'a [Bound<'py, SglangPool>]) -> PyResult<Vec<&'a SglangPool>> {
+        if spill.is_empty() {
+            return Err(invalid(
+                "spill: name at least one pool whose victims leave the slab".to_string(),
+            ));
+        }
+        let pools: Vec<&SglangPool> = spill.iter().map(Bound::get).collect();
+        for (i, p) in pools.iter().enumerate() {
+            if pools[..i].iter().any(|q| std::ptr::eq(*q, *p)) {
+                return Err(invalid(format!(
+                    "spill: pool '{}' is given twice",
+                    p.name()
+                )));
+            }
+        }
+        Ok(pools)
     }
 }
 
@@ -322,12 +374,15 @@ impl SglangIndex {
 
     /// One SGLang store call with its bytes (see the module docs): each key
     /// placed (list of bool), the pages this rank copied, and with `spill`
-    /// the victims (`Spilled`: keys, rows, copied, pages), else `None`.
-    /// `node_size`, `local_rank`: this rank writes the rows `row % node_size
-    /// == local_rank`, and so is the only rank that overwrites them: it copies
-    /// each victim of its rows out (while the row still carries the victim's
-    /// key tag) before any byte of the call is written.
-    #[pyo3(signature = (keys, prefix, pool, host_indices, node_size, local_rank, spill = false))]
+    /// (the pools whose victims leave the slab: every pool sharing this
+    /// index) the victims (`Spilled`: keys, rows, copied, pages per pool),
+    /// else `None`. `node_size`, `local_rank`: this rank writes the rows `row
+    /// % node_size == local_rank` of every pool, and so is the only rank that
+    /// overwrites them: it copies each victim of its rows out of every pool
+    /// (while the rows still carry the victim's key tag) before any byte of
+    /// the call is written. The other pools' rows are overwritten by this
+    /// rank's later stores of the same keys, so this is their last chance.
+    #[pyo3(signature = (keys, prefix, pool, host_indices, node_size, local_rank, spill = None))]
     #[allow(clippy::too_many_arguments)] // SGLang's call and where this rank writes
     fn store_pages<'py>(
         &self,
@@ -338,7 +393,7 @@ impl SglangIndex {
         host_indices: &Bound<'py, PyAny>,
         node_size: u64,
         local_rank: u64,
-        spill: bool,
+        spill: Option<Vec<Bound<'py, SglangPool>>>,
     ) -> PyResult<(Bound<'py, PyList>, usize, Option<Spilled<'py>>)> {
         if node_size == 0 || local_rank >= node_size {
             return Err(invalid(format!(
@@ -348,18 +403,41 @@ impl SglangIndex {
         let keys = Keys::of(keys)?;
         let prefix = prefix.filter(|p| !p.is_none()).map(one_key).transpose()?;
         let pool = pool.get();
+        let spill_pools = spill.as_deref().map(Self::spill_pools).transpose()?;
         // Checked before the index stores anything: a refused call changes nothing.
         let pages = pool.host_pages(py, host_indices, keys.len())?;
         let (placed, evicted) = self.store_evicting(py, &keys, prefix.as_deref())?;
         let stored = PyList::new(py, placed.iter().map(Option::is_some))?;
         let guard = pool.open(py)?;
         let buffers = guard.as_ref().expect("open");
-        let spilled = if spill {
-            Some(Self::spill_victims(
-                py, pool, buffers, &evicted, node_size, local_rank,
-            )?)
-        } else {
-            None
+        let spilled = match spill_pools {
+            Some(pools) => {
+                // The stored pool's buffers are open already (its read lock is not taken twice).
+                let others = pools
+                    .iter()
+                    .map(|p| {
+                        if std::ptr::eq(*p, pool) {
+                            Ok(None)
+                        } else {
+                            p.open(py).map(Some)
+                        }
+                    })
+                    .collect::<PyResult<Vec<_>>>()?;
+                let sides: Vec<SpillSide<'_>> = pools
+                    .iter()
+                    .zip(&others)
+                    .map(|(p, g)| {
+                        (
+                            *p,
+                            g.as_ref().map_or(buffers, |g| g.as_ref().expect("open")),
+                        )
+                    })
+                    .collect();
+                Some(Self::spill_victims(
+                    py, &sides, &evicted, node_size, local_rank,
+                )?)
+            }
+            None => None,
         };
         let mut writes = Vec::new();
         for (position, p) in placed.iter().enumerate() {
@@ -405,12 +483,13 @@ impl SglangIndex {
     }
 
     /// Every resident key's page as a spill (`Spilled`, in placement order,
-    /// the same on every rank), for a clean stop that leaves the whole slab
-    /// in L3. Changes nothing.
+    /// the same on every rank) out of `pools` (every pool sharing this
+    /// index), for a clean stop that leaves the whole slab in L3. Changes
+    /// nothing.
     fn spill_resident<'py>(
         &self,
         py: Python<'py>,
-        pool: &Bound<'py, SglangPool>,
+        pools: Vec<Bound<'py, SglangPool>>,
         node_size: u64,
         local_rank: u64,
     ) -> PyResult<Spilled<'py>> {
@@ -425,10 +504,17 @@ impl SglangIndex {
                 .filter_map(|k| c.locate(&k).map(|p| (k, p.row)))
                 .collect()
         })?;
-        let pool = pool.get();
-        let guard = pool.open(py)?;
-        let buffers = guard.as_ref().expect("open");
-        Self::spill_victims(py, pool, buffers, &resident, node_size, local_rank)
+        let pools = Self::spill_pools(&pools)?;
+        let guards = pools
+            .iter()
+            .map(|p| p.open(py))
+            .collect::<PyResult<Vec<_>>>()?;
+        let sides: Vec<SpillSide<'_>> = pools
+            .iter()
+            .zip(&guards)
+            .map(|(p, g)| (*p, g.as_ref().expect("open")))
+            .collect();
+        Self::spill_victims(py, &sides, &resident, node_size, local_rank)
     }
 
     /// One SGLang read call (see the module docs): each key's page read into

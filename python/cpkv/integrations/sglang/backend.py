@@ -8,8 +8,9 @@ every rank. What each part does:
 - placement and eviction: a :class:`~.index.ReplicatedIndex` fed only by the store calls, which
   SGLang's backup thread makes on every rank of a store group (:mod:`.topology`) with the same keys
   in the same order. No collective decides anything; every ``cpkv_check_every`` stores the ranks
-  compare the index's digest (:func:`cpkv.runtime.agree.agree`, on a gloo group of the backend's own)
-  and a mismatch raises :class:`~cpkv.errors.DivergenceError` on every rank;
+  compare the index's digest, with L3 on the L3 indexes' too (:func:`cpkv.runtime.agree.agree`, on
+  gloo groups of the backend's own; see :meth:`CpkvHiCacheStorage._digest_check`) and a mismatch
+  raises :class:`~cpkv.errors.DivergenceError` on every rank;
 - bytes: per registered host pool (the KV pool and any sidecar, such as the DSA indexer's) one
   :class:`~.pool.PoolSlab` shared by the group's ranks on one node, one row per index row. Every
   rank's page bytes are the same (SGLang 0.5.23 holds the KV, and the DSA indexer, replicated on
@@ -33,6 +34,7 @@ later call raises the same error class, naming the first failure.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import queue
 import threading
@@ -56,11 +58,11 @@ from cpkv.errors import (
     InvalidArgumentError,
     UnknownPayloadError,
 )
-from cpkv.runtime.agree import agree
+from cpkv.runtime.agree import agree, all_reduce_min, decode, encode
 
 from .config import CpkvStorageSettings
 from .index import ReplicatedIndex
-from .l3 import SglangL3
+from .l3 import SglangL3Tier
 from .pool import PoolSlab
 from .topology import build_topology
 from .writers import make_every_rank_a_writer
@@ -70,6 +72,12 @@ __all__ = ["CpkvHiCacheStorage"]
 log = logging.getLogger("cpkv.sglang")
 
 KV = str(PoolName.KV)
+
+
+def _combined(*digests: int) -> int:
+    """One 64-bit digest of several (the slab index's and the L3's), the same on every rank."""
+    raw = b"".join(int(d).to_bytes(8, "little") for d in digests)
+    return int.from_bytes(hashlib.blake2b(raw, digest_size=8, person=b"cpkv-sgl-agree").digest(), "little")
 
 
 # -- the backend ----------------------------------------------------------------------------------
@@ -90,7 +98,7 @@ class CpkvHiCacheStorage(HiCacheStorage):
         self.topology = build_topology(storage_config, self.settings, self.rank_replicated)
         self.index = ReplicatedIndex(self.settings.pages, self.settings.policy)
         self.pools: dict[str, PoolSlab] = {}
-        self.l3: SglangL3 | None = None
+        self.l3: SglangL3Tier | None = None  # opened once SGLang has registered every pool
         self._broken: CpkvError | None = None
         self._closed = False
         self._counters_lock = threading.Lock()
@@ -122,15 +130,21 @@ class CpkvHiCacheStorage(HiCacheStorage):
         """Collective over this node's CP ranks (SGLang registers pools on every rank in one order)."""
         if name in self.pools:
             return
-        if self.settings.l3_dir is not None and name != KV:
+        if self.l3 is not None:
             raise InvalidArgumentError(
-                f"extra config key 'cpkv_l3_dir': the L3 tier holds the KV pool's pages only, and this model "
-                f"registers a sidecar pool {name!r} too (DSA's indexer); run it without cpkv_l3_dir")
-        pool = self.pools[name] = PoolSlab(name, host_pool, self.settings.pages, self.topology.node_group,
-                                           self.settings.timeout_s)
-        if self.settings.l3_dir is not None and self.settings.l3_bytes is not None:
-            self.l3 = SglangL3(self.settings.l3_dir, self.settings.l3_bytes, host_pool=host_pool,
-                               page_bytes=pool.page_bytes, page_size=pool.page_size,
+                f"extra config key 'cpkv_l3_dir': host pool {name!r} was registered after SGLang's initial "
+                f"registration (on_host_pools_registered), when the L3 tier had already split its cap between "
+                f"the pools {list(self.pools)}; run this model without cpkv_l3_dir")
+        self.pools[name] = PoolSlab(name, host_pool, self.settings.pages, self.topology.node_group,
+                                    self.settings.timeout_s)
+
+    def on_host_pools_registered(self) -> None:
+        """SGLang's registration burst is over (every pool of the model is known): opens the L3 tier,
+        one store per pool (collective over the node, in the pools' order, the same on every rank)."""
+        super().on_host_pools_registered()
+        if self.settings.l3_dir is None or self.settings.l3_bytes is None or self.l3 is not None:
+            return
+        self.l3 = SglangL3Tier(self.settings.l3_dir, self.settings.l3_bytes, self.pools,
                                model=self.storage_config.model_name, topology=self.topology,
                                tp_size=int(self.storage_config.tp_size), timeout_s=self.settings.timeout_s)
 
@@ -146,6 +160,9 @@ class CpkvHiCacheStorage(HiCacheStorage):
     def _check_usable(self) -> None:
         if self._closed:
             raise InvalidArgumentError("the cpkv storage backend is closed")
+        if self.l3 is None and self.settings.l3_dir is not None:
+            raise InvalidArgumentError("extra config key 'cpkv_l3_dir': SGLang never called the backend's "
+                                       "on_host_pools_registered, so the L3 tier was never opened")
         if self._broken is not None:
             raise type(self._broken)(f"cpkv storage backend stopped after an earlier failure: {self._broken}")
 
@@ -180,7 +197,10 @@ class CpkvHiCacheStorage(HiCacheStorage):
             self._checker.start()
         with self._checked:
             self._checks_queued += 1
-        self._checks.put((self.index.stores, self.index.digest()))
+        # The L3 indexes change only in this thread's spills, inside the store just made: this is the
+        # same point of their stream on every rank of a node too.
+        l3 = self.l3.digest() if self.l3 is not None else None
+        self._checks.put((self.index.stores, self.index.digest(), l3))
 
     def _check_loop(self) -> None:
         while True:
@@ -196,10 +216,30 @@ class CpkvHiCacheStorage(HiCacheStorage):
                     self._checks_done += 1
                     self._checked.notify_all()
 
-    def _digest_check(self, stores: int, digest: int) -> None:
+    def _digest_check(self, stores: int, digest: int, l3_digest: int | None) -> None:
+        """Agrees on the slab index's digest over the store group, and with L3 on, on the L3 indexes:
+        combined with the slab's where the group is one node (one L3 per node, so one collective);
+        across nodes (each node its own L3 index) each node first agrees on its own over its node
+        group, then the store group agrees on the slab digest combined with whether every node did,
+        so a node whose ranks' L3 indexes differ raises :class:`~cpkv.errors.DivergenceError` on every
+        rank of the group, not only its own."""
+        topo, timeout_s = self.topology, self.settings.timeout_s
+        step = f"the digest check after store {stores}"
         try:
-            agree(digest, group=self.topology.group, rank=self.topology.rank,
-                  step=f"the digest check after store {stores}", timeout_s=self.settings.timeout_s)
+            if l3_digest is None:
+                agree(digest, group=topo.group, rank=topo.rank, step=step, timeout_s=timeout_s)
+            elif topo.nodes == 1:
+                agree(_combined(digest, l3_digest), group=topo.group, rank=topo.rank, timeout_s=timeout_s,
+                      step=f"{step} (slab index and L3 index)")
+            else:
+                node_agrees = 1
+                if topo.node_size > 1:
+                    low, high = decode(all_reduce_min(encode(l3_digest), group=topo.node_group, rank=topo.local_rank,
+                                                      step=f"{step} (this node's L3 index)", timeout_s=timeout_s))
+                    node_agrees = int(low == high)
+                agree(_combined(digest, node_agrees), group=topo.group, rank=topo.rank, timeout_s=timeout_s,
+                      step=f"{step} (slab index, and 1 where every rank of this rank's node holds one L3 index, "
+                           f"this rank's: {node_agrees})")
         except CpkvError as err:
             raise self._fail(err) from err
         with self._counters_lock:
@@ -218,11 +258,12 @@ class CpkvHiCacheStorage(HiCacheStorage):
         self._check_usable()
         started = time.perf_counter()
         topo = self.topology
-        l3 = self.l3 if pool.name == KV else None
+        # Every pool's bytes of a victim leave with it (the pools share the index and the row).
+        spill = [p.native for p in self.pools.values()] if self.l3 is not None else None
         stored, written, spilled = self.index.store_pages(keys, prefix, pool.native, host_indices, topo.node_size,
-                                                          topo.local_rank, l3 is not None)
-        if l3 is not None and spilled is not None:
-            l3.spill(*spilled)  # the victims leave the slab for L3 (this rank's share written, durable)
+                                                          topo.local_rank, spill)
+        if self.l3 is not None and spilled is not None:
+            self.l3.spill(*spilled)  # the victims leave the slab for L3 (this rank's share written, durable)
         with self._counters_lock:
             self.counters["stores"] += 1
             self.counters["pages_offered"] += len(keys)
@@ -236,8 +277,9 @@ class CpkvHiCacheStorage(HiCacheStorage):
     def _read(self, pool: PoolSlab, keys: list[str], host_indices: Any) -> list[bool]:
         started = time.perf_counter()
         ok, good, torn = self.index.read_pages(keys, pool.native, host_indices)
-        if self.l3 is not None and pool.name == KV and not all(ok):
-            served = self.l3.read_into(keys, [i for i, hit in enumerate(ok) if not hit], pool.native, host_indices)
+        l3 = self.l3.pool(pool.name) if self.l3 is not None else None
+        if l3 is not None and not all(ok):
+            served = l3.read_into(keys, [i for i, hit in enumerate(ok) if not hit], pool.native, host_indices)
             for i in served:
                 ok[i] = True
             good += len(served)
@@ -250,26 +292,40 @@ class CpkvHiCacheStorage(HiCacheStorage):
 
     # -- SGLang's interface: v1 -------------------------------------------------------------------
 
-    def batch_exists(self, keys: list[str], extra_info: HiCacheStorageExtraInfo | None = None) -> int:
-        self._check_usable()
-        kv = self._pool(KV)
-        hits = self.index.present(keys, kv.native)
+    def _run(self, keys: list[str], pool: PoolSlab) -> int:
+        """The leading run of ``keys`` whose page of ``pool`` is in the slab, or whole in L3 (every
+        pool's record indexed; no disk read here)."""
+        hits = self.index.present(keys, pool.native)
         if self.l3 is not None and hits < len(keys):
-            # The run goes on through pages the slab or L3 holds (no disk read here).
             rest = keys[hits:]
-            held = self.index.held(rest, kv.native)
-            for key, in_slab in zip(rest, held):
+            for key, in_slab in zip(rest, self.index.held(rest, pool.native)):
                 if not (in_slab or self.l3.holds(key)):
                     break
                 hits += 1
-                if not in_slab:
-                    self.l3.counters["l3_exists_hit_pages"] += 1
+                if not in_slab and pool.name == KV:
+                    self.l3.anchor.counters["l3_exists_hit_pages"] += 1
+        return hits
+
+    def _held(self, keys: list[str], pool: PoolSlab) -> list[bool]:
+        """Per key: its page of ``pool`` is in the slab, or whole in L3."""
+        held = self.index.held(keys, pool.native)
+        if self.l3 is not None:
+            held = [h or self.l3.holds(k) for k, h in zip(keys, held)]
+        return held
+
+    def batch_exists(self, keys: list[str], extra_info: HiCacheStorageExtraInfo | None = None) -> int:
+        self._check_usable()
+        hits = self._run(keys, self._pool(KV))
+        self._log_exists(hits)
+        return hits
+
+    def _log_exists(self, hits: int) -> None:
+        """Counts one hit query's answer (the pages SGLang's MIN then sees)."""
         with self._counters_lock:
             self.counters["exists_calls"] += 1
             self.counters["exists_hit_pages"] += hits
             if len(self.exists_log) < 1 << 20:
                 self.exists_log.append(hits)
-        return hits
 
     def batch_set_v1(self, keys: list[str], host_indices: torch.Tensor,
                      extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
@@ -302,18 +358,19 @@ class CpkvHiCacheStorage(HiCacheStorage):
 
     def batch_exists_v2(self, keys: list[str], pool_transfers: list[PoolTransfer] | None = None,
                         extra_info: HiCacheStorageExtraInfo | None = None) -> PoolTransferResult:
-        kv_pages = self.batch_exists(keys, extra_info)
+        self._check_usable()
+        kv_pages = self._run(keys, self._pool(KV))
         hit_count: dict[str, int] = {KV: kv_pages} if kv_pages else {}
         restorable = set(range(1, kv_pages + 1))
         for transfer in pool_transfers or []:
             pool = self._pool(transfer.name)
-            upto = self.index.present(keys[:kv_pages], pool.native)
+            upto = self._run(keys[:kv_pages], pool)  # through L3 too, as the KV's run
             if transfer.hit_policy == PoolHitPolicy.ALL_PAGES:
                 allowed = set(range(1, upto + 1))
             elif transfer.hit_policy == PoolHitPolicy.TRAILING_PAGES:
                 # Only the last `trailing` pages of a prefix need this pool; check them one by one.
                 trailing = max(1, len(transfer.keys) if transfer.keys else 1)
-                have = self.index.held(keys[:kv_pages], pool.native)
+                have = self._held(keys[:kv_pages], pool)
                 allowed = {n for n in range(1, kv_pages + 1) if all(have[max(0, n - trailing):n])}
             else:
                 raise InvalidArgumentError(f"pool {transfer.name!s}: hit policy {transfer.hit_policy!s} "
@@ -322,6 +379,7 @@ class CpkvHiCacheStorage(HiCacheStorage):
                 hit_count[str(transfer.name)] = max(allowed)
             restorable &= allowed
         ordered = sorted(restorable)
+        self._log_exists(ordered[-1] if ordered else 0)
         return PoolTransferResult(ordered[-1] if ordered else 0, hit_count, ordered)
 
     def batch_get_v2(self, transfers: list[PoolTransfer],
@@ -469,11 +527,13 @@ class CpkvHiCacheStorage(HiCacheStorage):
         if self._checker is not None:
             self._checks.put(None)
             self._checker.join(self.settings.timeout_s)
-        if self.l3 is not None and self._broken is None and KV in self.pools:
-            # A clean stop (SGLang's detach_storage_backend; every rank): the slab's pages go to L3
-            # too, so a restart on the directory is warm with everything, not only the evicted pages.
+        if self.l3 is not None and self._broken is None:
+            # A clean stop (SGLang's detach_storage_backend; every rank): the slab's pages, of every
+            # pool, go to L3 too, so a restart on the directory is warm with everything, not only
+            # the evicted pages.
             topo = self.topology
-            self.l3.spill(*self.index.spill_resident(self.pools[KV].native, topo.node_size, topo.local_rank))
+            natives = [p.native for p in self.pools.values()]
+            self.l3.spill(*self.index.spill_resident(natives, topo.node_size, topo.local_rank))
         for pool in self.pools.values():
             pool.close()
         if self.l3 is not None:

@@ -27,7 +27,8 @@ KEYS = {
     "cpkv_check_every": "compare the replicated index's digest across the CP ranks every N stores, int >= 1 (default 64)",
     "cpkv_l3_dir": ("an existing directory on a node-local disk for the durable third tier below the slab "
                     "(with cpkv_l3_bytes; needs interface_v1: 1)"),
-    "cpkv_l3_bytes": "the most bytes the L3 tier keeps on disk per store group and node, int >= 1 (with cpkv_l3_dir)",
+    "cpkv_l3_bytes": ("the most bytes the L3 tier keeps on disk per store group and node, all pools together, "
+                      "int >= 1 (with cpkv_l3_dir)"),
     "cpkv_timeout_s": (f"seconds any rank waits for its peers in a collective, {MIN_TIMEOUT_S:g} to {MAX_TIMEOUT_S:g} "
                        f"(cpkv.runtime.timeouts' one rule; default {DEFAULT_TIMEOUT_S:g})"),
 }

@@ -104,18 +104,21 @@ class ReplicatedIndex:
         there was no room for it (see the module docstring)."""
         return self._core.store(keys, prefix_keys[-1] if prefix_keys else None)
 
-    def spill_resident(self, pool: SglangPool, node_size: int, local_rank: int) -> Any:
-        """Every resident page as a spill (see ``SglangIndex.spill_resident``); changes nothing."""
-        return self._core.spill_resident(pool, node_size, local_rank)
+    def spill_resident(self, pools: list[SglangPool], node_size: int, local_rank: int) -> Any:
+        """Every resident page as a spill out of ``pools`` (see ``SglangIndex.spill_resident``);
+        changes nothing."""
+        return self._core.spill_resident(pools, node_size, local_rank)
 
     def store_pages(self, keys: Sequence[str], prefix_keys: Sequence[str] | None, pool: SglangPool, host_indices: Any,
-                    node_size: int, local_rank: int, spill: bool = False) -> tuple[list[bool], int, Any]:
+                    node_size: int, local_rank: int, spill: list[SglangPool] | None = None,
+                    ) -> tuple[list[bool], int, Any]:
         """One store call with its bytes, one native call: the host indices checked (a refused call
         changes nothing), the keys stored as :meth:`store` does, then each placed page whose row this
         rank writes (``row % node_size == local_rank``) and that is not there yet copied into the slab
         (stamp ``-handle``, bytes, tag, stamp ``handle``). Returns (per key: placed), pages written, and
-        with ``spill`` the store's victims as the L3 tier takes them (:meth:`SglangL3.spill`), copied out
-        of this rank's rows before any byte of the call is written; else None."""
+        with ``spill`` (every pool sharing the index) the store's victims as the L3 tier takes them
+        (:meth:`SglangL3Tier.spill`), copied out of this rank's rows of every pool before any byte of
+        the call is written; else None."""
         return self._core.store_pages(keys, prefix_keys[-1] if prefix_keys else None, pool, host_indices,
                                       node_size, local_rank, spill)
 

@@ -1,22 +1,37 @@
-"""The durable third tier under the backend's slab: one :class:`~cpkv.tier.l3.L3Store` per store
-group and node, in a subdirectory of ``cpkv_l3_dir`` named after the group and the node.
+"""The durable third tier under the backend's slab: per store group and node, one
+:class:`~cpkv.tier.l3.L3Store` per registered host pool (the KV pool, and the DSA indexer's for
+DeepSeek-V3.2 / GLM-5), each in ``cpkv_l3_dir/group-<group>-node<node>/<pool>/``, fed the same
+key and placement stream (:class:`SglangL3Tier`).
 
-- **Out of the slab** (SGLang's backup thread, inside ``batch_set_v1``): a store that evicts pages
+- **Why one store per pool** (and not one record holding every pool's bytes): each pool's reads
+  stay what they are for the KV pool alone (a KV read reads KV bytes only, through the same
+  :meth:`SglangL3.read_into`), a pool's namespace names the pool (a KV record can never be served
+  as indexer bytes, whatever the sizes), and the pools' stores are given the same number of slots
+  (:func:`split_cap`), so the same spills place every page at the same slot in each. Against the
+  row-reuse race the two designs are the same: what matters is *when* the bytes are copied out.
+- **Out of the slab** (SGLang's backup thread, inside its store calls): a store that evicts pages
   from the slab hands them here before any byte of the store is written (``SglangIndex.store_pages``
-  with ``spill``). A victim's row has exactly one writer on its node, ``row % node_size`` (the slab's
-  own rule), and that rank copies the victim out of the row in the same native call that will
-  overwrite it, so no other rank can have reused the row first: the L3 writer of a spilled page *is*
-  the rank that copied it (``L3Store.put(writers=...)``). Every rank places the same victims in the
-  same order (the store stream is replicated), so every rank of a node holds the same L3 index; each
-  page is written once per node. Never write-through: only evicted pages reach the disk.
-- **Back up** (SGLang's prefetch threads, never its scheduler thread): ``batch_exists`` continues
-  the slab's run of hits with the pages L3's index holds (an index lookup, no disk read, and no
-  change: only the backup thread's spills change the L3 index, so every rank answers the same once
-  no spill is in flight); ``batch_get_v1`` reads each page the slab does not hold from its record
-  into SGLang's host pool, its header, key, sequence, namespace and CRC32C checked first. A record
-  that fails is a miss, counted, never served, and this rank stops reporting it; every rank of the
-  node reads the same file and so finds the same failure, and SGLang's MIN over the completed tokens
-  makes the load common. L3 pages are not promoted into slab rows: a slab placement must come from
+  with ``spill``: every pool). The pools share one index, so a victim's row has exactly one writer
+  on its node in every pool, ``row % node_size`` (the slab's own rule), and that rank copies the
+  victim out of the row *of every pool* in the native call that evicts it: under DSA, SGLang stores
+  the indexer's transfer (``batch_set_v2``) before the KV (``batch_set_v1``) of the same keys, so
+  the store that evicts overwrites one pool's rows now and the other's in this rank's next call;
+  no other rank writes those rows, so both still hold the victim at the eviction. A page leaves
+  whole or not at all (every pool's row must carry it). The L3 writer of a spilled page *is* the
+  rank that copied it (``L3Store.put(writers=...)``). Every rank places the same victims in the
+  same order (the store stream is replicated), so every rank of a node holds the same L3 indexes;
+  each page is written once per node and pool. Never write-through: only evicted pages reach the
+  disk. A page is acknowledged durable once every pool's record is (the store call returned).
+- **Back up** (SGLang's prefetch threads, never its scheduler thread): ``batch_exists`` (and
+  ``batch_exists_v2`` for each pool's transfer) continues the slab's run of hits with the pages
+  *every* pool's L3 index holds (an index lookup, no disk read, and no change: only the backup
+  thread's spills change the L3 indexes, so every rank answers the same once no spill is in
+  flight); ``batch_get_v1`` (KV) and ``batch_get_v2`` (the indexer) read each page the slab does
+  not hold from that pool's record into SGLang's host pool, its header, key, sequence, namespace
+  and CRC32C checked first. A record that fails is a miss, counted, never served, and this rank
+  stops reporting it (nor the page: an L3 hit is whole); every rank of the node reads the same file
+  and so finds the same failure, and SGLang's MIN over the completed tokens (the least of a batch's
+  KV and indexer hits) makes the load common. L3 pages are not promoted into slab rows: a slab placement must come from
   the replicated store stream, and prefetch calls fall between the stores at a different point on
   each rank.
 
@@ -28,16 +43,18 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
+from cpkv import _cpkv
 from cpkv.errors import InvalidArgumentError
 from cpkv.runtime.agree import agree
-from cpkv.tier.l3.store import L3Namespace, L3Store
+from cpkv.tier.l3.store import L3Namespace, L3Store, disk_bytes, slots_for
 
-__all__ = ["SglangL3", "l3_key"]
+__all__ = ["SglangL3", "SglangL3Tier", "l3_key", "split_cap"]
 
 GROUP0 = b"\0\0\0\0"
 
@@ -54,23 +71,67 @@ def group_dir_name(store_key: tuple, node: int) -> str:
     return f"group-{parts}-node{node}"
 
 
-class SglangL3:
-    """One rank's L3 under one pool's slab (opened on every rank of the node: collective)."""
+def _cap_for_slots(slots: int, slot_bytes: int, ranks_on_node: int) -> int:
+    """A cap at which :func:`~cpkv.tier.l3.store.slots_for` gives exactly ``slots`` slots: the
+    bisection ends at a cap one byte above one that gives fewer, and one more byte adds at most one
+    slot (the fixed part only grows with the cap)."""
+    low, high = 0, 1
+    while slots_for(high, slot_bytes, ranks_on_node) < slots:
+        low, high = high, high * 2
+    while low < high:
+        mid = (low + high) // 2
+        if slots_for(mid, slot_bytes, ranks_on_node) >= slots:
+            high = mid
+        else:
+            low = mid + 1
+    return high
 
-    def __init__(self, directory: str, cap_bytes: int, *, host_pool: Any, page_bytes: int, page_size: int,
-                 model: str | None, topology: Any, tp_size: int, timeout_s: float) -> None:
+
+def split_cap(cap_bytes: int, page_bytes: Mapping[str, int], ranks_on_node: int) -> dict[str, int]:
+    """Splits one node's L3 cap between the pools' stores so that each gets the same number of
+    slots (the most that fit together): the same spills then place every page at the same slot in
+    every pool. Raises :class:`~cpkv.errors.InvalidArgumentError` when not even one page fits."""
+    slot_bytes = {name: int(_cpkv.l3_record_bytes(int(b))) for name, b in page_bytes.items()}
+
+    def caps(slots: int) -> dict[str, int]:
+        return {name: _cap_for_slots(slots, sb, ranks_on_node) for name, sb in slot_bytes.items()}
+
+    low, high = 0, max(0, cap_bytes // max(1, sum(slot_bytes.values())))
+    while low < high:  # the most slots whose caps fit together
+        mid = (low + high + 1) // 2
+        if sum(caps(mid).values()) <= cap_bytes:
+            low = mid
+        else:
+            high = mid - 1
+    if low < 1:
+        raise InvalidArgumentError(
+            f"extra config key 'cpkv_l3_bytes': {cap_bytes} holds no page of the pools "
+            f"{dict(page_bytes)} (bytes per page) with their logs")
+    return caps(low)
+
+
+class SglangL3:
+    """One rank's L3 under one pool's slab (opened on every rank of the node: collective), in
+    ``directory/group-<group>-node<node>/<pool_name>/``."""
+
+    def __init__(self, directory: str, cap_bytes: int, *, pool_name: str, host_pool: Any, page_bytes: int,
+                 page_size: int, model: str | None, topology: Any, tp_size: int, timeout_s: float) -> None:
         if not model:
             raise InvalidArgumentError("extra config key 'cpkv_l3_dir': SGLang's storage config names no model "
                                        "(model_name), and an L3 page is served only to the model that wrote it")
         self.node_size, self.local_rank = topology.node_size, topology.local_rank
         layout = getattr(host_pool, "layout", None)
-        namespace = L3Namespace(
+        if not pool_name or "/" in pool_name or pool_name.startswith("."):
+            raise InvalidArgumentError(f"host pool name {pool_name!r} cannot name an L3 subdirectory")
+        self.pool_name = pool_name
+        namespace = L3Namespace(  # names the pool: one pool's record is never another's page
             model=model,
             dtype=f"{type(host_pool).__name__}:{getattr(host_pool, 'dtype', '?')}",
-            kv_layout=f"{layout}; store group {tuple(topology.store_key)}; slab row of {page_bytes} bytes",
+            kv_layout=f"pool {pool_name}: {layout}; store group {tuple(topology.store_key)}; "
+                      f"slab row of {page_bytes} bytes",
             page_size=page_size, cp_size=topology.size, tp_size=tp_size, page_bytes=page_bytes)
-        self.path = Path(directory) / group_dir_name(topology.store_key, topology.node)
-        self.path.mkdir(exist_ok=True)
+        self.path = Path(directory) / group_dir_name(topology.store_key, topology.node) / pool_name
+        self.path.mkdir(parents=True, exist_ok=True)
         self.store = L3Store(self.path, cap_bytes, namespace, rank=topology.local_rank,
                              ranks_on_node=topology.node_size)
         self.page_bytes = page_bytes
@@ -82,7 +143,7 @@ class SglangL3:
         # they recovered the same index.
         if topology.node_group is not None and topology.node_size > 1:
             agree(self.store.digest(), group=topology.node_group, rank=topology.local_rank,
-                  step="the L3 index after recovery", timeout_s=timeout_s)
+                  step=f"pool {pool_name!r}'s L3 index after recovery", timeout_s=timeout_s)
 
     # -- out of the slab (the backup thread) ------------------------------------------------------
 
@@ -156,6 +217,7 @@ class SglangL3:
             s = self.store.stats()
             out: dict[str, Any] = dict(self.counters)
         out.update({"l3_dir": str(self.path), "l3_recovered_pages": s["recovered_pages"],
+                    "l3_evicted": s.get("index_evicted"),
                     "l3_recovery_s": s["recovery_s"], "l3_pages": s["index_pages"], "l3_slots": s["slots"],
                     "l3_disk_bytes": s["disk_bytes"], "l3_cap_bytes": s["cap_bytes"], "l3_mode": s["mode"],
                     "l3_rejects": s["rejects"], "l3_digest": self.digest()})
@@ -164,3 +226,70 @@ class SglangL3:
     def close(self) -> None:
         with self._lock:
             self.store.close()
+
+
+class SglangL3Tier:
+    """One rank's L3 under every pool of its node's slab: one :class:`SglangL3` per pool (the pools
+    registered by SGLang before ``on_host_pools_registered``), opened in the pools' order (the same
+    on every rank: collective), with :func:`split_cap`'s share of the cap each."""
+
+    def __init__(self, directory: str, cap_bytes: int, pools: Mapping[str, Any], *, model: str | None,
+                 topology: Any, tp_size: int, timeout_s: float) -> None:
+        """``pools``: name -> the backend's ``PoolSlab`` (its ``host_pool``, ``page_bytes``, ``page_size``)."""
+        if not pools:
+            raise InvalidArgumentError("extra config key 'cpkv_l3_dir': no host pool was registered")
+        caps = split_cap(cap_bytes, {name: p.page_bytes for name, p in pools.items()}, topology.node_size)
+        self.cap_bytes = cap_bytes
+        self.path = Path(directory) / group_dir_name(topology.store_key, topology.node)
+        self.pools: dict[str, SglangL3] = {}
+        for name, p in pools.items():
+            self.pools[name] = SglangL3(directory, caps[name], pool_name=name, host_pool=p.host_pool,
+                                        page_bytes=p.page_bytes, page_size=p.page_size, model=model,
+                                        topology=topology, tp_size=tp_size, timeout_s=timeout_s)
+        self.anchor = next(iter(self.pools.values()))  # the KV pool: SGLang registers it first
+
+    def pool(self, name: str) -> SglangL3 | None:
+        return self.pools.get(name)
+
+    # -- out of the slab (the backup thread) ------------------------------------------------------
+
+    def spill(self, keys: Sequence[bytes], rows: Sequence[int], copied: Sequence[bool],
+              pages: Sequence[np.ndarray]) -> int:
+        """A store's victims (``SglangIndex.store_pages``' spill over every pool, in this tier's pool
+        order) into every pool's store; each page durable in every pool before it returns. Returns
+        the pages this rank wrote (per pool: the same number in each)."""
+        if len(pages) != len(self.pools):
+            raise InvalidArgumentError(f"spill: pages of {len(pages)} pools for an L3 of {len(self.pools)}")
+        written = 0
+        for l3, pool_pages in zip(self.pools.values(), pages):
+            written = l3.spill(keys, rows, copied, pool_pages)
+        return written
+
+    # -- back up (the prefetch threads) -----------------------------------------------------------
+
+    def holds(self, key: str) -> bool:
+        """Whether every pool's L3 index holds ``key``: a page is an L3 hit only whole."""
+        return all(l3.holds(key) for l3 in self.pools.values())
+
+    # -- housekeeping -----------------------------------------------------------------------------
+
+    def digest(self) -> int:
+        """One 64-bit digest of every pool's L3 index, in pool order."""
+        raw = b"".join(name.encode() + b"\0" + int(l3.digest()).to_bytes(8, "little")
+                       for name, l3 in self.pools.items())
+        return int.from_bytes(hashlib.blake2b(raw, digest_size=8, person=b"cpkv-sgl-l3d").digest(), "little")
+
+    def stats(self) -> dict[str, Any]:
+        """The anchor (KV) pool's page counters (a page counts once, whole), read failures summed over
+        the pools, the node's disk bytes and cap over all pools, and each pool's own under ``l3_pools``."""
+        per = {name: l3.stats() for name, l3 in self.pools.items()}
+        out = dict(per[self.anchor.pool_name])
+        out.update({"l3_dir": str(self.path), "l3_cap_bytes": self.cap_bytes, "l3_digest": self.digest(),
+                    "l3_disk_bytes": sum(disk_bytes(l3.path) for l3 in self.pools.values()),
+                    "l3_read_failures": sum(s["l3_read_failures"] for s in per.values()),
+                    "l3_pools": per})
+        return out
+
+    def close(self) -> None:
+        for l3 in self.pools.values():
+            l3.close()
