@@ -136,3 +136,62 @@ def test_a_record_damaged_on_one_shard_is_a_miss_for_every_worker(tmp_path: Path
     m.shutdown()
     for w in ws:
         w.shutdown()
+
+
+def test_a_clean_stop_takes_in_every_workers_shard_of_the_host_copy(tmp_path: Path) -> None:
+    """Nothing evicted: both chunks are only in host memory. The workers close first (vLLM's order),
+    each leaving its stop copy; the catalog takes both chunks in; after a restart each worker reads
+    back exactly its own bytes."""
+    m = CpkvOffloadingManager(HOST_CHUNKS, "lru", tokens_per_chunk=(CHUNK_TOKENS,), l3=L3Catalog(geometry(tmp_path)))
+    ws, kv = workers(tmp_path, seed=4)
+    ctx, keys = request("a", [1, 2])
+    store(m, ws, ctx, keys, [3, 4, 5, 6], job=1)
+    assert m.stats()["l3_spilled"] == 0
+    original = [[t.clone() for t in tensors] for tensors in kv]
+    for w in ws:
+        w.shutdown()
+    m.shutdown()
+    stats = m.stats()
+    assert stats["l3_stop_spilled"] == 2 and stats["l3_committed"] == 2 and stats["l3_stop_unproven"] == 0, stats
+    assert not list(tmp_path.rglob("stop.bin"))
+
+    m = CpkvOffloadingManager(8, "lru", tokens_per_chunk=(CHUNK_TOKENS,), l3=L3Catalog(geometry(tmp_path)))
+    ws, kv = workers(tmp_path, seed=5)
+    assert m.stats()["l3_recovered"] == 2
+    ctx, keys = request("b", [1, 2])
+    assert [m.lookup(k, ctx) for k in keys] == [LookupResult.RETRY] * 2
+    assert m.l3 is not None and m.l3.wait_idle(TIMEOUT_S)
+    assert [m.lookup(k, ctx) for k in keys] == [LookupResult.HIT] * 2
+    spec = m.prepare_load(keys, ctx)
+    targets = [0, 1, 14, 15]
+    for w in ws:
+        w.submit_load(2, spec, GPULoadStoreSpec(targets, [len(targets)], [0]))
+    m.complete_load(keys, ctx)
+    for rank in range(WORLD):
+        for t in range(len(PAGES)):
+            for target, source in zip(targets, [3, 4, 5, 6]):
+                assert torch.equal(kv[rank][t][target], original[rank][t][source]), (rank, t, target)
+    m.shutdown()
+    for w in ws:
+        w.shutdown()
+
+
+def test_a_worker_that_left_no_stop_copy_keeps_the_host_copy_off_the_log(tmp_path: Path) -> None:
+    """Rank 1 does not close before the catalog: no chunk is proven on every shard, none is logged;
+    the stop copy rank 1 writes afterwards is removed by the next life's workers."""
+    m = CpkvOffloadingManager(HOST_CHUNKS, "lru", tokens_per_chunk=(CHUNK_TOKENS,), l3=L3Catalog(geometry(tmp_path)))
+    ws, _ = workers(tmp_path, seed=6)
+    ctx, keys = request("a", [1, 2])
+    store(m, ws, ctx, keys, [3, 4, 5, 6], job=1)
+    ws[0].shutdown()
+    m.shutdown()
+    stats = m.stats()
+    assert stats["l3_stop_spilled"] == 0 and stats["l3_stop_unproven"] == 2 and stats["l3_committed"] == 0, stats
+    ws[1].shutdown()
+    assert (geometry(tmp_path).stop_copy(1)).exists()
+    m = CpkvOffloadingManager(8, "lru", tokens_per_chunk=(CHUNK_TOKENS,), l3=L3Catalog(geometry(tmp_path)))
+    ws, _ = workers(tmp_path, seed=7)
+    assert m.stats()["l3_recovered"] == 0 and not list(tmp_path.rglob("stop.bin"))
+    m.shutdown()
+    for w in ws:
+        w.shutdown()

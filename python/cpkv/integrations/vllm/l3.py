@@ -17,6 +17,16 @@ may not fail one: vLLM asserts ``success``). So the work is split:
   data files ``shard-R-of-W/data-N.bin``: the spills a spec carries before any row is written
   again, and a promoted chunk's record into its host rows before the load copies them out.
 
+A clean stop spills what is still in host memory. vLLM 0.33 stops the workers first (``EngineCore.shutdown``:
+the executor, then the scheduler), so no job can carry that spill and no completion can report it. Each
+worker, at its close, writes a *stop copy*: its shard of every host row it holds a chunk in, sealed
+with that chunk's key (the specs tell it which key each store and fill put in which row), into
+``shard-R-of-W/stop.bin`` at the row's offset (not synced: the catalog rewrites it). The catalog, at its
+close, takes each chunk the host still holds (and each spill no worker acknowledged) whose record
+checks out on every worker's stop copy, places it, writes every shard's record into its data file,
+syncs, and only then logs it; then it removes the stop copies. A stop copy the catalog never took
+in (a kill during the stop) is removed when the next life's workers open.
+
 Every record is self-describing and CRC32C-checked (``cpkv._cpkv.l3_seal``/``l3_check``); its
 namespace names the model, dtype, KV layout, chunk size, parallel geometry and the shard, so a page
 of another configuration is never served.
@@ -41,6 +51,9 @@ from cpkv.errors import InvalidArgumentError
 from cpkv.tier.l3.store import COMPACT_ENTRIES_PER_SLOT, DATA_FILE_BYTES, HEADER, L3Namespace, slots_for
 
 CATALOG_LOG = "catalog.log"
+STOP_COPY = "stop.bin"  # a worker's shard of the host rows, written at its close
+STOP_BATCH = 256  # chunks the catalog takes in from the stop copies per write, sync and log append
+STOP_SEQUENCE = 0  # the sequence of every stop-copy record (its namespace tells it from a slot's)
 
 
 def l3_key(key: bytes) -> int:
@@ -76,15 +89,18 @@ class L3Geometry:
                 f"worker(s) x {self.slot_bytes} bytes per record plus its log entry")
         return min(slots, int(_cpkv.L3_MAX_SLOTS))
 
-    def namespace(self, shard: int | None) -> int:
-        """The catalog's namespace (``shard=None``) or one worker's records'."""
-        part = "catalog" if shard is None else f"shard {shard} of {self.world}"
+    def namespace(self, shard: int | None, *, stop_copy: bool = False) -> int:
+        """The catalog's namespace (``shard=None``), one worker's records' or its stop copy's."""
+        part = "catalog" if shard is None else f"{'stop copy of ' if stop_copy else ''}shard {shard} of {self.world}"
         return L3Namespace(model=self.model, dtype=self.dtype, kv_layout=f"vllm offload chunk, {self.layout}, {part}",
                            page_size=self.tokens_per_chunk, cp_size=1, tp_size=self.world,
                            page_bytes=self.page_bytes).id()
 
     def shard_dir(self, rank: int) -> Path:
         return self.directory / f"shard-{rank}-of-{self.world}"
+
+    def stop_copy(self, rank: int) -> Path:
+        return self.shard_dir(rank) / STOP_COPY
 
     def slots_per_file(self) -> int:
         return max(1, min(self.slots, DATA_FILE_BYTES // self.slot_bytes))
@@ -147,7 +163,8 @@ class L3Catalog:
         self.pending: dict[int, SpillBatch] = {}  # placed, not yet acknowledged by every worker
         self._uncommitted: set[int] = set()  # keys of pending batches: not readable yet
         self.counters = {"spilled": 0, "not_spilled": 0, "committed": 0, "lookups": 0, "hits": 0, "verified": 0,
-                         "corrupt_dropped": 0, "promoted": 0, "no_host_room": 0, "compactions": 0}
+                         "corrupt_dropped": 0, "promoted": 0, "no_host_room": 0, "compactions": 0,
+                         "stop_spilled": 0, "stop_unproven": 0}
         self.rejects: dict[str, int] = {}
         self._inflight = 0  # checks started and not yet finished
         self._idle = threading.Condition()
@@ -313,12 +330,86 @@ class L3Catalog:
         self._log_entries = len(entries)
         self.counters["compactions"] += 1
 
+    # -- the clean stop ---------------------------------------------------------------------------
+
+    def spill_at_stop(self, chunks: Sequence[tuple[int, int]]) -> int:
+        """At a clean stop, after every worker closed: takes in the chunks (L3 key, host row) the host
+        still holds, oldest first, and those of spills no worker acknowledged, from the workers' stop
+        copies (the newest ``slots`` of them when there are more).
+        A chunk is placed only when every worker's stop copy of its row holds a good record of that
+        very key; its records are written into the data files and synced before its log entry.
+        Returns the chunks logged; ``l3_stop_unproven`` counts the ones no stop copy proved."""
+        g = self.geometry
+        unacknowledged = [(k, r) for b in self.carried() for k, r in zip(b.keys, b.rows.tolist())]
+        self.forget_pending()  # their jobs never completed: placed again below if a stop copy proves them
+        wanted, seen = [], set()
+        for key, row in [*unacknowledged, *chunks]:
+            if key not in seen and self.index.peek(key) is None:
+                seen.add(key)
+                wanted.append((key, int(row)))
+        if len(wanted) > self.slots:  # the cap holds fewer: keep the most recently placed
+            self.counters["not_spilled"] += len(wanted) - self.slots
+            wanted = wanted[len(wanted) - self.slots:]
+        copies: list[int] = []
+        data: dict[tuple[int, int], int] = {}
+        logged = 0
+        try:
+            try:
+                copies = [os.open(g.stop_copy(rank), os.O_RDONLY) for rank in range(g.world)]
+            except FileNotFoundError:  # a worker that did not close (or closed after this)
+                self.counters["stop_unproven"] += len(wanted)
+                return 0
+            stop_namespaces = [g.namespace(r, stop_copy=True) for r in range(g.world)]
+            namespaces = [g.namespace(r) for r in range(g.world)]
+            for start in range(0, len(wanted), STOP_BATCH):
+                proven: dict[int, tuple[int, list[np.ndarray]]] = {}
+                for key, row in wanted[start:start + STOP_BATCH]:
+                    records = []
+                    for rank, fd in enumerate(copies):
+                        record = np.frombuffer(bytearray(os.pread(fd, g.slot_bytes, row * g.slot_bytes)), dtype=np.uint8)
+                        if _cpkv.l3_check(record, stop_namespaces[rank], key, STOP_SEQUENCE, g.page_bytes) is not None:
+                            break
+                        records.append(record)
+                    if len(records) == g.world:
+                        proven[key] = (row, records)
+                    else:
+                        self.counters["stop_unproven"] += 1
+                batch = self.spill(list(proven), [row for row, _ in proven.values()])
+                if batch is None:
+                    continue
+                touched = set()
+                for key, slot, sequence in zip(batch.keys, batch.slots, batch.sequences):
+                    file, offset = g.where(slot)
+                    for rank, record in enumerate(proven[key][1]):
+                        _cpkv.l3_seal(record, namespaces[rank], key, sequence, g.page_bytes)
+                        if (rank, file) not in data:
+                            data[(rank, file)] = os.open(g.shard_dir(rank) / f"data-{file}.bin", os.O_WRONLY)
+                        written = os.pwrite(data[(rank, file)], record.data, offset)
+                        if written != g.slot_bytes:
+                            raise OSError(errno.EIO, f"short L3 write: {written} of {g.slot_bytes} bytes")
+                        touched.add((rank, file))
+                for where in sorted(touched):
+                    os.fdatasync(data[where])
+                self.commit([batch.id])  # every record of the batch is on disk: log it
+                logged += len(batch.keys)
+        finally:
+            for fd in [*copies, *data.values()]:
+                os.close(fd)
+        for rank in range(g.world):
+            g.stop_copy(rank).unlink(missing_ok=True)
+        self.counters["stop_spilled"] += logged
+        return logged
+
     def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = {f"l3_{k}": v for k, v in self.counters.items()}
         out.update({"l3_slots": self.slots, "l3_resident": len(self.index), "l3_recovered": self.recovered,
                     "l3_pending_batches": len(self.pending), "l3_rejects": dict(self.rejects),
                     "l3_digest": int(self.index.digest())})
         return out
+
+    @property
+    def closed(self) -> bool:
+        return self._log_fd < 0
 
     def close(self) -> None:
         self._checks.put(None)
@@ -334,6 +425,7 @@ class L3Shard:
 
     def __init__(self, geometry: L3Geometry, rank: int) -> None:
         self.geometry = geometry
+        self.rank = rank
         self.namespace = geometry.namespace(rank)
         self.directory = geometry.shard_dir(rank)
         self.directory.mkdir(exist_ok=True)
@@ -352,7 +444,45 @@ class L3Shard:
             if index.isdigit() and int(index) >= files:
                 stale.unlink(missing_ok=True)
         self.applied_upto = 0  # the last batch id written
-        self.counters = {"pages_written": 0, "pages_read": 0}
+        self.counters = {"pages_written": 0, "pages_read": 0, "stop_copied": 0}
+        # host row -> the L3 key of the chunk this worker last put there (a store or a fill it ran):
+        # what its stop copy seals each row with
+        self.held: dict[int, int] = {}
+        geometry.stop_copy(rank).unlink(missing_ok=True)  # a stop copy the last life's catalog never took in
+
+    def note_store(self, rows: np.ndarray, keys: Sequence[int], released: np.ndarray) -> None:
+        """A store ran: the rows its eviction released hold no chunk of this worker's any more
+        (their spills are written), then ``rows[i]`` holds ``keys[i]``."""
+        for row in released.tolist():
+            self.held.pop(row, None)
+        self.held.update(zip(np.asarray(rows).tolist(), keys))
+
+    def write_stop_copy(self, pages_of: Any) -> int:
+        """At this worker's close: its shard of every row it holds a chunk in, one sealed record per
+        row at the row's offset of ``stop.bin`` (not synced: the catalog checks, rewrites and syncs
+        what it takes in). Returns the rows written."""
+        g = self.geometry
+        namespace = g.namespace(self.rank, stop_copy=True)
+        held = sorted(self.held.items())
+        if not held:
+            return 0
+        fd = os.open(g.stop_copy(self.rank), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            buf = bytearray(g.slot_bytes)
+            record = np.frombuffer(buf, dtype=np.uint8)
+            for start in range(0, len(held), STOP_BATCH):
+                part = held[start:start + STOP_BATCH]
+                pages = pages_of(np.asarray([row for row, _ in part], dtype=np.int64))
+                for i, (row, key) in enumerate(part):
+                    record[HEADER:HEADER + g.page_bytes] = pages[i]
+                    _cpkv.l3_seal(record, namespace, key, STOP_SEQUENCE, g.page_bytes)
+                    written = os.pwrite(fd, buf, row * g.slot_bytes)
+                    if written != g.slot_bytes:
+                        raise OSError(errno.EIO, f"short L3 stop-copy write: {written} of {g.slot_bytes} bytes")
+        finally:
+            os.close(fd)
+        self.counters["stop_copied"] += len(held)
+        return len(held)
 
     def write(self, batches: Sequence[SpillBatch], pages_of: Any) -> None:
         """Writes the batches not written yet, in id order, then syncs: ``pages_of(rows)`` gives
@@ -399,4 +529,3 @@ class L3Shard:
         for fd in self._fds:
             os.close(fd)
         self._fds = []
-
