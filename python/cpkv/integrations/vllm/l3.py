@@ -27,6 +27,11 @@ checks out on every worker's stop copy, places it, writes every shard's record i
 syncs, and only then logs it; then it removes the stop copies. A stop copy the catalog never took
 in (a kill during the stop) is removed when the next life's workers open.
 
+I/O: spills are written O_DIRECT where the file system takes it (:mod:`cpkv.tier.l3.direct`; else
+buffered, the reason in ``stats()``); reads stay buffered with read-ahead off, so a promoted record is
+read from disk once per node: by the scheduler's check, the worker's fill then finding it in the page
+cache (and dropping it).
+
 Every record is self-describing and CRC32C-checked (``cpkv._cpkv.l3_seal``/``l3_check``); its
 namespace names the model, dtype, KV layout, chunk size, parallel geometry and the shard, so a page
 of another configuration is never served.
@@ -48,12 +53,21 @@ import numpy as np
 
 from cpkv import _cpkv
 from cpkv.errors import InvalidArgumentError
+from cpkv.tier.l3.direct import AlignedScratch, probe_direct
 from cpkv.tier.l3.store import COMPACT_ENTRIES_PER_SLOT, DATA_FILE_BYTES, HEADER, L3Namespace, slots_for
 
 CATALOG_LOG = "catalog.log"
 STOP_COPY = "stop.bin"  # a worker's shard of the host rows, written at its close
 STOP_BATCH = 256  # chunks the catalog takes in from the stop copies per write, sync and log append
+WRITE_GROUP_BYTES = 64 << 20  # records a worker seals in aligned scratch memory per write group
 STOP_SEQUENCE = 0  # the sequence of every stop-copy record (its namespace tells it from a slot's)
+
+
+def _random_reader(path: Path) -> int:
+    """A buffered read-only descriptor with read-ahead off: a promotion reads one record."""
+    fd = os.open(path, os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+    return fd
 
 
 def l3_key(key: bytes) -> int:
@@ -159,6 +173,8 @@ class L3Catalog:
             if os.fstat(self._log_fd).st_size != valid[0]:
                 os.ftruncate(self._log_fd, valid[0])  # a torn tail: cut at the last whole entry
             self._log_entries = (valid[0] - _cpkv.L3_LOG_HEADER_BYTES) // _cpkv.L3_LOG_ENTRY_BYTES
+        # What the workers' probe of the same directory finds (their writes' mode), for stats().
+        self.io_mode, self.io_reason = probe_direct(path)
         self._next_batch = 1
         self.pending: dict[int, SpillBatch] = {}  # placed, not yet acknowledged by every worker
         self._uncommitted: set[int] = set()  # keys of pending batches: not readable yet
@@ -284,18 +300,21 @@ class L3Catalog:
     def _check_loop(self) -> None:
         g = self.geometry
         namespaces = [g.namespace(r) for r in range(g.world)]
+        readers: dict[tuple[int, int], int] = {}
         while True:
             item = self._checks.get()
             if item is None:
+                for fd in readers.values():
+                    os.close(fd)
                 return
             key, slot, sequence = item
             reason = None
             file, offset = g.where(slot)
             for rank in range(g.world):
                 try:
-                    with open(g.shard_dir(rank) / f"data-{file}.bin", "rb") as f:
-                        f.seek(offset)
-                        record = np.frombuffer(f.read(g.slot_bytes), dtype=np.uint8)
+                    if (rank, file) not in readers:  # opened once: the workers create their files
+                        readers[(rank, file)] = _random_reader(g.shard_dir(rank) / f"data-{file}.bin")
+                    record = np.frombuffer(os.pread(readers[(rank, file)], g.slot_bytes, offset), dtype=np.uint8)
                     reason = _cpkv.l3_check(record, namespaces[rank], key, sequence, g.page_bytes)
                 except OSError as err:
                     reason = f"unreadable ({errno.errorcode.get(err.errno or 0, err)})"
@@ -404,6 +423,7 @@ class L3Catalog:
         out: dict[str, Any] = {f"l3_{k}": v for k, v in self.counters.items()}
         out.update({"l3_slots": self.slots, "l3_resident": len(self.index), "l3_recovered": self.recovered,
                     "l3_pending_batches": len(self.pending), "l3_rejects": dict(self.rejects),
+                    "l3_io": self.io_mode, "l3_io_reason": self.io_reason,
                     "l3_digest": int(self.index.digest())})
         return out
 
@@ -431,14 +451,22 @@ class L3Shard:
         self.directory.mkdir(exist_ok=True)
         slots, per = geometry.slots, geometry.slots_per_file()
         files = -(-slots // per)
-        self._fds = []
         for i in range(files):
             size = min(per, slots - i * per) * geometry.slot_bytes
             fd = os.open(self.directory / f"data-{i}.bin", os.O_RDWR | os.O_CREAT, 0o644)
-            if os.fstat(fd).st_size > size:
-                os.ftruncate(fd, size)  # reopened smaller: give the blocks back
-            os.posix_fallocate(fd, 0, size)
-            self._fds.append(fd)
+            try:
+                if os.fstat(fd).st_size > size:
+                    os.ftruncate(fd, size)  # reopened smaller: give the blocks back
+                os.posix_fallocate(fd, 0, size)
+            finally:
+                os.close(fd)
+        # Writes O_DIRECT where the file system takes it (else buffered, the reason in stats());
+        # reads buffered with no read-ahead: see read().
+        self._scratch = AlignedScratch()
+        self.mode, self.mode_reason = probe_direct(self.directory / "data-0.bin", self._scratch)
+        direct = os.O_DIRECT if self.mode == "o_direct" else 0
+        self._fds = [os.open(self.directory / f"data-{i}.bin", os.O_RDWR | direct) for i in range(files)]
+        self._read_fds = [_random_reader(self.directory / f"data-{i}.bin") for i in range(files)]
         for stale in self.directory.glob("data-*.bin"):
             index = stale.stem.removeprefix("data-")
             if index.isdigit() and int(index) >= files:
@@ -486,24 +514,32 @@ class L3Shard:
 
     def write(self, batches: Sequence[SpillBatch], pages_of: Any) -> None:
         """Writes the batches not written yet, in id order, then syncs: ``pages_of(rows)`` gives
-        uint8 ``[len(rows), page_bytes]`` of host rows (read before any of them is written again)."""
+        uint8 ``[len(rows), page_bytes]`` of host rows (read before any of them is written again).
+        Records are sealed in page-aligned scratch memory and written a run of consecutive slots at
+        a time (O_DIRECT where the file system takes it: spills never fill the page cache)."""
         g = self.geometry
+        per_group = max(1, WRITE_GROUP_BYTES // g.slot_bytes)  # scratch is sized by a group, not a batch
         touched = set()
         for batch in batches:
             if batch.id <= self.applied_upto:
                 continue  # a gap below is a batch a cache reset forgot: never carried again
             pages = pages_of(batch.rows)
-            buf = bytearray(g.slot_bytes)
-            record = np.frombuffer(buf, dtype=np.uint8)
-            for i, (key, slot, sequence) in enumerate(zip(batch.keys, batch.slots, batch.sequences)):
-                record[HEADER:HEADER + g.page_bytes] = pages[i]
-                record[HEADER + g.page_bytes:] = 0
-                _cpkv.l3_seal(record, self.namespace, key, sequence, g.page_bytes)
-                file, offset = g.where(slot)
-                written = os.pwrite(self._fds[file], buf, offset)
-                if written != g.slot_bytes:
-                    raise OSError(errno.EIO, f"short L3 write: {written} of {g.slot_bytes} bytes")
-                touched.add(file)
+            order = sorted(range(len(batch.keys)), key=lambda i: batch.slots[i])
+            for first in range(0, len(order), per_group):
+                group = order[first:first + per_group]
+                scratch = self._scratch.take(len(group) * g.slot_bytes)
+                for j, i in enumerate(group):
+                    record = scratch[j * g.slot_bytes:(j + 1) * g.slot_bytes]
+                    record[HEADER:HEADER + g.page_bytes] = pages[i]
+                    record[HEADER + g.page_bytes:] = 0
+                    _cpkv.l3_seal(record, self.namespace, batch.keys[i], batch.sequences[i], g.page_bytes)
+                for start, stop in _runs([batch.slots[i] for i in group], g.slots_per_file()):
+                    file, offset = g.where(batch.slots[group[start]])
+                    run = self._scratch.view(start * g.slot_bytes, stop * g.slot_bytes)
+                    written = os.pwrite(self._fds[file], run, offset)
+                    if written != len(run):
+                        raise OSError(errno.EIO, f"short L3 write: {written} of {len(run)} bytes")
+                    touched.add(file)
             self.counters["pages_written"] += len(batch.keys)
             self.applied_upto = batch.id
         for file in sorted(touched):
@@ -512,11 +548,14 @@ class L3Shard:
     def read(self, fill: Fill) -> np.ndarray:
         """The checked payload of a promoted chunk. The scheduler checked this record before it
         answered HIT and no placement reuses its slot until the load ran, so a failure here is
-        the disk changing under a reader: raised, never served."""
+        the disk changing under a reader: raised, never served. Buffered on purpose: the
+        scheduler's check has just read this record, so it comes from the page cache (one disk
+        read per chunk per node, ``tests_vllm/l3_read_io.py``); dropped from the cache afterwards."""
         g = self.geometry
         file, offset = g.where(fill.slot)
         buf = bytearray(g.slot_bytes)
-        got = os.preadv(self._fds[file], [buf], offset)
+        got = os.preadv(self._read_fds[file], [buf], offset)
+        os.posix_fadvise(self._read_fds[file], offset, g.slot_bytes, os.POSIX_FADV_DONTNEED)
         record = np.frombuffer(buf, dtype=np.uint8)[:got]
         reason = _cpkv.l3_check(record, self.namespace, fill.key, fill.sequence, g.page_bytes)
         if reason is not None:
@@ -525,7 +564,23 @@ class L3Shard:
         self.counters["pages_read"] += 1
         return record[HEADER:HEADER + g.page_bytes]
 
+    def stats(self) -> dict[str, Any]:
+        return {**{f"l3_{k}": v for k, v in self.counters.items()}, "l3_io": self.mode,
+                "l3_io_reason": self.mode_reason}
+
     def close(self) -> None:
-        for fd in self._fds:
+        for fd in [*self._fds, *self._read_fds]:
             os.close(fd)
         self._fds = []
+        self._read_fds = []
+
+
+def _runs(slots: Sequence[int], per_file: int) -> list[tuple[int, int]]:
+    """[start, stop) index ranges of ``slots`` (ascending) that are consecutive within one data file."""
+    runs, start = [], 0
+    for i in range(1, len(slots) + 1):
+        if i == len(slots) or slots[i] != slots[i - 1] + 1 or slots[i] % per_file == 0:
+            runs.append((start, i))
+            start = i
+    return runs
+
