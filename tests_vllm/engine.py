@@ -208,9 +208,11 @@ class Engine:
                              f"({len(self.scheduler.requests)} requests, {self.manager.num_pins} pins)")
 
     def close(self) -> None:
-        """What vLLM's shutdown calls on both sides (the manager's L3 catalog, the worker's files)."""
-        self.scheduler.connector.connector_scheduler.manager.shutdown()
-        self.worker.connector_worker.shutdown()
+        """vLLM 0.33's clean stop, in its order (``EngineCore.shutdown``): the executor's workers
+        first (``Worker.shutdown`` -> ``ensure_kv_transfer_shutdown`` -> the worker-side connector),
+        then the scheduler (``Scheduler.shutdown`` -> its connector -> the manager)."""
+        self.worker.shutdown()
+        self.scheduler.shutdown()
 
     def reset_device(self) -> None:
         """Drops vLLM's device prefix cache and zeroes the KV tensors: only the host copy is left."""

@@ -1,7 +1,9 @@
 """Restart-warm hits of cpkv's L3 under vLLM (the README's table), through the same real Scheduler
 and worker-side OffloadingConnector as the tests: P distinct prompts of 5 blocks on a small host,
 then a second engine on the same directory replays them. Prints the hits of each run, what the
-first spilled and what the second recovered and promoted from disk; ``--no-l3`` for the baseline.
+first spilled (on eviction, and at its clean stop, with the stop's time) and what the second
+recovered and promoted from disk; ``--no-l3`` for the baseline, ``--no-stop`` to end the first run
+without its clean stop (the disk as a kill -9 after its last acknowledged spill leaves it).
 
     .venv-vllm/bin/python tests_vllm/restart_hits.py --prompts 20 --host-blocks 8
 """
@@ -12,6 +14,7 @@ import argparse
 import logging
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +26,7 @@ BLOCKS = 5
 CHECK_TIMEOUT_S = 60.0
 
 
-def one_life(extra: dict[str, Any], prompts: int, tag: str) -> tuple[int, dict[str, Any]]:
+def one_life(extra: dict[str, Any], prompts: int, tag: str, stop: bool = True) -> tuple[int, dict[str, Any]]:
     eng = Engine(extra)
     hits = 0
     for i in range(prompts):
@@ -37,8 +40,12 @@ def one_life(extra: dict[str, Any], prompts: int, tag: str) -> tuple[int, dict[s
                 raise SystemExit("an L3 record check did not finish")
         hits += eng.started_at[req_id] // BLOCK_TOKENS
         eng.run()
-    stats = eng.manager.stats()
+    if not stop:
+        return hits, eng.manager.stats()
+    started = time.perf_counter()
     eng.close()
+    stats = eng.manager.stats()
+    stats["stop_s"] = time.perf_counter() - started
     return hits, stats
 
 
@@ -47,6 +54,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=20)
     parser.add_argument("--host-blocks", type=int, default=8)
     parser.add_argument("--no-l3", action="store_true")
+    parser.add_argument("--no-stop", action="store_true", help="end the first run without its clean stop")
     args = parser.parse_args()
     if args.prompts < 1 or args.host_blocks < 1:
         parser.error("--prompts and --host-blocks must be >= 1")
@@ -54,11 +62,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as directory:
         l3 = {} if args.no_l3 else {"cpkv_l3_dir": directory, "cpkv_l3_bytes": 1 << 28}
         extra = cpkv_extra(cpkv_host_blocks=args.host_blocks, **l3)
-        first, s1 = one_life(extra, args.prompts, "a")
+        first, s1 = one_life(extra, args.prompts, "a", stop=not args.no_stop)
         second, s2 = one_life(extra, args.prompts, "b")
     total = args.prompts * BLOCKS
     print(f"{args.prompts} prompts x {BLOCKS} blocks, host {args.host_blocks} blocks, L3 {'off' if args.no_l3 else 'on'}")
-    print(f"first run:  hits {first}/{total}, evicted {s1['evicted']}, spilled to L3 {s1.get('l3_spilled', 0)}")
+    at_stop = s1.get("l3_stop_spilled", 0)
+    print(f"first run:  hits {first}/{total}, evicted {s1['evicted']}, spilled to L3 "
+          f"{s1.get('l3_spilled', 0) - at_stop} on eviction + {at_stop} at the clean stop"
+          + (" (no clean stop)" if args.no_stop else f" ({1e3 * s1['stop_s']:.0f} ms)"))
     print(f"restart:    hits {second}/{total}, recovered {s2.get('l3_recovered', 0)}, "
           f"promoted from L3 {s2.get('l3_promoted', 0)}, corrupt dropped {s2.get('l3_corrupt_dropped', 0)}")
 

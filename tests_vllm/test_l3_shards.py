@@ -5,9 +5,11 @@ bytes exactly; a record damaged on one shard makes the chunk a miss for every wo
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from vllm.v1.kv_offload.base import (
     CanonicalKVCacheRef,
@@ -133,6 +135,149 @@ def test_a_record_damaged_on_one_shard_is_a_miss_for_every_worker(tmp_path: Path
     data = np.fromfile(g.shard_dir(0) / f"data-{file}.bin", dtype=np.uint8)
     record = np.ascontiguousarray(data[offset:offset + g.slot_bytes])
     assert l3_check(record, g.namespace(0), l3_key(a[0]), sequence, g.page_bytes) is None, "rank 0's shard is intact"
+    m.shutdown()
+    for w in ws:
+        w.shutdown()
+
+
+def test_a_clean_stop_takes_in_every_workers_shard_of_the_host_copy(tmp_path: Path) -> None:
+    """Nothing evicted: both chunks are only in host memory. The workers close first (vLLM's order),
+    each leaving its stop copy; the catalog takes both chunks in; after a restart each worker reads
+    back exactly its own bytes."""
+    m = CpkvOffloadingManager(HOST_CHUNKS, "lru", tokens_per_chunk=(CHUNK_TOKENS,), l3=L3Catalog(geometry(tmp_path)))
+    ws, kv = workers(tmp_path, seed=4)
+    ctx, keys = request("a", [1, 2])
+    store(m, ws, ctx, keys, [3, 4, 5, 6], job=1)
+    assert m.stats()["l3_spilled"] == 0
+    original = [[t.clone() for t in tensors] for tensors in kv]
+    for w in ws:
+        w.shutdown()
+    m.shutdown()
+    stats = m.stats()
+    assert stats["l3_stop_spilled"] == 2 and stats["l3_committed"] == 2 and stats["l3_stop_unproven"] == 0, stats
+    assert not list(tmp_path.rglob("stop.bin"))
+
+    m = CpkvOffloadingManager(8, "lru", tokens_per_chunk=(CHUNK_TOKENS,), l3=L3Catalog(geometry(tmp_path)))
+    ws, kv = workers(tmp_path, seed=5)
+    assert m.stats()["l3_recovered"] == 2
+    ctx, keys = request("b", [1, 2])
+    assert [m.lookup(k, ctx) for k in keys] == [LookupResult.RETRY] * 2
+    assert m.l3 is not None and m.l3.wait_idle(TIMEOUT_S)
+    assert [m.lookup(k, ctx) for k in keys] == [LookupResult.HIT] * 2
+    spec = m.prepare_load(keys, ctx)
+    targets = [0, 1, 14, 15]
+    for w in ws:
+        w.submit_load(2, spec, GPULoadStoreSpec(targets, [len(targets)], [0]))
+    m.complete_load(keys, ctx)
+    for rank in range(WORLD):
+        for t in range(len(PAGES)):
+            for target, source in zip(targets, [3, 4, 5, 6]):
+                assert torch.equal(kv[rank][t][target], original[rank][t][source]), (rank, t, target)
+    m.shutdown()
+    for w in ws:
+        w.shutdown()
+
+
+def test_a_worker_that_left_no_stop_copy_keeps_the_host_copy_off_the_log(tmp_path: Path) -> None:
+    """Rank 1 does not close before the catalog: no chunk is proven on every shard, none is logged;
+    the stop copy rank 1 writes afterwards is removed by the next life's workers."""
+    m = CpkvOffloadingManager(HOST_CHUNKS, "lru", tokens_per_chunk=(CHUNK_TOKENS,), l3=L3Catalog(geometry(tmp_path)))
+    ws, _ = workers(tmp_path, seed=6)
+    ctx, keys = request("a", [1, 2])
+    store(m, ws, ctx, keys, [3, 4, 5, 6], job=1)
+    ws[0].shutdown()
+    m.shutdown()
+    stats = m.stats()
+    assert stats["l3_stop_spilled"] == 0 and stats["l3_stop_unproven"] == 2 and stats["l3_committed"] == 0, stats
+    ws[1].shutdown()
+    assert (geometry(tmp_path).stop_copy(1)).exists()
+    m = CpkvOffloadingManager(8, "lru", tokens_per_chunk=(CHUNK_TOKENS,), l3=L3Catalog(geometry(tmp_path)))
+    ws, _ = workers(tmp_path, seed=7)
+    assert m.stats()["l3_recovered"] == 0 and not list(tmp_path.rglob("stop.bin"))
+    m.shutdown()
+    for w in ws:
+        w.shutdown()
+
+
+def disk_read_bytes() -> int:
+    """Bytes this process has read from the block device (/proc/self/io): page-cache hits are not in it."""
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("read_bytes:"):
+            return int(line.split()[1])
+    raise AssertionError("/proc/self/io has no read_bytes")
+
+
+def test_spills_bypass_the_page_cache_and_a_promotion_reads_each_record_from_disk_once(tmp_path: Path) -> None:
+    """With O_DIRECT spills, the scheduler's check of a promoted chunk reads every shard's record
+    from disk, and the workers' fills read those bytes again from the page cache: one disk read
+    per record, not zero (a buffered spill left it cached) and not two (an O_DIRECT fill)."""
+    m = CpkvOffloadingManager(HOST_CHUNKS, "lru", tokens_per_chunk=(CHUNK_TOKENS,), l3=L3Catalog(geometry(tmp_path)))
+    ws, kv = workers(tmp_path, seed=8)
+    shard = ws[0].l3
+    assert shard is not None and m.l3 is not None
+    if shard.mode != "o_direct":
+        pytest.skip(f"this file system takes no O_DIRECT: {shard.mode_reason}")
+    assert m.stats()["l3_io"] == "o_direct" and shard.stats()["l3_io"] == "o_direct"
+    a_ctx, a = request("a", [1, 2])
+    store(m, ws, a_ctx, a, [3, 4, 5, 6], job=1)
+    original = [[t.clone() for t in tensors] for tensors in kv]
+    b_ctx, b = request("b", [7, 8])
+    store(m, ws, b_ctx, b, [9, 10, 11, 12], job=2)  # evicts "a": two chunks to disk, on both shards
+    assert m.stats()["l3_committed"] == 2
+    before = disk_read_bytes()
+    ctx, keys = request("c", [1, 2])
+    assert [m.lookup(k, ctx) for k in keys] == [LookupResult.RETRY] * 2
+    assert m.l3.wait_idle(TIMEOUT_S)
+    assert [m.lookup(k, ctx) for k in keys] == [LookupResult.HIT] * 2  # evicts "b" from the host: rows for "a"
+    spec = m.prepare_load(keys, ctx)
+    assert len(spec.fills) == 2
+    targets = [0, 1, 14, 15]
+    for w in ws:
+        w.submit_load(3, spec, GPULoadStoreSpec(targets, [len(targets)], [0]))
+    m.complete_load(keys, ctx)
+    read = disk_read_bytes() - before
+    records = 2 * WORLD * geometry(tmp_path).slot_bytes
+    assert records <= read < 2 * records, (read, records)
+    for rank in range(WORLD):
+        for t in range(len(PAGES)):
+            for target, source in zip(targets, [3, 4, 5, 6]):
+                assert torch.equal(kv[rank][t][target], original[rank][t][source]), (rank, t, target)
+    m.shutdown()
+    for w in ws:
+        w.shutdown()
+
+
+def test_a_file_system_that_refuses_o_direct_falls_back_to_buffered_and_says_why(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_open = os.open
+
+    def refusing_open(path: object, flags: int, *args: object) -> int:
+        if flags & os.O_DIRECT:
+            raise OSError(22, "Invalid argument", str(path))
+        return real_open(path, flags, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", refusing_open)
+    m = CpkvOffloadingManager(1, "lru", tokens_per_chunk=(CHUNK_TOKENS,), l3=L3Catalog(geometry(tmp_path)))
+    ws, kv = workers(tmp_path, seed=9)
+    for stats in [m.stats(), *(w.l3.stats() for w in ws if w.l3 is not None)]:
+        assert stats["l3_io"] == "buffered", stats
+        assert "O_DIRECT refused by the file system (EINVAL)" in stats["l3_io_reason"], stats
+    a_ctx, a = request("a", [1])
+    store(m, ws, a_ctx, a, [3, 4], job=1)
+    b_ctx, b = request("b", [2])
+    store(m, ws, b_ctx, b, [5, 6], job=2)  # "a" to disk, buffered
+    original = [[t.clone() for t in tensors] for tensors in kv]
+    ctx, keys = request("c", [1])
+    assert m.lookup(keys[0], ctx) is LookupResult.RETRY
+    assert m.l3 is not None and m.l3.wait_idle(TIMEOUT_S)
+    assert m.lookup(keys[0], ctx) is LookupResult.HIT
+    spec = m.prepare_load(keys, ctx)
+    for w in ws:
+        w.submit_load(3, spec, GPULoadStoreSpec([0, 1], [2], [0]))
+    m.complete_load(keys, ctx)
+    for rank in range(WORLD):
+        for t in range(len(PAGES)):
+            assert torch.equal(kv[rank][t][0], original[rank][t][3]) and torch.equal(kv[rank][t][1], original[rank][t][4])
     m.shutdown()
     for w in ws:
         w.shutdown()

@@ -17,6 +17,21 @@ may not fail one: vLLM asserts ``success``). So the work is split:
   data files ``shard-R-of-W/data-N.bin``: the spills a spec carries before any row is written
   again, and a promoted chunk's record into its host rows before the load copies them out.
 
+A clean stop spills what is still in host memory. vLLM 0.33 stops the workers first (``EngineCore.shutdown``:
+the executor, then the scheduler), so no job can carry that spill and no completion can report it. Each
+worker, at its close, writes a *stop copy*: its shard of every host row it holds a chunk in, sealed
+with that chunk's key (the specs tell it which key each store and fill put in which row), into
+``shard-R-of-W/stop.bin`` at the row's offset (not synced: the catalog rewrites it). The catalog, at its
+close, takes each chunk the host still holds (and each spill no worker acknowledged) whose record
+checks out on every worker's stop copy, places it, writes every shard's record into its data file,
+syncs, and only then logs it; then it removes the stop copies. A stop copy the catalog never took
+in (a kill during the stop) is removed when the next life's workers open.
+
+I/O: spills are written O_DIRECT where the file system takes it (:mod:`cpkv.tier.l3.direct`; else
+buffered, the reason in ``stats()``); reads stay buffered with read-ahead off, so a promoted record is
+read from disk once per node: by the scheduler's check, the worker's fill then finding it in the page
+cache (and dropping it).
+
 Every record is self-describing and CRC32C-checked (``cpkv._cpkv.l3_seal``/``l3_check``); its
 namespace names the model, dtype, KV layout, chunk size, parallel geometry and the shard, so a page
 of another configuration is never served.
@@ -38,9 +53,21 @@ import numpy as np
 
 from cpkv import _cpkv
 from cpkv.errors import InvalidArgumentError
+from cpkv.tier.l3.direct import AlignedScratch, probe_direct
 from cpkv.tier.l3.store import COMPACT_ENTRIES_PER_SLOT, DATA_FILE_BYTES, HEADER, L3Namespace, slots_for
 
 CATALOG_LOG = "catalog.log"
+STOP_COPY = "stop.bin"  # a worker's shard of the host rows, written at its close
+STOP_BATCH = 256  # chunks the catalog takes in from the stop copies per write, sync and log append
+WRITE_GROUP_BYTES = 64 << 20  # records a worker seals in aligned scratch memory per write group
+STOP_SEQUENCE = 0  # the sequence of every stop-copy record (its namespace tells it from a slot's)
+
+
+def _random_reader(path: Path) -> int:
+    """A buffered read-only descriptor with read-ahead off: a promotion reads one record."""
+    fd = os.open(path, os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+    return fd
 
 
 def l3_key(key: bytes) -> int:
@@ -76,15 +103,18 @@ class L3Geometry:
                 f"worker(s) x {self.slot_bytes} bytes per record plus its log entry")
         return min(slots, int(_cpkv.L3_MAX_SLOTS))
 
-    def namespace(self, shard: int | None) -> int:
-        """The catalog's namespace (``shard=None``) or one worker's records'."""
-        part = "catalog" if shard is None else f"shard {shard} of {self.world}"
+    def namespace(self, shard: int | None, *, stop_copy: bool = False) -> int:
+        """The catalog's namespace (``shard=None``), one worker's records' or its stop copy's."""
+        part = "catalog" if shard is None else f"{'stop copy of ' if stop_copy else ''}shard {shard} of {self.world}"
         return L3Namespace(model=self.model, dtype=self.dtype, kv_layout=f"vllm offload chunk, {self.layout}, {part}",
                            page_size=self.tokens_per_chunk, cp_size=1, tp_size=self.world,
                            page_bytes=self.page_bytes).id()
 
     def shard_dir(self, rank: int) -> Path:
         return self.directory / f"shard-{rank}-of-{self.world}"
+
+    def stop_copy(self, rank: int) -> Path:
+        return self.shard_dir(rank) / STOP_COPY
 
     def slots_per_file(self) -> int:
         return max(1, min(self.slots, DATA_FILE_BYTES // self.slot_bytes))
@@ -143,11 +173,14 @@ class L3Catalog:
             if os.fstat(self._log_fd).st_size != valid[0]:
                 os.ftruncate(self._log_fd, valid[0])  # a torn tail: cut at the last whole entry
             self._log_entries = (valid[0] - _cpkv.L3_LOG_HEADER_BYTES) // _cpkv.L3_LOG_ENTRY_BYTES
+        # What the workers' probe of the same directory finds (their writes' mode), for stats().
+        self.io_mode, self.io_reason = probe_direct(path)
         self._next_batch = 1
         self.pending: dict[int, SpillBatch] = {}  # placed, not yet acknowledged by every worker
         self._uncommitted: set[int] = set()  # keys of pending batches: not readable yet
         self.counters = {"spilled": 0, "not_spilled": 0, "committed": 0, "lookups": 0, "hits": 0, "verified": 0,
-                         "corrupt_dropped": 0, "promoted": 0, "no_host_room": 0, "compactions": 0}
+                         "corrupt_dropped": 0, "promoted": 0, "no_host_room": 0, "compactions": 0,
+                         "stop_spilled": 0, "stop_unproven": 0}
         self.rejects: dict[str, int] = {}
         self._inflight = 0  # checks started and not yet finished
         self._idle = threading.Condition()
@@ -267,18 +300,21 @@ class L3Catalog:
     def _check_loop(self) -> None:
         g = self.geometry
         namespaces = [g.namespace(r) for r in range(g.world)]
+        readers: dict[tuple[int, int], int] = {}
         while True:
             item = self._checks.get()
             if item is None:
+                for fd in readers.values():
+                    os.close(fd)
                 return
             key, slot, sequence = item
             reason = None
             file, offset = g.where(slot)
             for rank in range(g.world):
                 try:
-                    with open(g.shard_dir(rank) / f"data-{file}.bin", "rb") as f:
-                        f.seek(offset)
-                        record = np.frombuffer(f.read(g.slot_bytes), dtype=np.uint8)
+                    if (rank, file) not in readers:  # opened once: the workers create their files
+                        readers[(rank, file)] = _random_reader(g.shard_dir(rank) / f"data-{file}.bin")
+                    record = np.frombuffer(os.pread(readers[(rank, file)], g.slot_bytes, offset), dtype=np.uint8)
                     reason = _cpkv.l3_check(record, namespaces[rank], key, sequence, g.page_bytes)
                 except OSError as err:
                     reason = f"unreadable ({errno.errorcode.get(err.errno or 0, err)})"
@@ -313,12 +349,87 @@ class L3Catalog:
         self._log_entries = len(entries)
         self.counters["compactions"] += 1
 
+    # -- the clean stop ---------------------------------------------------------------------------
+
+    def spill_at_stop(self, chunks: Sequence[tuple[int, int]]) -> int:
+        """At a clean stop, after every worker closed: takes in the chunks (L3 key, host row) the host
+        still holds, oldest first, and those of spills no worker acknowledged, from the workers' stop
+        copies (the newest ``slots`` of them when there are more).
+        A chunk is placed only when every worker's stop copy of its row holds a good record of that
+        very key; its records are written into the data files and synced before its log entry.
+        Returns the chunks logged; ``l3_stop_unproven`` counts the ones no stop copy proved."""
+        g = self.geometry
+        unacknowledged = [(k, r) for b in self.carried() for k, r in zip(b.keys, b.rows.tolist())]
+        self.forget_pending()  # their jobs never completed: placed again below if a stop copy proves them
+        wanted, seen = [], set()
+        for key, row in [*unacknowledged, *chunks]:
+            if key not in seen and self.index.peek(key) is None:
+                seen.add(key)
+                wanted.append((key, int(row)))
+        if len(wanted) > self.slots:  # the cap holds fewer: keep the most recently placed
+            self.counters["not_spilled"] += len(wanted) - self.slots
+            wanted = wanted[len(wanted) - self.slots:]
+        copies: list[int] = []
+        data: dict[tuple[int, int], int] = {}
+        logged = 0
+        try:
+            try:
+                copies = [os.open(g.stop_copy(rank), os.O_RDONLY) for rank in range(g.world)]
+            except FileNotFoundError:  # a worker that did not close (or closed after this)
+                self.counters["stop_unproven"] += len(wanted)
+                return 0
+            stop_namespaces = [g.namespace(r, stop_copy=True) for r in range(g.world)]
+            namespaces = [g.namespace(r) for r in range(g.world)]
+            for start in range(0, len(wanted), STOP_BATCH):
+                proven: dict[int, tuple[int, list[np.ndarray]]] = {}
+                for key, row in wanted[start:start + STOP_BATCH]:
+                    records = []
+                    for rank, fd in enumerate(copies):
+                        record = np.frombuffer(bytearray(os.pread(fd, g.slot_bytes, row * g.slot_bytes)), dtype=np.uint8)
+                        if _cpkv.l3_check(record, stop_namespaces[rank], key, STOP_SEQUENCE, g.page_bytes) is not None:
+                            break
+                        records.append(record)
+                    if len(records) == g.world:
+                        proven[key] = (row, records)
+                    else:
+                        self.counters["stop_unproven"] += 1
+                batch = self.spill(list(proven), [row for row, _ in proven.values()])
+                if batch is None:
+                    continue
+                touched = set()
+                for key, slot, sequence in zip(batch.keys, batch.slots, batch.sequences):
+                    file, offset = g.where(slot)
+                    for rank, record in enumerate(proven[key][1]):
+                        _cpkv.l3_seal(record, namespaces[rank], key, sequence, g.page_bytes)
+                        if (rank, file) not in data:
+                            data[(rank, file)] = os.open(g.shard_dir(rank) / f"data-{file}.bin", os.O_WRONLY)
+                        written = os.pwrite(data[(rank, file)], record.data, offset)
+                        if written != g.slot_bytes:
+                            raise OSError(errno.EIO, f"short L3 write: {written} of {g.slot_bytes} bytes")
+                        touched.add((rank, file))
+                for where in sorted(touched):
+                    os.fdatasync(data[where])
+                self.commit([batch.id])  # every record of the batch is on disk: log it
+                logged += len(batch.keys)
+        finally:
+            for fd in [*copies, *data.values()]:
+                os.close(fd)
+        for rank in range(g.world):
+            g.stop_copy(rank).unlink(missing_ok=True)
+        self.counters["stop_spilled"] += logged
+        return logged
+
     def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = {f"l3_{k}": v for k, v in self.counters.items()}
         out.update({"l3_slots": self.slots, "l3_resident": len(self.index), "l3_recovered": self.recovered,
                     "l3_pending_batches": len(self.pending), "l3_rejects": dict(self.rejects),
+                    "l3_io": self.io_mode, "l3_io_reason": self.io_reason,
                     "l3_digest": int(self.index.digest())})
         return out
+
+    @property
+    def closed(self) -> bool:
+        return self._log_fd < 0
 
     def close(self) -> None:
         self._checks.put(None)
@@ -334,46 +445,101 @@ class L3Shard:
 
     def __init__(self, geometry: L3Geometry, rank: int) -> None:
         self.geometry = geometry
+        self.rank = rank
         self.namespace = geometry.namespace(rank)
         self.directory = geometry.shard_dir(rank)
         self.directory.mkdir(exist_ok=True)
         slots, per = geometry.slots, geometry.slots_per_file()
         files = -(-slots // per)
-        self._fds = []
         for i in range(files):
             size = min(per, slots - i * per) * geometry.slot_bytes
             fd = os.open(self.directory / f"data-{i}.bin", os.O_RDWR | os.O_CREAT, 0o644)
-            if os.fstat(fd).st_size > size:
-                os.ftruncate(fd, size)  # reopened smaller: give the blocks back
-            os.posix_fallocate(fd, 0, size)
-            self._fds.append(fd)
+            try:
+                if os.fstat(fd).st_size > size:
+                    os.ftruncate(fd, size)  # reopened smaller: give the blocks back
+                os.posix_fallocate(fd, 0, size)
+            finally:
+                os.close(fd)
+        # Writes O_DIRECT where the file system takes it (else buffered, the reason in stats());
+        # reads buffered with no read-ahead: see read().
+        self._scratch = AlignedScratch()
+        self.mode, self.mode_reason = probe_direct(self.directory / "data-0.bin", self._scratch)
+        direct = os.O_DIRECT if self.mode == "o_direct" else 0
+        self._fds = [os.open(self.directory / f"data-{i}.bin", os.O_RDWR | direct) for i in range(files)]
+        self._read_fds = [_random_reader(self.directory / f"data-{i}.bin") for i in range(files)]
         for stale in self.directory.glob("data-*.bin"):
             index = stale.stem.removeprefix("data-")
             if index.isdigit() and int(index) >= files:
                 stale.unlink(missing_ok=True)
         self.applied_upto = 0  # the last batch id written
-        self.counters = {"pages_written": 0, "pages_read": 0}
+        self.counters = {"pages_written": 0, "pages_read": 0, "stop_copied": 0}
+        # host row -> the L3 key of the chunk this worker last put there (a store or a fill it ran):
+        # what its stop copy seals each row with
+        self.held: dict[int, int] = {}
+        geometry.stop_copy(rank).unlink(missing_ok=True)  # a stop copy the last life's catalog never took in
+
+    def note_store(self, rows: np.ndarray, keys: Sequence[int], released: np.ndarray) -> None:
+        """A store ran: the rows its eviction released hold no chunk of this worker's any more
+        (their spills are written), then ``rows[i]`` holds ``keys[i]``."""
+        for row in released.tolist():
+            self.held.pop(row, None)
+        self.held.update(zip(np.asarray(rows).tolist(), keys))
+
+    def write_stop_copy(self, pages_of: Any) -> int:
+        """At this worker's close: its shard of every row it holds a chunk in, one sealed record per
+        row at the row's offset of ``stop.bin`` (not synced: the catalog checks, rewrites and syncs
+        what it takes in). Returns the rows written."""
+        g = self.geometry
+        namespace = g.namespace(self.rank, stop_copy=True)
+        held = sorted(self.held.items())
+        if not held:
+            return 0
+        fd = os.open(g.stop_copy(self.rank), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            buf = bytearray(g.slot_bytes)
+            record = np.frombuffer(buf, dtype=np.uint8)
+            for start in range(0, len(held), STOP_BATCH):
+                part = held[start:start + STOP_BATCH]
+                pages = pages_of(np.asarray([row for row, _ in part], dtype=np.int64))
+                for i, (row, key) in enumerate(part):
+                    record[HEADER:HEADER + g.page_bytes] = pages[i]
+                    _cpkv.l3_seal(record, namespace, key, STOP_SEQUENCE, g.page_bytes)
+                    written = os.pwrite(fd, buf, row * g.slot_bytes)
+                    if written != g.slot_bytes:
+                        raise OSError(errno.EIO, f"short L3 stop-copy write: {written} of {g.slot_bytes} bytes")
+        finally:
+            os.close(fd)
+        self.counters["stop_copied"] += len(held)
+        return len(held)
 
     def write(self, batches: Sequence[SpillBatch], pages_of: Any) -> None:
         """Writes the batches not written yet, in id order, then syncs: ``pages_of(rows)`` gives
-        uint8 ``[len(rows), page_bytes]`` of host rows (read before any of them is written again)."""
+        uint8 ``[len(rows), page_bytes]`` of host rows (read before any of them is written again).
+        Records are sealed in page-aligned scratch memory and written a run of consecutive slots at
+        a time (O_DIRECT where the file system takes it: spills never fill the page cache)."""
         g = self.geometry
+        per_group = max(1, WRITE_GROUP_BYTES // g.slot_bytes)  # scratch is sized by a group, not a batch
         touched = set()
         for batch in batches:
             if batch.id <= self.applied_upto:
                 continue  # a gap below is a batch a cache reset forgot: never carried again
             pages = pages_of(batch.rows)
-            buf = bytearray(g.slot_bytes)
-            record = np.frombuffer(buf, dtype=np.uint8)
-            for i, (key, slot, sequence) in enumerate(zip(batch.keys, batch.slots, batch.sequences)):
-                record[HEADER:HEADER + g.page_bytes] = pages[i]
-                record[HEADER + g.page_bytes:] = 0
-                _cpkv.l3_seal(record, self.namespace, key, sequence, g.page_bytes)
-                file, offset = g.where(slot)
-                written = os.pwrite(self._fds[file], buf, offset)
-                if written != g.slot_bytes:
-                    raise OSError(errno.EIO, f"short L3 write: {written} of {g.slot_bytes} bytes")
-                touched.add(file)
+            order = sorted(range(len(batch.keys)), key=lambda i: batch.slots[i])
+            for first in range(0, len(order), per_group):
+                group = order[first:first + per_group]
+                scratch = self._scratch.take(len(group) * g.slot_bytes)
+                for j, i in enumerate(group):
+                    record = scratch[j * g.slot_bytes:(j + 1) * g.slot_bytes]
+                    record[HEADER:HEADER + g.page_bytes] = pages[i]
+                    record[HEADER + g.page_bytes:] = 0
+                    _cpkv.l3_seal(record, self.namespace, batch.keys[i], batch.sequences[i], g.page_bytes)
+                for start, stop in _runs([batch.slots[i] for i in group], g.slots_per_file()):
+                    file, offset = g.where(batch.slots[group[start]])
+                    run = self._scratch.view(start * g.slot_bytes, stop * g.slot_bytes)
+                    written = os.pwrite(self._fds[file], run, offset)
+                    if written != len(run):
+                        raise OSError(errno.EIO, f"short L3 write: {written} of {len(run)} bytes")
+                    touched.add(file)
             self.counters["pages_written"] += len(batch.keys)
             self.applied_upto = batch.id
         for file in sorted(touched):
@@ -382,11 +548,14 @@ class L3Shard:
     def read(self, fill: Fill) -> np.ndarray:
         """The checked payload of a promoted chunk. The scheduler checked this record before it
         answered HIT and no placement reuses its slot until the load ran, so a failure here is
-        the disk changing under a reader: raised, never served."""
+        the disk changing under a reader: raised, never served. Buffered on purpose: the
+        scheduler's check has just read this record, so it comes from the page cache (one disk
+        read per chunk per node, ``tests_vllm/l3_read_io.py``); dropped from the cache afterwards."""
         g = self.geometry
         file, offset = g.where(fill.slot)
         buf = bytearray(g.slot_bytes)
-        got = os.preadv(self._fds[file], [buf], offset)
+        got = os.preadv(self._read_fds[file], [buf], offset)
+        os.posix_fadvise(self._read_fds[file], offset, g.slot_bytes, os.POSIX_FADV_DONTNEED)
         record = np.frombuffer(buf, dtype=np.uint8)[:got]
         reason = _cpkv.l3_check(record, self.namespace, fill.key, fill.sequence, g.page_bytes)
         if reason is not None:
@@ -395,8 +564,23 @@ class L3Shard:
         self.counters["pages_read"] += 1
         return record[HEADER:HEADER + g.page_bytes]
 
+    def stats(self) -> dict[str, Any]:
+        return {**{f"l3_{k}": v for k, v in self.counters.items()}, "l3_io": self.mode,
+                "l3_io_reason": self.mode_reason}
+
     def close(self) -> None:
-        for fd in self._fds:
+        for fd in [*self._fds, *self._read_fds]:
             os.close(fd)
         self._fds = []
+        self._read_fds = []
+
+
+def _runs(slots: Sequence[int], per_file: int) -> list[tuple[int, int]]:
+    """[start, stop) index ranges of ``slots`` (ascending) that are consecutive within one data file."""
+    runs, start = [], 0
+    for i in range(1, len(slots) + 1):
+        if i == len(slots) or slots[i] != slots[i - 1] + 1 or slots[i] % per_file == 0:
+            runs.append((start, i))
+            start = i
+    return runs
 

@@ -74,20 +74,23 @@ class CpkvLoadStoreSpec(BlockIDsLoadStoreSpec):
     reuse them, so a lower tier copies them out first."""
 
     evicted_rows: np.ndarray
-    # With L3: every spill batch not yet acknowledged (written first, in id order, once), and the
-    # promoted chunks whose host rows a load fills from disk before copying them out.
+    # With L3: every spill batch not yet acknowledged (written first, in id order, once), the
+    # promoted chunks whose host rows a load fills from disk before copying them out, and a store's
+    # L3 keys (``stored_keys[i]`` goes to ``rows[i]``: what a worker's stop copy seals that row with).
     spills: list[SpillBatch]
     fills: list[Fill]
+    stored_keys: list[int]
 
     @classmethod
     def of(cls, rows: np.ndarray, evicted_rows: np.ndarray = _NO_ROWS, spills: list[SpillBatch] | None = None,
-           fills: list[Fill] | None = None) -> CpkvLoadStoreSpec:
+           fills: list[Fill] | None = None, stored_keys: list[int] | None = None) -> CpkvLoadStoreSpec:
         """The spec of rows the core returned (already int32, as vLLM's own specs hold them)."""
         spec = cls.__new__(cls)
         spec.block_ids = rows
         spec.evicted_rows = evicted_rows
         spec.spills = spills or []
         spec.fills = fills or []
+        spec.stored_keys = stored_keys or []
         return spec
 
     @property
@@ -175,6 +178,7 @@ class CpkvOffloadingManager(OffloadingManager):
         evicted = self._evicted(evicted_bytes)
         spec = CpkvLoadStoreSpec.of(rows, evicted_rows)
         if self.l3 is not None:
+            spec.stored_keys = [l3_key(k) for k in store]
             self._spill(evicted, evicted_rows)
             self._carry(("store", frozenset(store)), spec)
         return PrepareStoreOutput(keys_to_store=_offload_keys(store), store_spec=spec, evicted_keys=evicted)
@@ -228,8 +232,22 @@ class CpkvOffloadingManager(OffloadingManager):
             self._protected.clear()
 
     def shutdown(self) -> None:
-        if self.l3 is not None:
-            self.l3.close()
+        """vLLM's scheduler closes after its workers (``EngineCore.shutdown``): with L3, the chunks
+        still in host memory are taken into L3 from the workers' stop copies, then the catalog closes."""
+        if self.l3 is not None and not self.l3.closed:
+            try:
+                self.l3.spill_at_stop(self._held_chunks())
+            finally:
+                self.l3.close()
+
+    def _held_chunks(self) -> list[tuple[int, int]]:
+        """(L3 key, host row) of every chunk whose bytes are in host memory: resident, its store
+        completed and successful, not a promoted chunk whose fill has not run."""
+        out = []
+        for key in self._core.resident_keys():
+            if key not in self._failed and key not in self._fills and not self._core.is_storing(key):
+                out.append((l3_key(key), self._core.row_of(key)))
+        return out
 
     # -- L3: spills on eviction, lookups that fall through to disk ------------------------------
 

@@ -148,6 +148,7 @@ class CpkvOffloadingWorker(OffloadingWorker):
             self.l3.write(host.spills, self.l3_pages)
         for fill in host.fills:
             self._fill_row(fill.row, self.l3.read(fill))
+            self.l3.held[fill.row] = fill.key
 
     def _copy(self, gpu: GPULoadStoreSpec, host: LoadStoreSpec, *, load: bool) -> int:
         self._l3_first(host)
@@ -159,6 +160,8 @@ class CpkvOffloadingWorker(OffloadingWorker):
                 moved += len(copy) * self._page_bytes[t]
         if any(d.is_cuda for d in self._device):
             torch.cuda.current_stream().synchronize()  # the helper issues copies non_blocking, either way
+        if not load and self.l3 is not None and isinstance(host, CpkvLoadStoreSpec):
+            self.l3.note_store(host.rows, host.stored_keys, host.evicted_rows)
         return moved
 
     # -- OffloadingWorker ------------------------------------------------------------------------
@@ -188,8 +191,14 @@ class CpkvOffloadingWorker(OffloadingWorker):
         return self._host[tensor][row * self.blocks_per_chunk: (row + 1) * self.blocks_per_chunk]
 
     def shutdown(self) -> None:
+        """vLLM closes the workers before the scheduler: with L3, this worker leaves its stop copy
+        of the host rows for the catalog to take in at its close (see :mod:`.l3`)."""
         if self.l3 is not None:
-            self.l3.close()
+            try:
+                self.l3.write_stop_copy(self.l3_pages)
+            finally:
+                self.l3.close()
+                self.l3 = None
         self._copier.clear()  # its source tables hold views of the slab
         self._views.clear()
         if self.slab is not None:

@@ -27,7 +27,6 @@ of them writes: the caller puts a barrier after it. Each rank's :meth:`digest` t
 from __future__ import annotations
 
 import errno
-import mmap
 import os
 import time
 from dataclasses import dataclass
@@ -38,6 +37,7 @@ import numpy as np
 
 from cpkv import _cpkv
 from cpkv.errors import InvalidArgumentError
+from cpkv.tier.l3.direct import AlignedScratch, probe_direct
 
 ALIGN = _cpkv.L3_RECORD_ALIGN
 HEADER = _cpkv.L3_HEADER_BYTES
@@ -85,29 +85,6 @@ def slots_for(cap_bytes: int, slot_bytes: int, ranks_on_node: int) -> int:
     return max(0, (cap_bytes - fixed) // per_slot)
 
 
-def _errno_name(err: OSError) -> str:
-    return errno.errorcode.get(err.errno, str(err.errno)) if err.errno is not None else str(err)
-
-
-class _Aligned:
-    """A page-aligned scratch buffer (anonymous mmap), grown on demand: O_DIRECT needs aligned memory."""
-
-    def __init__(self) -> None:
-        self._map: mmap.mmap | None = None
-        self.array = np.empty(0, dtype=np.uint8)
-
-    def take(self, nbytes: int) -> np.ndarray:
-        if self._map is None or len(self._map) < nbytes:
-            size = max(nbytes, ALIGN)
-            self._map = mmap.mmap(-1, size)
-            self.array = np.frombuffer(self._map, dtype=np.uint8)
-        return self.array[:nbytes]
-
-    def view(self, start: int, stop: int) -> memoryview:
-        assert self._map is not None
-        return memoryview(self._map)[start:stop]
-
-
 class L3Store:
     """One rank's handle on a node's L3 store in ``directory``, at most ``cap_bytes`` on disk.
 
@@ -146,7 +123,7 @@ class L3Store:
         self.counters = {"pages_written": 0, "bytes_written": 0, "pages_read": 0, "bytes_read": 0,
                          "lookups": 0, "hits": 0, "corrupt_dropped": 0, "compactions": 0}
         self.rejects: dict[str, int] = {}
-        self._scratch = _Aligned()
+        self._scratch = AlignedScratch()
         self._fds: list[int] = []
         self._log_fd = -1
         self._log_entries = 0
@@ -214,20 +191,7 @@ class L3Store:
 
     def _probe_direct(self) -> tuple[str, str]:
         """O_DIRECT when the file system takes an aligned O_DIRECT read; otherwise buffered I/O, and why."""
-        if not hasattr(os, "O_DIRECT"):
-            return "buffered", "this platform has no O_DIRECT"
-        try:
-            fd = os.open(self.directory / "data-0.bin", os.O_RDWR | os.O_DIRECT)
-        except OSError as err:
-            return "buffered", f"O_DIRECT refused by the file system ({_errno_name(err)})"
-        try:
-            self._scratch.take(ALIGN)
-            os.preadv(fd, [self._scratch.view(0, ALIGN)], 0)
-        except OSError as err:
-            return "buffered", f"O_DIRECT read failed ({_errno_name(err)})"
-        finally:
-            os.close(fd)
-        return "o_direct", ""
+        return probe_direct(self.directory / "data-0.bin", self._scratch)
 
     def close(self) -> None:
         """A clean stop: everything written is made durable first."""

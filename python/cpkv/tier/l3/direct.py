@@ -1,0 +1,59 @@
+"""O_DIRECT for the L3 files: whether a directory's file system takes it, and the page-aligned
+scratch memory it needs. Shared by :class:`cpkv.tier.l3.store.L3Store` and the vLLM adapter's
+per-worker shards (:mod:`cpkv.integrations.vllm.l3`)."""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+
+import numpy as np
+
+from cpkv import _cpkv
+
+ALIGN = _cpkv.L3_RECORD_ALIGN
+
+
+def errno_name(err: OSError) -> str:
+    return errno.errorcode.get(err.errno, str(err.errno)) if err.errno is not None else str(err)
+
+
+class AlignedScratch:
+    """A page-aligned scratch buffer (anonymous mmap), grown on demand: O_DIRECT needs aligned memory."""
+
+    def __init__(self) -> None:
+        self._map: mmap.mmap | None = None
+        self.array = np.empty(0, dtype=np.uint8)
+
+    def take(self, nbytes: int) -> np.ndarray:
+        if self._map is None or len(self._map) < nbytes:
+            size = max(nbytes, ALIGN)
+            self._map = mmap.mmap(-1, size)
+            self.array = np.frombuffer(self._map, dtype=np.uint8)
+        return self.array[:nbytes]
+
+    def view(self, start: int, stop: int) -> memoryview:
+        assert self._map is not None
+        return memoryview(self._map)[start:stop]
+
+
+def probe_direct(path: str | os.PathLike, scratch: AlignedScratch | None = None) -> tuple[str, str]:
+    """``("o_direct", "")`` when the file system of the existing file ``path`` takes an aligned
+    O_DIRECT read; otherwise ``("buffered", why)``, the reason a ``stats()`` reports (tmpfs refuses
+    O_DIRECT at open)."""
+    if not hasattr(os, "O_DIRECT"):
+        return "buffered", "this platform has no O_DIRECT"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    except OSError as err:
+        return "buffered", f"O_DIRECT refused by the file system ({errno_name(err)})"
+    scratch = scratch or AlignedScratch()
+    try:
+        scratch.take(ALIGN)
+        os.preadv(fd, [scratch.view(0, ALIGN)], 0)
+    except OSError as err:
+        return "buffered", f"O_DIRECT read failed ({errno_name(err)})"
+    finally:
+        os.close(fd)
+    return "o_direct", ""
