@@ -132,7 +132,8 @@ class CpkvHiCacheStorage(HiCacheStorage):
             self.l3 = SglangL3(self.settings.l3_dir, self.settings.l3_bytes, host_pool=host_pool,
                                page_bytes=pool.page_bytes, page_size=pool.page_size,
                                model=self.storage_config.model_name, topology=self.topology,
-                               tp_size=int(self.storage_config.tp_size), timeout_s=self.settings.timeout_s)
+                               tp_size=int(self.storage_config.tp_size), timeout_s=self.settings.timeout_s,
+                               staging_entries=self.settings.l3_staging_pages)
 
     def _pool(self, name: Any) -> PoolSlab:
         try:

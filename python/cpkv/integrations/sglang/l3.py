@@ -15,10 +15,15 @@ group and node, in a subdirectory of ``cpkv_l3_dir`` named after the group and t
   no spill is in flight); ``batch_get_v1`` reads each page the slab does not hold from its record
   into SGLang's host pool, its header, key, sequence, namespace and CRC32C checked first. A record
   that fails is a miss, counted, never served, and this rank stops reporting it; every rank of the
-  node reads the same file and so finds the same failure, and SGLang's MIN over the completed tokens
-  makes the load common. L3 pages are not promoted into slab rows: a slab placement must come from
-  the replicated store stream, and prefetch calls fall between the stores at a different point on
-  each rank.
+  node learns the same failure, and SGLang's MIN over the completed tokens makes the load common.
+  L3 pages are not promoted into slab rows: a slab placement must come from the replicated store
+  stream, and prefetch calls fall between the stores at a different point on each rank.
+- **Once per node** (:mod:`cpkv.tier.l3.staging`): every rank needs every hit (SGLang holds the KV
+  replicated), so the node's ranks share a read-staging area in shared memory (created with the
+  node's ranks when L3 opens; ``cpkv_l3_staging_pages`` entries): the first rank that needs a
+  record claims it, reads and checks it from disk and publishes it (or its failure); the others copy
+  it from there, whenever their prefetch gets to it. A rank whose copy was overwritten under it, or
+  whose entry is busy with another record, reads from disk itself (counted).
 
 Keys: 64 bits of BLAKE2b over the slab index's key bytes (SGLang's page hash in UTF-8, then group 0's
 four bytes), the same in every process and after a restart.
@@ -35,6 +40,7 @@ import numpy as np
 
 from cpkv.errors import InvalidArgumentError
 from cpkv.runtime.agree import agree
+from cpkv.tier.l3.staging import L3ReadStaging, default_entries
 from cpkv.tier.l3.store import L3Namespace, L3Store
 
 __all__ = ["SglangL3", "l3_key"]
@@ -58,7 +64,8 @@ class SglangL3:
     """One rank's L3 under one pool's slab (opened on every rank of the node: collective)."""
 
     def __init__(self, directory: str, cap_bytes: int, *, host_pool: Any, page_bytes: int, page_size: int,
-                 model: str | None, topology: Any, tp_size: int, timeout_s: float) -> None:
+                 model: str | None, topology: Any, tp_size: int, timeout_s: float,
+                 staging_entries: int | None = None) -> None:
         if not model:
             raise InvalidArgumentError("extra config key 'cpkv_l3_dir': SGLang's storage config names no model "
                                        "(model_name), and an L3 page is served only to the model that wrote it")
@@ -83,6 +90,13 @@ class SglangL3:
         if topology.node_group is not None and topology.node_size > 1:
             agree(self.store.digest(), group=topology.node_group, rank=topology.local_rank,
                   step="the L3 index after recovery", timeout_s=timeout_s)
+        entries = staging_entries if staging_entries is not None else default_entries(page_bytes, self.store.slots)
+        try:
+            self.staging = L3ReadStaging(self.store, entries, lock=self._lock, process_group=topology.node_group,
+                                         wait_s=timeout_s, timeout_s=timeout_s)
+        except BaseException:
+            self.store.close()
+            raise
 
     # -- out of the slab (the backup thread) ------------------------------------------------------
 
@@ -130,11 +144,13 @@ class SglangL3:
                 hit = self._found(keys[i])
                 if hit is not None:
                     found.append((i, hit))
-            if not found:
-                return []
-            out = np.empty((len(found), self.page_bytes), dtype=np.uint8)
-            reasons = self.store.read_many([f for _, f in found], out)
-            good = [j for j, reason in enumerate(reasons) if reason is None]
+        if not found:
+            return []
+        out = np.empty((len(found), self.page_bytes), dtype=np.uint8)
+        # From the node's staging area, or from disk once per node (the area takes the lock for that).
+        reasons = self.staging.read([f for _, f in found], out)
+        good = [j for j, reason in enumerate(reasons) if reason is None]
+        with self._lock:
             for j, reason in enumerate(reasons):
                 if reason is not None:
                     key, _, sequence = found[j][1]
@@ -159,8 +175,10 @@ class SglangL3:
                     "l3_recovery_s": s["recovery_s"], "l3_pages": s["index_pages"], "l3_slots": s["slots"],
                     "l3_disk_bytes": s["disk_bytes"], "l3_cap_bytes": s["cap_bytes"], "l3_mode": s["mode"],
                     "l3_rejects": s["rejects"], "l3_digest": self.digest()})
+        out.update(self.staging.stats())
         return out
 
     def close(self) -> None:
+        self.staging.close()
         with self._lock:
             self.store.close()
