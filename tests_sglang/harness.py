@@ -397,16 +397,51 @@ def pressure(r: Rank, requests: int = 40, seed: int = 2, backend: str = "cpkv", 
     return out
 
 
-def l3(r: Rank, phase: str, requests: int = 24, seed: int = 5, lag: int = 0) -> dict:
+def _l3_extra(r: Rank) -> dict:
+    extra = _cpkv_extra(r.options)
+    if r.options.get("l3_dir"):
+        extra.update(cpkv_l3_dir=r.options["l3_dir"], cpkv_l3_bytes=r.options["l3_bytes"])
+    if r.options.get("staging_pages"):
+        extra["cpkv_l3_staging_pages"] = r.options["staging_pages"]
+    return extra
+
+
+def _late_reads(r: Rank, marks: str) -> None:
+    """Makes this rank's L3 reads late: its n-th ``batch_get_v1`` (SGLang's prefetch I/O thread calls
+    it) starts only once rank 0's n-th has returned (rank 0 leaves a file per call in ``marks``), so
+    rank 0 reads every record first and this rank comes to each after it (a condition, not a sleep)."""
+    backend = r.backend
+    inner = backend.batch_get_v1
+    calls = [0]
+
+    def after_rank0(keys: Any, host_indices: Any, extra_info: Any = None) -> Any:
+        n = calls[0]
+        calls[0] += 1
+        mark = Path(marks) / f"get-{n}"
+        if r.rank == 0:
+            result = inner(keys, host_indices, extra_info)
+            mark.write_text("done")
+            return result
+        deadline = time.monotonic() + WAIT_S
+        while not mark.exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"rank 0 never finished its read {n}")
+            time.sleep(0.002)
+        return inner(keys, host_indices, extra_info)
+
+    backend.batch_get_v1 = after_rank0
+
+
+def l3(r: Rank, phase: str, requests: int = 24, seed: int = 5, lag: int = 0, late_reads: str | None = None) -> dict:
     """The L3 tier under a small slab. ``phase="fill"``: every rank stores the requests (rank 1 ``lag``
     requests late: its backup thread reaches each store after rank 0 has already reused the rows),
     then every rank prefetches each request (slab and L3 hits, bytes checked) and closes (a clean
     stop). ``phase="warm"``: new processes on the same directory prefetch each request and check
-    every byte loaded; nothing is stored."""
-    extra = _cpkv_extra(r.options)
-    if r.options.get("l3_dir"):
-        extra.update(cpkv_l3_dir=r.options["l3_dir"], cpkv_l3_bytes=r.options["l3_bytes"])
-    r.controller("dynamic", extra)
+    every byte loaded; nothing is stored. ``late_reads`` (a directory): every rank but 0 makes each
+    of its L3 reads after rank 0's (:func:`_late_reads`)."""
+    r.controller("dynamic", _l3_extra(r))
+    if late_reads:
+        _late_reads(r, late_reads)
     reqs = shared_prefix_requests(requests, seed, r.page_size, prefixes=8, max_pages=12 if r.kind == "dsa" else 32)
     if phase == "fill":
         pending: list[list[int]] = []
@@ -420,12 +455,15 @@ def l3(r: Rank, phase: str, requests: int = 24, seed: int = 5, lag: int = 0) -> 
             idx, _ = r.write(tokens)
             r.wait_backup(idx)
         r.barrier()
+    started = time.perf_counter()
     fetched = [r.prefetch(f"req{i}", tokens) for i, tokens in enumerate(reqs)]
+    prefetch_s = time.perf_counter() - started
     r.backend.wait_checks(WAIT_S)
     r.barrier()
     stats_open = r.backend.stats()
-    out = {"fetched": fetched, "stats": stats_open, "digest": r.backend.digest(),
-           "distinct_pages": len({h for t in reqs for h in r.hashes(t)}),
+    loaded = {h for f, t in zip(fetched, reqs) for h in r.hashes(t)[:f["loaded"] // r.page_size]}
+    out = {"fetched": fetched, "stats": stats_open, "digest": r.backend.digest(), "prefetch_s": prefetch_s,
+           "distinct_pages": len({h for t in reqs for h in r.hashes(t)}), "distinct_loaded": len(loaded),
            "page_bytes": r.backend.pools["kv"].page_bytes,
            "pool_page_bytes": {name: p.page_bytes for name, p in r.backend.pools.items()}}
     r.barrier()
@@ -608,6 +646,41 @@ def l3_late_pool(r: Rank) -> dict:
 
 def _crash_requests(r: Rank, life: int) -> list[list[int]]:
     return shared_prefix_requests(40, 1000 + life, r.page_size, prefixes=4, max_pages=8)
+def l3_killed_claimant(r: Rank, marker: str, requests: int = 6, seed: int = 5, victim: int = 1) -> dict:
+    """New processes on a filled L3 directory. Rank ``victim`` asks the backend for the first
+    requests' pages (``batch_exists``, then ``batch_get_v1`` into SGLang's host pool, as SGLang's
+    prefetch threads call them), claims their staging entries and dies (SIGKILL) before reading any;
+    the others, once it has claimed (``marker`` written), ask for the same pages: they must load every
+    one, byte-exact, within the backend's timeout plus the reads, and leave nothing in /dev/shm.
+    No collective runs after the kill (SGLang's MIN would wait on the dead rank)."""
+    r.controller("dynamic", _l3_extra(r))
+    assert r.backend.l3 is not None
+    l3 = r.backend.l3.anchor  # the KV pool's L3 and its staging area
+    run_id = l3.staging.run_id
+    reqs = shared_prefix_requests(requests, seed, r.page_size, prefixes=8, max_pages=32)
+    keys = [h for tokens in reqs for h in r.hashes(tokens)]
+    keys = list(dict.fromkeys(keys))  # distinct pages, first-seen order
+    r.barrier()
+    if r.rank == victim:
+        def die() -> None:
+            Path(marker).write_text("claimed")
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        l3.staging.after_claim = die
+    else:
+        deadline = time.monotonic() + WAIT_S
+        while not Path(marker).exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError("the victim never claimed")
+            time.sleep(0.01)
+    started = time.monotonic()
+    hits = r.backend.batch_exists(keys)
+    idx = r.group.alloc(hits * r.page_size)
+    ok = r.backend.batch_get_v1(keys[:hits], idx)
+    seconds = time.monotonic() - started
+    wrong = r.check(r.host, idx, keys[:hits])
+    return {"hits": hits, "loaded": sum(ok), "wrong": wrong, "seconds": seconds, "run_id": run_id,
+            "stats": r.backend.stats()}
 
 
 def _count_exists(backend: Any) -> None:
@@ -765,4 +838,5 @@ def bad_indices(r: Rank) -> dict:
 
 SCENARIOS = {"roundtrip": roundtrip, "pressure": pressure, "killed": killed, "diverged": diverged,
              "missed_store": missed_store, "bad_indices": bad_indices, "l3": l3, "l3_crash": l3_crash,
-             "l3_diverged": l3_diverged, "l3_late_pool": l3_late_pool}
+             "l3_diverged": l3_diverged, "l3_late_pool": l3_late_pool,
+             "l3_killed_claimant": l3_killed_claimant}

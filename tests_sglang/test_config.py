@@ -61,6 +61,14 @@ def _config(extra: dict) -> HiCacheStorageConfig:
     ({"cpkv_pages": 8, "interface_v1": 1, "cpkv_l3_dir": "/tmp", "cpkv_l3_bytes": 1 << 63},
      InvalidArgumentError, "'cpkv_l3_bytes' must be an int"),
     ({"cpkv_pages": 8, "cpkv_l3_dir": "/tmp", "cpkv_l3_bytes": 1 << 20}, InvalidArgumentError, "'cpkv_l3_dir' needs 'interface_v1'"),
+    # The read-staging area's entries: with the L3 tier, an int within the core's limit.
+    ({"cpkv_pages": 8, "cpkv_l3_staging_pages": 16}, InvalidArgumentError, "'cpkv_l3_staging_pages' needs 'cpkv_l3_dir'"),
+    ({"cpkv_pages": 8, "interface_v1": 1, "cpkv_l3_dir": "/tmp", "cpkv_l3_bytes": 1 << 20, "cpkv_l3_staging_pages": 0},
+     InvalidArgumentError, "'cpkv_l3_staging_pages' must be an int"),
+    ({"cpkv_pages": 8, "interface_v1": 1, "cpkv_l3_dir": "/tmp", "cpkv_l3_bytes": 1 << 20,
+      "cpkv_l3_staging_pages": (1 << 24) + 1}, InvalidArgumentError, "'cpkv_l3_staging_pages' must be an int"),
+    ({"cpkv_pages": 8, "interface_v1": 1, "cpkv_l3_dir": "/tmp", "cpkv_l3_bytes": 1 << 20,
+      "cpkv_l3_staging_pages": 4.0}, InvalidArgumentError, "'cpkv_l3_staging_pages' must be an int"),
     # The config names no model (model_name None here): an L3 page could not be tied to one.
     ({"cpkv_pages": 8, "interface_v1": 1, "cpkv_l3_dir": "/tmp", "cpkv_l3_bytes": 1 << 20},
      InvalidArgumentError, "'cpkv_l3_dir'.*model_name"),
@@ -82,6 +90,10 @@ def test_l3_settings_are_read(tmp_path) -> None:
     settings = CpkvStorageSettings.from_extra_config(
         {"cpkv_pages": 8, "interface_v1": 1, "cpkv_l3_dir": str(tmp_path), "cpkv_l3_bytes": 1 << 20})
     assert (settings.l3_dir, settings.l3_bytes) == (str(tmp_path), 1 << 20)
+    assert settings.l3_staging_pages is None  # the default area (cpkv.tier.l3.staging.default_entries)
+    assert CpkvStorageSettings.from_extra_config(
+        {"cpkv_pages": 8, "interface_v1": 1, "cpkv_l3_dir": str(tmp_path), "cpkv_l3_bytes": 1 << 20,
+         "cpkv_l3_staging_pages": 12}).l3_staging_pages == 12
     assert CpkvStorageSettings.from_extra_config({"cpkv_pages": 8}).l3_dir is None
 
 

@@ -9,6 +9,7 @@ new processes on a copy of that directory: restart-warm, damaged records, a fore
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -113,6 +114,80 @@ def test_restart_is_warm_and_every_byte_served_is_exact(filled, tmp_path) -> Non
     print(f"hit tokens: fill run {sum(_hits(before[0]))}, after the restart {warm}; "
           f"L3 pages read after the restart: {results[0]['stats']['l3_pages_read']}")
     assert warm == sum(_hits(before[0])) > 0
+    # Read once per node: every rank loaded every hit, but each record came off the disk once.
+    _check_read_once_per_node(results)
+
+
+def _check_read_once_per_node(results: list[dict]) -> None:
+    """The node's ranks together read each distinct page they loaded from disk once (not once per
+    rank, nor once per request that hit it); every other load came from the staging area; no
+    name of the area is left in /dev/shm."""
+    distinct = results[0]["distinct_loaded"]
+    assert distinct > 0 and all(r["distinct_loaded"] == distinct for r in results)
+    disk = [r["stats"]["l3_disk_reads"] for r in results]
+    served = [r["stats"]["l3_pages_read"] for r in results]
+    print(f"{len(results)} ranks, {distinct} distinct pages loaded from L3: pages served per rank {served}, "
+          f"disk reads per rank {disk} ({sum(disk) / distinct:.2f} per page per node; before the staging area "
+          f"every served page was a disk read: {sum(served) / distinct:.2f}), prefetch seconds per rank "
+          f"{[round(r['prefetch_s'], 2) for r in results]}")
+    assert sum(disk) == distinct
+    for r in results:
+        s = r["stats"]
+        assert s["l3_staging_hits"] + s["l3_disk_reads"] == s["l3_pages_read"] + s["l3_read_failures"]
+        assert [n for n in os.listdir("/dev/shm") if s["l3_staging_run_id"] in n] == []
+
+
+@pytest.mark.timeout(900)
+def test_a_late_rank_is_served_from_the_staging_area(filled, tmp_path) -> None:
+    """Rank 1 makes each of its L3 reads only after rank 0 has finished the same one: it reads no
+    record from disk, every page it loads comes from shared memory, byte-exact."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    results = launch(2, "l3", args={"phase": "warm", "late_reads": str(marks)}, **_opts(_copy(filled, tmp_path)))
+    _check_agreed_and_exact(results)
+    _check_read_once_per_node(results)
+    early, late = (r["stats"] for r in results)
+    assert early["l3_disk_reads"] == results[0]["distinct_loaded"] and late["l3_disk_reads"] == 0
+    assert late["l3_staging_hits"] == late["l3_pages_read"] > 0
+
+
+@pytest.mark.timeout(900)
+def test_a_late_rank_after_the_entries_were_reused_reads_from_disk(filled, tmp_path) -> None:
+    """The same with a staging area of 4 entries: by the time rank 1 comes, rank 0 has reused most
+    entries for later records, so rank 1 reads those itself (each counted as a disk read), the rest
+    from the area; every page right either way."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    results = launch(2, "l3", args={"phase": "warm", "late_reads": str(marks)},
+                     **_opts(_copy(filled, tmp_path)), staging_pages=4)
+    _check_agreed_and_exact(results)
+    for res in results:
+        s = res["stats"]
+        assert s["l3_staging_entries"] == 4 and s["l3_read_failures"] == 0
+        assert s["l3_staging_hits"] + s["l3_disk_reads"] == s["l3_pages_read"]
+        for f in res["fetched"]:
+            assert f["loaded"] == f["post"], f
+    late = results[1]["stats"]
+    assert 0 < late["l3_disk_reads"] < late["l3_pages_read"] and late["l3_staging_hits"] > 0
+    print(f"4 staging entries, rank 1 late: disk reads per rank {[r['stats']['l3_disk_reads'] for r in results]}, "
+          f"staging hits per rank {[r['stats']['l3_staging_hits'] for r in results]}")
+
+
+@pytest.mark.timeout(900)
+def test_a_claimant_killed_mid_read_leaves_the_others_a_correct_answer(filled, tmp_path) -> None:
+    """Rank 1 claims the staging entries of the pages both ranks need, then is SIGKILLed before it
+    reads any. Rank 0 waits for the claims (cpkv_timeout_s), takes them over, reads the records and
+    loads every page byte-exact; /dev/shm keeps nothing of the area."""
+    timeout_s = 5
+    results = launch(2, "l3_killed_claimant", args={"marker": str(tmp_path / "claimed")},
+                     **_opts(_copy(filled, tmp_path)), timeout_s=timeout_s)
+    survivor, dead = results
+    assert dead is None  # SIGKILLed before it could report
+    s = survivor["stats"]
+    assert survivor["hits"] > 0 and survivor["loaded"] == survivor["hits"] and survivor["wrong"] == 0, survivor
+    assert s["l3_staging_waits"] == s["l3_staging_takeovers"] == s["l3_disk_reads"] == survivor["hits"]
+    assert survivor["seconds"] < timeout_s + 30, survivor
+    assert [n for n in os.listdir("/dev/shm") if survivor["run_id"] in n] == []
 
 
 def _damage(directory: Path, records: int, pool: str = "kv") -> int:
@@ -147,6 +222,9 @@ def test_damaged_records_are_counted_misses_never_served(filled, tmp_path) -> No
     _check_agreed_and_exact(results)  # 0 wrong pages: a damaged record is never loaded
     failures = [r["stats"]["l3_read_failures"] for r in results]
     assert all(f >= 1 for f in failures), failures
+    # The same miss on every rank, and each damaged record read from disk once on the node.
+    assert failures[0] == failures[1]
+    assert sum(r["stats"]["l3_disk_read_failures"] for r in results) == failures[0]
     assert all(r["stats"]["l3_rejects"] for r in results)
     loaded = sum(f["loaded"] for f in results[0]["fetched"])
     assert 0 < loaded < sum(_hits(filled[1][0]))
@@ -190,6 +268,8 @@ def test_cp4_as_two_nodes_one_copy_per_node_and_warm_after_restart(tmp_path) -> 
         assert res["stats"]["l3_read_failures"] == 0
         for f in res["fetched"]:
             assert f["wrong"] == 0 and f["post"] == f["pre"] and f["loaded"] == f["post"], f
+    for node in nodes:  # each node's staging area: its pages read from disk once on that node
+        _check_read_once_per_node([r for r in warm if r["stats"]["l3_dir"] == node])
     print(f"CP 4 (2 nodes): hit tokens fill {sum(_hits(fill[0]))}, after the restart {sum(_hits(warm[0]))}; "
           f"on disk per node {[next(r for r in fill if r['closed']['l3_dir'] == n)['closed']['l3_pages'] for n in nodes]}")
     assert sum(_hits(warm[0])) == sum(_hits(fill[0])) > 0

@@ -39,6 +39,7 @@ __all__ = [
     "OffloadIndex",
     "SglangIndex",
     "SglangPool",
+    "L3Staging",
     "RowSources",
     "copy_rows",
     "row_runs",
@@ -626,6 +627,57 @@ class SglangPool:
     def entry_sizes(self) -> list[int]: ...
     @property
     def mode(self) -> Literal["layout", "meta"]: ...
+
+
+@final
+class L3Staging:
+    """The node-shared L3 read-staging area (``cpkv.tier.l3.staging`` builds it over a ``HostSlab``):
+    ``data`` uint8 ``[entries, L3_HEADER_BYTES + page_bytes]`` (one record each), ``words`` int64
+    ``[entries, 2]`` (a state word naming (sequence, version, state), a failure's reason); record
+    (slot, sequence) lives in entry ``slot % entries``. Every transition is a compare-and-swap on the
+    state word; a copy out of an entry is re-checked against the word after it and checked as a disk
+    read (CRC32C); every copy is bounds-checked where it copies, without the GIL."""
+
+    SERVED: int
+    FAILED: int
+    CLAIMED: int
+    WAIT: int
+    BUSY: int
+    REUSED: int
+    TORN: int
+    BYPASS: int
+    MAX_ENTRIES: int
+    MAX_SEQUENCE: int
+
+    def __new__(cls, data: object, words: object, page_bytes: int, namespace: int) -> L3Staging: ...
+    def take(self, keys: Sequence[int], slots: Sequence[int], sequences: Sequence[int],
+             out: npt.NDArray[np.uint8]) -> tuple[list[int], list[int], list[str | None]]:
+        """Per record: its outcome (the constants above), the state word seen or claimed, a failure's
+        reason; a ``SERVED`` page is in ``out[i]`` (uint8 ``[n, page_bytes]``). Never waits."""
+    def wait(self, keys: Sequence[int], slots: Sequence[int], sequences: Sequence[int], words: Sequence[int],
+             out: npt.NDArray[np.uint8], timeout_s: float,
+             ) -> tuple[list[int], list[int], list[str | None], list[bool]]:
+        """Waits for the ``WAIT`` records of ``take`` (``words``: the words it saw) until their word moves,
+        then decides as ``take``; a word unchanged for ``timeout_s`` is taken over (``CLAIMED``; the last
+        list says which)."""
+    def publish(self, slots: Sequence[int], claims: Sequence[int], records: npt.NDArray[np.uint8],
+                offsets: Sequence[int], reasons: Sequence[str | None]) -> list[bool]:
+        """Publishes this rank's claims: a good record (``reasons[i]`` None) copied from ``records`` at
+        ``offsets[i]`` and marked ready, a failed one marked failed with its reason. Per record whether
+        it was published (False: taken over meanwhile)."""
+    def abandon(self, slots: Sequence[int], claims: Sequence[int]) -> None:
+        """Gives claims up (their entries back to empty), so no rank waits for them."""
+    def entry_state(self, slot: int) -> tuple[int, int, int]:
+        """(sequence, version, state) of the entry of ``slot``: 0 empty, 1 reading, 2 ready, 3 failed."""
+    def set_copy_hook(self, hook: object | None) -> None:
+        """A callable run between a copy out of an entry and its re-check (tests); the calls then hold
+        the GIL."""
+    def close(self) -> None:
+        """Waits for calls in flight; every later call raises ``InvalidArgumentError``."""
+    @property
+    def entries(self) -> int: ...
+    @property
+    def entry_bytes(self) -> int: ...
 
 
 @final

@@ -45,7 +45,7 @@ pub(crate) struct Region {
 
 impl Region {
     /// A CPU, contiguous torch tensor's bytes.
-    fn of_tensor(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Self> {
+    pub(crate) fn of_tensor(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Self> {
         let py = obj.py();
         let not_tensor = || {
             wrong_type(format!(
@@ -77,7 +77,23 @@ impl Region {
         Ok(Self { address, bytes })
     }
 
-    fn overlaps(&self, other: &Region) -> bool {
+    /// A byte slice this process owns (a call's scratch or output).
+    pub(crate) fn of_slice(bytes: &[u8]) -> Self {
+        Self {
+            address: bytes.as_ptr() as usize,
+            bytes: bytes.len(),
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.bytes
+    }
+
+    pub(crate) fn address(&self) -> usize {
+        self.address
+    }
+
+    pub(crate) fn overlaps(&self, other: &Region) -> bool {
         self.bytes > 0
             && other.bytes > 0
             && self.address < other.address + other.bytes

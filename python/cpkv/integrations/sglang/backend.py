@@ -146,7 +146,8 @@ class CpkvHiCacheStorage(HiCacheStorage):
             return
         self.l3 = SglangL3Tier(self.settings.l3_dir, self.settings.l3_bytes, self.pools,
                                model=self.storage_config.model_name, topology=self.topology,
-                               tp_size=int(self.storage_config.tp_size), timeout_s=self.settings.timeout_s)
+                               tp_size=int(self.storage_config.tp_size), timeout_s=self.settings.timeout_s,
+                               staging_entries=self.settings.l3_staging_pages)
 
     def _pool(self, name: Any) -> PoolSlab:
         try:

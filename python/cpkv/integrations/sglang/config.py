@@ -29,6 +29,9 @@ KEYS = {
                     "(with cpkv_l3_bytes; needs interface_v1: 1)"),
     "cpkv_l3_bytes": ("the most bytes the L3 tier keeps on disk per store group and node, all pools together, "
                       "int >= 1 (with cpkv_l3_dir)"),
+    "cpkv_l3_staging_pages": ("entries of each pool's L3 read-staging area on the node (one L3 record each, shared memory), "
+                              "int from 1 to cpkv._cpkv.L3Staging.MAX_ENTRIES (default: 256 MiB of records, at "
+                              "least 64, at most the L3 slots; with cpkv_l3_dir)"),
     "cpkv_timeout_s": (f"seconds any rank waits for its peers in a collective, {MIN_TIMEOUT_S:g} to {MAX_TIMEOUT_S:g} "
                        f"(cpkv.runtime.timeouts' one rule; default {DEFAULT_TIMEOUT_S:g})"),
 }
@@ -45,6 +48,7 @@ class CpkvStorageSettings:
     interface_v1: bool = False
     l3_dir: str | None = None
     l3_bytes: int | None = None
+    l3_staging_pages: int | None = None
 
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, Any] | None) -> CpkvStorageSettings:
@@ -81,7 +85,24 @@ class CpkvStorageSettings:
         if v1 not in (0, 1, True, False):
             raise InvalidArgumentError(f"extra config key 'interface_v1' must be 0 or 1, got {v1!r}")
         l3_dir, l3_bytes = _l3(extra, bool(v1))
-        return cls(pages, policy, layout, ranks_per_node, check_every, timeout_s, bool(v1), l3_dir, l3_bytes)
+        staging = _staging_pages(extra, l3_dir)
+        return cls(pages, policy, layout, ranks_per_node, check_every, timeout_s, bool(v1), l3_dir, l3_bytes, staging)
+
+
+def _staging_pages(extra: Mapping[str, Any], l3_dir: str | None) -> int | None:
+    """``cpkv_l3_staging_pages``: entries of the L3 read-staging area, with ``cpkv_l3_dir`` only."""
+    if "cpkv_l3_staging_pages" not in extra:
+        return None
+    value = extra["cpkv_l3_staging_pages"]
+    if l3_dir is None:
+        raise InvalidArgumentError("extra config key 'cpkv_l3_staging_pages' needs 'cpkv_l3_dir' (it sizes the L3 "
+                                   "tier's read-staging area)")
+    from cpkv._cpkv import L3Staging  # the one limit, in the core
+
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= L3Staging.MAX_ENTRIES:
+        raise InvalidArgumentError(f"extra config key 'cpkv_l3_staging_pages' must be an int in "
+                                   f"[1, {L3Staging.MAX_ENTRIES}], got {value!r}")
+    return value
 
 
 def _l3(extra: Mapping[str, Any], interface_v1: bool) -> tuple[str | None, int | None]:

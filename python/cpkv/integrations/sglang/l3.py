@@ -29,11 +29,16 @@ key and placement stream (:class:`SglangL3Tier`).
   flight); ``batch_get_v1`` (KV) and ``batch_get_v2`` (the indexer) read each page the slab does
   not hold from that pool's record into SGLang's host pool, its header, key, sequence, namespace
   and CRC32C checked first. A record that fails is a miss, counted, never served, and this rank
-  stops reporting it (nor the page: an L3 hit is whole); every rank of the node reads the same file
-  and so finds the same failure, and SGLang's MIN over the completed tokens (the least of a batch's
+  stops reporting it (nor the page: an L3 hit is whole); every rank of the node learns the same failure, and SGLang's MIN over the completed tokens (the least of a batch's
   KV and indexer hits) makes the load common. L3 pages are not promoted into slab rows: a slab placement must come from
   the replicated store stream, and prefetch calls fall between the stores at a different point on
   each rank.
+- **Once per node** (:mod:`cpkv.tier.l3.staging`): every rank needs every hit (SGLang holds the KV
+  and the indexer replicated), so the node's ranks share a read-staging area per pool in shared
+  memory (created with the node's ranks when L3 opens; ``cpkv_l3_staging_pages`` entries each): the
+  first rank that needs a record claims it, reads and checks it from disk and publishes it (or its
+  failure); the others copy it from there, whenever their prefetch gets to it. A rank whose copy was
+  overwritten under it, or whose entry is busy with another record, reads from disk itself (counted).
 
 Keys: 64 bits of BLAKE2b over the slab index's key bytes (SGLang's page hash in UTF-8, then group 0's
 four bytes), the same in every process and after a restart.
@@ -52,6 +57,7 @@ import numpy as np
 from cpkv import _cpkv
 from cpkv.errors import InvalidArgumentError
 from cpkv.runtime.agree import agree
+from cpkv.tier.l3.staging import L3ReadStaging, default_entries
 from cpkv.tier.l3.store import L3Namespace, L3Store, disk_bytes, slots_for
 
 __all__ = ["SglangL3", "SglangL3Tier", "l3_key", "split_cap"]
@@ -115,7 +121,8 @@ class SglangL3:
     ``directory/group-<group>-node<node>/<pool_name>/``."""
 
     def __init__(self, directory: str, cap_bytes: int, *, pool_name: str, host_pool: Any, page_bytes: int,
-                 page_size: int, model: str | None, topology: Any, tp_size: int, timeout_s: float) -> None:
+                 page_size: int, model: str | None, topology: Any, tp_size: int, timeout_s: float,
+                 staging_entries: int | None = None) -> None:
         if not model:
             raise InvalidArgumentError("extra config key 'cpkv_l3_dir': SGLang's storage config names no model "
                                        "(model_name), and an L3 page is served only to the model that wrote it")
@@ -144,6 +151,13 @@ class SglangL3:
         if topology.node_group is not None and topology.node_size > 1:
             agree(self.store.digest(), group=topology.node_group, rank=topology.local_rank,
                   step=f"pool {pool_name!r}'s L3 index after recovery", timeout_s=timeout_s)
+        entries = staging_entries if staging_entries is not None else default_entries(page_bytes, self.store.slots)
+        try:
+            self.staging = L3ReadStaging(self.store, entries, lock=self._lock, process_group=topology.node_group,
+                                         wait_s=timeout_s, timeout_s=timeout_s)
+        except BaseException:
+            self.store.close()
+            raise
 
     # -- out of the slab (the backup thread) ------------------------------------------------------
 
@@ -191,11 +205,13 @@ class SglangL3:
                 hit = self._found(keys[i])
                 if hit is not None:
                     found.append((i, hit))
-            if not found:
-                return []
-            out = np.empty((len(found), self.page_bytes), dtype=np.uint8)
-            reasons = self.store.read_many([f for _, f in found], out)
-            good = [j for j, reason in enumerate(reasons) if reason is None]
+        if not found:
+            return []
+        out = np.empty((len(found), self.page_bytes), dtype=np.uint8)
+        # From the node's staging area, or from disk once per node (the area takes the lock for that).
+        reasons = self.staging.read([f for _, f in found], out)
+        good = [j for j, reason in enumerate(reasons) if reason is None]
+        with self._lock:
             for j, reason in enumerate(reasons):
                 if reason is not None:
                     key, _, sequence = found[j][1]
@@ -221,9 +237,11 @@ class SglangL3:
                     "l3_recovery_s": s["recovery_s"], "l3_pages": s["index_pages"], "l3_slots": s["slots"],
                     "l3_disk_bytes": s["disk_bytes"], "l3_cap_bytes": s["cap_bytes"], "l3_mode": s["mode"],
                     "l3_rejects": s["rejects"], "l3_digest": self.digest()})
+        out.update(self.staging.stats())
         return out
 
     def close(self) -> None:
+        self.staging.close()
         with self._lock:
             self.store.close()
 
@@ -234,8 +252,9 @@ class SglangL3Tier:
     on every rank: collective), with :func:`split_cap`'s share of the cap each."""
 
     def __init__(self, directory: str, cap_bytes: int, pools: Mapping[str, Any], *, model: str | None,
-                 topology: Any, tp_size: int, timeout_s: float) -> None:
-        """``pools``: name -> the backend's ``PoolSlab`` (its ``host_pool``, ``page_bytes``, ``page_size``)."""
+                 topology: Any, tp_size: int, timeout_s: float, staging_entries: int | None = None) -> None:
+        """``pools``: name -> the backend's ``PoolSlab`` (its ``host_pool``, ``page_bytes``, ``page_size``);
+        ``staging_entries``: each pool's read-staging entries (``cpkv_l3_staging_pages``; None: the default)."""
         if not pools:
             raise InvalidArgumentError("extra config key 'cpkv_l3_dir': no host pool was registered")
         caps = split_cap(cap_bytes, {name: p.page_bytes for name, p in pools.items()}, topology.node_size)
@@ -245,7 +264,8 @@ class SglangL3Tier:
         for name, p in pools.items():
             self.pools[name] = SglangL3(directory, caps[name], pool_name=name, host_pool=p.host_pool,
                                         page_bytes=p.page_bytes, page_size=p.page_size, model=model,
-                                        topology=topology, tp_size=tp_size, timeout_s=timeout_s)
+                                        topology=topology, tp_size=tp_size, timeout_s=timeout_s,
+                                        staging_entries=staging_entries)
         self.anchor = next(iter(self.pools.values()))  # the KV pool: SGLang registers it first
 
     def pool(self, name: str) -> SglangL3 | None:

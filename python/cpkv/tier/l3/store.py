@@ -130,6 +130,8 @@ class L3Store:
         self._pending: list[tuple[int, int, int, int]] = []  # log entries of records not yet synced
         self._own: set[tuple[int, int]] = set()  # (key, sequence) of the records this rank wrote
         self._unsynced: set[int] = set()
+        # read_many's raw records (in slot order) and the row of each page it read.
+        self.last_records: tuple[np.ndarray, list[int]] = (np.empty(0, dtype=np.uint8), [])
         self.mode = "buffered"
         self.mode_reason = ""
         self._open(direct)
@@ -340,6 +342,12 @@ class L3Store:
         if flat.nbytes != len(found) * self.page_bytes:
             raise InvalidArgumentError(f"out holds {flat.nbytes} bytes, {len(found)} pages need "
                                        f"{len(found) * self.page_bytes}")
+        rows = [0] * len(found)
+        for row, i in enumerate(order):
+            rows[i] = row
+        # The raw records (checked or not) stay readable until this store's next read or write: a
+        # node's read-staging area publishes them from here (:mod:`cpkv.tier.l3.staging`).
+        self.last_records = (buf, rows)
         for start, stop in self._runs(slots):
             fd, offset = self._where(slots[start])
             got = os.preadv(fd, [self._scratch.view(start * self.slot_bytes, stop * self.slot_bytes)], offset)
