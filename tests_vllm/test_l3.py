@@ -27,7 +27,8 @@ BLOCKS = 5  # full blocks per prompt (and 5 more tokens: vLLM may load all five)
 
 
 def l3_extra(directory: Path, host_blocks: int = 4, **overrides: Any) -> dict[str, Any]:
-    return cpkv_extra(cpkv_host_blocks=host_blocks, cpkv_l3_dir=str(directory), cpkv_l3_bytes=1 << 22, **overrides)
+    settings: dict[str, Any] = {"cpkv_host_blocks": host_blocks, "cpkv_l3_dir": str(directory), "cpkv_l3_bytes": 1 << 22}
+    return cpkv_extra(**{**settings, **overrides})
 
 
 def keys_of(request: Any) -> list[bytes]:
@@ -193,7 +194,8 @@ def disk_bytes(directory: Path) -> int:
 def test_a_small_cap_stays_bounded_compacts_its_log_and_restarts_warm(tmp_path: Path) -> None:
     """Four slots for 30 chunks: the catalog keeps the last ones, its log is compacted (more
     entries than twice the slots), disk bytes stay within the cap, and a restart serves exactly
-    the chunks the log names."""
+    the chunks the log names. Four slots leave no stop-copy reserve (an eighth of them): the stop
+    keeps none of the host's chunks."""
     slot_bytes, cap = 16384, 24576 + 4 * 16480 + 100  # cpkv.tier.l3.store.slots_for: 4 slots
     extra = cpkv_extra(cpkv_host_blocks=4, cpkv_l3_dir=str(tmp_path), cpkv_l3_bytes=cap)
     eng = Engine(extra)
@@ -205,9 +207,11 @@ def test_a_small_cap_stays_bounded_compacts_its_log_and_restarts_warm(tmp_path: 
     stats = eng.manager.stats()
     assert eng.manager.l3.geometry.slot_bytes == slot_bytes and stats["l3_slots"] == 4, stats
     assert stats["l3_committed"] > 8 and stats["l3_compactions"] >= 1 and stats["l3_resident"] == 4, stats
-    eng.close()  # the stop spills the host's 4 chunks: the 4 slots now hold them
+    assert eng.manager.l3.geometry.stop_rows == 0
+    eng.close()  # no reserve for stop copies: the host's 4 chunks are not kept
     on_disk = {k for k, _, _ in eng.manager.l3.index.entries()}
-    assert eng.manager.stats()["l3_stop_spilled"] == 4 and disk_bytes(tmp_path) <= cap
+    stats = eng.manager.stats()
+    assert stats["l3_stop_spilled"] == 0 and stats["l3_stop_unproven"] == 0 and disk_bytes(tmp_path) <= cap, stats
 
     eng = Engine(dict(extra, cpkv_host_blocks=16))
     assert eng.manager.stats()["l3_recovered"] == 4
@@ -247,7 +251,7 @@ def test_random_requests_across_restarts_serve_exact_bytes(tmp_path: Path, seed:
     three engine lives on one directory: every block each request has when it first computes is
     exactly what was computed for it, while disk hits, evictions and slot reuse all happen."""
     rng = random.Random(seed)
-    cap = 24576 + 12 * 16480 + 100  # 12 slots
+    cap = 24576 + 13 * 16480 + 100  # 13 slots' worth: 12 data slots and one reserved for the stop copy
     extra = cpkv_extra(cpkv_host_blocks=4, cpkv_l3_dir=str(tmp_path), cpkv_l3_bytes=cap)
     promoted = spilled = hits = 0
     for life in range(3):

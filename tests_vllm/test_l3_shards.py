@@ -25,6 +25,7 @@ from cpkv._cpkv import L3_HEADER_BYTES, l3_check
 from cpkv.integrations.vllm.l3 import L3Catalog, L3Geometry, l3_key
 from cpkv.integrations.vllm.manager import CpkvOffloadingManager
 from cpkv.integrations.vllm.worker import CpkvOffloadingWorker
+from test_l3 import disk_bytes
 
 BLOCKS, HOST_CHUNKS, PER_CHUNK, CHUNK_TOKENS = 16, 2, 2, 32
 PAGES = (64, 40)
@@ -32,12 +33,12 @@ WORLD = 2
 TIMEOUT_S = 60.0
 
 
-def geometry(directory: Path) -> L3Geometry:
-    return L3Geometry(directory=directory, cap_bytes=1 << 20, model="m", dtype="bfloat16", layout="test",
+def geometry(directory: Path, cap: int = 1 << 20) -> L3Geometry:
+    return L3Geometry(directory=directory, cap_bytes=cap, model="m", dtype="bfloat16", layout="test",
                       tokens_per_chunk=CHUNK_TOKENS, world=WORLD, page_bytes=sum(PAGES) * PER_CHUNK)
 
 
-def workers(directory: Path, seed: int) -> tuple[list[CpkvOffloadingWorker], list[list[torch.Tensor]]]:
+def workers(directory: Path, seed: int, cap: int = 1 << 20) -> tuple[list[CpkvOffloadingWorker], list[list[torch.Tensor]]]:
     """One worker per rank, each over its own KV tensors (different bytes: different heads)."""
     out, kv = [], []
     for rank in range(WORLD):
@@ -46,7 +47,7 @@ def workers(directory: Path, seed: int) -> tuple[list[CpkvOffloadingWorker], lis
         caches = CanonicalKVCaches([CanonicalKVCacheTensor(t, t.shape[1]) for t in tensors],
                                    [[CanonicalKVCacheRef(i, page) for i, page in enumerate(PAGES)]])
         out.append(CpkvOffloadingWorker(caches, blocks_per_chunk=PER_CHUNK, host_blocks=HOST_CHUNKS, slab="private",
-                                        l3=(geometry(directory), rank)))
+                                        l3=(geometry(directory, cap), rank)))
         kv.append(tensors)
     return out, kv
 
@@ -278,6 +279,54 @@ def test_a_file_system_that_refuses_o_direct_falls_back_to_buffered_and_says_why
     for rank in range(WORLD):
         for t in range(len(PAGES)):
             assert torch.equal(kv[rank][t][0], original[rank][t][3]) and torch.equal(kv[rank][t][1], original[rank][t][4])
+    m.shutdown()
+    for w in ws:
+        w.shutdown()
+
+
+# Per worker: 8 slots' worth of 4 KiB records (cpkv.tier.l3.store.slots_for), so 7 data slots and a
+# stop-copy reserve of 1 record, smaller than the 2-chunk host
+ONE_RECORD_RESERVE_CAP = WORLD * (24576 + 8 * 4192 + 50)
+
+
+def test_both_workers_keep_the_same_rows_when_the_host_exceeds_the_stop_copy_reserve(tmp_path: Path) -> None:
+    """Two workers, a one-record reserve, both host chunks only in memory: each worker's stop copy
+    holds one record, of the same chunk (the job's first), the directory stays within the cap, the
+    catalog takes that chunk in and counts the other, and a restart reads back each worker's bytes."""
+    cap = ONE_RECORD_RESERVE_CAP
+    g = geometry(tmp_path, cap)
+    assert g.stop_rows == 1 and g.slots == 7
+    m = CpkvOffloadingManager(HOST_CHUNKS, "lru", tokens_per_chunk=(CHUNK_TOKENS,), l3=L3Catalog(g))
+    ws, kv = workers(tmp_path, seed=8, cap=cap)
+    ctx, keys = request("a", [1, 2])
+    store(m, ws, ctx, keys, [3, 4, 5, 6], job=1)
+    original = [[t.clone() for t in tensors] for tensors in kv]
+    for w in ws:
+        w.shutdown()
+    assert disk_bytes(tmp_path) <= cap
+    assert [g.stop_copy(rank).stat().st_blocks * 512 for rank in range(WORLD)] == [g.slot_bytes] * WORLD
+    m.shutdown()
+    stats = m.stats()
+    assert stats["l3_stop_spilled"] == 1 and stats["l3_not_spilled"] == 1 and stats["l3_stop_unproven"] == 0, stats
+    assert disk_bytes(tmp_path) <= cap
+
+    m = CpkvOffloadingManager(8, "lru", tokens_per_chunk=(CHUNK_TOKENS,), l3=L3Catalog(g))
+    ws, kv = workers(tmp_path, seed=9, cap=cap)
+    assert m.stats()["l3_recovered"] == 1
+    ctx, keys = request("b", [1, 2])
+    assert m.lookup(keys[0], ctx) is LookupResult.RETRY
+    assert m.l3 is not None and m.l3.wait_idle(TIMEOUT_S)
+    assert m.lookup(keys[0], ctx) is LookupResult.HIT
+    assert m.lookup(keys[1], ctx) is LookupResult.MISS
+    spec = m.prepare_load(keys[:1], ctx)
+    targets = [0, 1]
+    for w in ws:
+        w.submit_load(2, spec, GPULoadStoreSpec(targets, [len(targets)], [0]))
+    m.complete_load(keys[:1], ctx)
+    for rank in range(WORLD):
+        for t in range(len(PAGES)):
+            for target, source in zip(targets, [3, 4]):
+                assert torch.equal(kv[rank][t][target], original[rank][t][source]), (rank, t, target)
     m.shutdown()
     for w in ws:
         w.shutdown()

@@ -12,13 +12,15 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
-from cpkv._cpkv import L3_HEADER_BYTES
-from cpkv.integrations.vllm.l3 import l3_key
+from cpkv._cpkv import L3_HEADER_BYTES, l3_check
+from cpkv.integrations.vllm.l3 import L3Geometry, l3_key
 from engine import Engine, prompt
-from test_l3 import BLOCKS, assert_exact, keys_of, l3_extra, serve
+from test_l3 import BLOCKS, assert_exact, disk_bytes, keys_of, l3_extra, serve
 from test_l3_kill import LINE_TIMEOUT_S, _readline
 
 HERE = Path(__file__).resolve().parent
@@ -39,11 +41,13 @@ def l3_keys(request: object) -> list[int]:
     return [l3_key(k) for k in keys_of(request)]
 
 
-def replay(directory: Path, on_disk: set[int], chunks: dict[int, list[int]]) -> dict[str, int]:
+def replay(directory: Path, on_disk: set[int], chunks: dict[int, list[int]], cap: int | None = None) -> dict[str, int]:
     """A restarted engine (empty host, zeroed KV) serves each seed's prompt (``chunks``: seed -> its
     chunks' L3 keys): it recovers exactly ``on_disk``, its hits are exactly the leading chunks on
-    disk, every block it has is exact, nothing is dropped."""
-    eng = Engine(l3_extra(directory, host_blocks=32))
+    disk, every block it has is exact, nothing is dropped; with ``cap``, its disk bytes stay within it."""
+    eng = Engine(l3_extra(directory, host_blocks=32, **({} if cap is None else {"cpkv_l3_bytes": cap})))
+    if cap is not None:
+        assert disk_bytes(directory) <= cap, "the new life removed the stale stop copies before sizing its files"
     assert eng.manager.stats()["l3_recovered"] == len(on_disk)
     assert durable(eng) == on_disk, "the log names exactly the chunks acknowledged before"
     for seed in chunks:
@@ -56,6 +60,8 @@ def replay(directory: Path, on_disk: set[int], chunks: dict[int, list[int]]) -> 
         assert_exact(eng, tokens, blocks, BLOCKS)
     stats = eng.manager.stats()
     assert stats["l3_corrupt_dropped"] == 0 and eng.manager.num_pins == 0, stats
+    if cap is not None:
+        assert disk_bytes(directory) <= cap
     eng.close()
     return stats
 
@@ -113,6 +119,11 @@ def test_a_stop_in_flight_takes_in_the_unacknowledged_spills_and_not_the_unfinis
     assert stats["l3_promoted"] >= BLOCKS
 
 
+# 16 slots' worth (cpkv.tier.l3.store.slots_for): 14 data slots and 2 reserved for each stop copy, so an
+# 8-block host holds more chunks than the stop can keep
+SMALL_CAP = 24576 + 16 * 16480 + 100
+SMALL_CAP_RESERVE = 2
+
 CHILD = textwrap.dedent("""
     import json, logging, sys
     from pathlib import Path
@@ -121,28 +132,41 @@ CHILD = textwrap.dedent("""
     from engine import Engine, prompt
     from test_l3 import BLOCKS, l3_extra
     from test_l3_stop import SEEDS, durable, held_keys, l3_keys
-    eng = Engine(l3_extra(Path(sys.argv[2]), host_blocks=8))
+    cap = {"cpkv_l3_bytes": int(sys.argv[4])} if len(sys.argv) > 4 else {}
+    eng = Engine(l3_extra(Path(sys.argv[2]), host_blocks=8, **cap))
     chunks = {}
     for seed in SEEDS:
         chunks[seed] = l3_keys(eng.add(f"r{seed}", prompt(seed, blocks=BLOCKS)))
         eng.run()
+    held = sorted(held_keys(eng))
+
+    def pause():
+        print(json.dumps({"durable": sorted(durable(eng)), "held": held, "chunks": chunks}), flush=True)
+        sys.stdin.readline()  # killed -9 while waiting here
+
+    if sys.argv[3] == "taking-in":  # the catalog's half of the stop, after it logged its first batch
+        catalog = eng.manager.l3
+        commit = catalog.commit
+        def commit_then_pause(batch_ids):
+            commit(batch_ids)
+            pause()
+        catalog.commit = commit_then_pause
+        eng.close()
     if sys.argv[3] == "workers-closed":
         eng.worker.shutdown()  # the first half of a clean stop: the stop copies are on disk
-    print(json.dumps({"durable": sorted(durable(eng)), "held": sorted(held_keys(eng)), "chunks": chunks}), flush=True)
-    sys.stdin.readline()  # killed -9 while waiting here
+    pause()
 """)
 
 
-@pytest.mark.parametrize("when", ["running", "workers-closed"])
-def test_a_kill_9_instead_of_a_clean_stop_loses_only_unacknowledged_chunks(tmp_path: Path, when: str) -> None:
-    """kill -9 of a settled engine, or of one whose workers already left their stop copies: the
-    restart recovers exactly the acknowledged chunks (not the host copy), removes the stale stop
-    copy, and serves exact bytes."""
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(HERE), str(tmp_path), when], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+def kill_at(directory: Path, when: str, *args: str) -> tuple[dict[str, Any], list[Path], int]:
+    """Runs CHILD to ``when``, then kills it -9 there; returns its line, the stop copies and the
+    directory's disk bytes at that moment."""
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(HERE), str(directory), when, *args],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         line = json.loads(_readline(child, LINE_TIMEOUT_S))
-        stop_copies = list(tmp_path.rglob("stop.bin"))
+        stop_copies = list(directory.rglob("stop.bin"))
+        at_kill = disk_bytes(directory)
     finally:
         if child.poll() is None:
             os.kill(child.pid, signal.SIGKILL)
@@ -150,12 +174,35 @@ def test_a_kill_9_instead_of_a_clean_stop_loses_only_unacknowledged_chunks(tmp_p
         for pipe in (child.stdin, child.stdout):
             assert pipe is not None
             pipe.close()
+    return line, stop_copies, at_kill
+
+
+@pytest.mark.parametrize("when", ["running", "workers-closed"])
+def test_a_kill_9_instead_of_a_clean_stop_loses_only_unacknowledged_chunks(tmp_path: Path, when: str) -> None:
+    """kill -9 of a settled engine, or of one whose workers already left their stop copies: the
+    restart recovers exactly the acknowledged chunks (not the host copy), removes the stale stop
+    copy, and serves exact bytes."""
+    line, stop_copies, _ = kill_at(tmp_path, when)
     acked, held = set(line["durable"]), set(line["held"])
     assert acked and held - acked, "some chunks were on disk, others only in host memory"
     assert len(stop_copies) == (when == "workers-closed"), stop_copies
     chunks = {int(seed): keys for seed, keys in line["chunks"].items()}
     replay(tmp_path, acked, chunks)
     assert not list(tmp_path.rglob("stop.bin")), "the next life removed the stop copy nobody took in"
+
+
+def stop_copy_offsets(geometry: L3Geometry, rank: int) -> dict[int, int]:
+    """L3 key -> byte offset of each good record in ``rank``'s stop copy (the key its header names,
+    confirmed by the full check)."""
+    data = np.fromfile(geometry.stop_copy(rank), dtype=np.uint8)
+    namespace = geometry.namespace(rank, stop_copy=True)
+    out = {}
+    for offset in range(0, len(data), geometry.slot_bytes):
+        record = data[offset:offset + geometry.slot_bytes]
+        header_key = int.from_bytes(record[24:32].tobytes(), "little")
+        if l3_check(record, namespace, header_key, 0, geometry.page_bytes) is None:
+            out[header_key] = offset
+    return out
 
 
 def test_a_damaged_or_foreign_stop_copy_is_never_taken_in(tmp_path: Path) -> None:
@@ -167,19 +214,19 @@ def test_a_damaged_or_foreign_stop_copy_is_never_taken_in(tmp_path: Path) -> Non
     eng.run()
     chunks[2] = l3_keys(eng.add("r2", prompt(2, blocks=BLOCKS)))
     eng.run()
-    rows = dict(eng.manager._held_chunks())
     eng.worker.shutdown()
     geometry = eng.manager.l3.geometry
     slot_bytes = geometry.slot_bytes
+    at = stop_copy_offsets(geometry, 0)
+    assert len(at) == 10, "the reserve holds all ten held chunks"
     with open(geometry.stop_copy(0), "r+b") as f:
-        at = rows[chunks[1][2]] * slot_bytes + L3_HEADER_BYTES + 1000  # a payload byte of seed 1's third chunk
-        f.seek(at)
+        f.seek(at[chunks[1][2]] + L3_HEADER_BYTES + 1000)  # a payload byte of seed 1's third chunk
         byte = f.read(1)[0]
-        f.seek(at)
+        f.seek(at[chunks[1][2]] + L3_HEADER_BYTES + 1000)
         f.write(bytes([byte ^ 0x01]))
-        f.seek(rows[chunks[2][4]] * slot_bytes)
+        f.seek(at[chunks[2][4]])
         other = f.read(slot_bytes)
-        f.seek(rows[chunks[2][1]] * slot_bytes)  # seed 2's second row now holds its fifth chunk's record
+        f.seek(at[chunks[2][1]])  # seed 2's second chunk's record is replaced by its fifth's
         f.write(other)
     eng.scheduler.shutdown()
     stats = eng.manager.stats()
@@ -187,3 +234,63 @@ def test_a_damaged_or_foreign_stop_copy_is_never_taken_in(tmp_path: Path) -> Non
     on_disk = durable(eng)
     assert on_disk == set(chunks[1] + chunks[2]) - {chunks[1][2], chunks[2][1]}
     replay(tmp_path, on_disk, chunks)
+
+
+def test_a_stop_keeps_disk_bytes_within_a_small_cap_at_every_sample(tmp_path: Path) -> None:
+    """A cap whose stop-copy reserve (2 records per worker) is smaller than the 8-block host: disk
+    bytes stay within the cap once the workers' stop copies are written, while the catalog takes
+    them in, and after the stop. The reserve holds the newest job's leading chunks (seed 3's first
+    two), which the restart serves byte for byte; the other 6 host chunks are counted, not kept."""
+    extra = l3_extra(tmp_path, host_blocks=8, cpkv_l3_bytes=SMALL_CAP)
+    eng = Engine(extra)
+    chunks = {}
+    for seed in SEEDS:
+        chunks[seed] = l3_keys(eng.add(f"r{seed}", prompt(seed, blocks=BLOCKS)))
+        eng.run()
+        assert disk_bytes(tmp_path) <= SMALL_CAP
+    held, before = held_keys(eng), durable(eng)
+    assert len(held) == 8 and len(before) == 7 and not held & before
+    samples = {}
+    catalog = eng.manager.l3
+    commit = catalog.commit
+
+    def commit_sampled(batch_ids: list[int]) -> None:
+        commit(batch_ids)
+        samples.setdefault("taking in", disk_bytes(tmp_path))  # records and log entries written, stop copies still there
+
+    catalog.commit = commit_sampled  # type: ignore[method-assign]
+    eng.worker.shutdown()
+    copies = sorted(tmp_path.rglob("stop.bin"))
+    assert len(copies) == 1
+    samples["stop copies written"] = disk_bytes(tmp_path)
+    assert samples["stop copies written"] <= SMALL_CAP, samples
+    assert copies[0].stat().st_blocks * 512 <= SMALL_CAP_RESERVE * catalog.geometry.slot_bytes
+    eng.scheduler.shutdown()
+    samples["stopped"] = disk_bytes(tmp_path)
+    assert "taking in" in samples and max(samples.values()) <= SMALL_CAP, samples
+    stats = eng.manager.stats()
+    kept = set(chunks[3][:SMALL_CAP_RESERVE])
+    assert stats["l3_stop_spilled"] == SMALL_CAP_RESERVE and stats["l3_stop_unproven"] == 0, stats
+    assert stats["l3_not_spilled"] == 8 - SMALL_CAP_RESERVE, stats
+    on_disk = durable(eng)
+    assert on_disk == before | kept, "the stop kept the newest job's leading chunks"
+    after = replay(tmp_path, on_disk, chunks, SMALL_CAP)
+    leading = sum(next((i for i, k in enumerate(keys) if k not in on_disk), len(keys)) for keys in chunks.values())
+    assert after["l3_promoted"] == leading and leading >= 2 + SMALL_CAP_RESERVE, after  # seed 3's 2 among them
+
+
+@pytest.mark.parametrize("when", ["workers-closed", "taking-in"])
+def test_a_kill_9_during_the_stop_stays_within_a_small_cap(tmp_path: Path, when: str) -> None:
+    """kill -9 once the workers' stop copies are on disk, or after the catalog logged what it took
+    in from them (the stop copies still there): disk bytes are within the cap at the kill and in the
+    next life, which recovers exactly what was logged and serves it byte for byte."""
+    line, stop_copies, at_kill = kill_at(tmp_path, when, str(SMALL_CAP))
+    assert len(stop_copies) == 1 and at_kill <= SMALL_CAP, (stop_copies, at_kill)
+    acked, held = set(line["durable"]), set(line["held"])
+    chunks = {int(seed): keys for seed, keys in line["chunks"].items()}
+    if when == "taking-in":
+        assert held & acked == set(chunks[3][:SMALL_CAP_RESERVE]), "the reserve's chunks were logged"
+    else:
+        assert not held & acked
+    replay(tmp_path, acked, chunks, SMALL_CAP)
+    assert not list(tmp_path.rglob("stop.bin"))

@@ -19,13 +19,27 @@ may not fail one: vLLM asserts ``success``). So the work is split:
 
 A clean stop spills what is still in host memory. vLLM 0.33 stops the workers first (``EngineCore.shutdown``:
 the executor, then the scheduler), so no job can carry that spill and no completion can report it. Each
-worker, at its close, writes a *stop copy*: its shard of every host row it holds a chunk in, sealed
-with that chunk's key (the specs tell it which key each store and fill put in which row), into
-``shard-R-of-W/stop.bin`` at the row's offset (not synced: the catalog rewrites it). The catalog, at its
-close, takes each chunk the host still holds (and each spill no worker acknowledged) whose record
-checks out on every worker's stop copy, places it, writes every shard's record into its data file,
-syncs, and only then logs it; then it removes the stop copies. A stop copy the catalog never took
-in (a kill during the stop) is removed when the next life's workers open.
+worker, at its close, writes a *stop copy*: its shard of at most ``L3Geometry.stop_rows`` host rows it
+holds a chunk in, each sealed with that chunk's key (the specs tell it which key each store and fill
+put in which row), densely into ``shard-R-of-W/stop.bin`` (not synced: the catalog rewrites it). The
+catalog, at its close, takes each chunk the host still holds (and each spill no worker acknowledged)
+whose record checks out on every worker's stop copy, places it, writes every shard's record into its
+data file, syncs, and only then logs it; then it removes the stop copies. A stop copy the catalog
+never took in (a kill during the stop) is removed when the next life's workers open, before they
+size their data files.
+
+The cap holds at every moment, the stop included: the stop copies are part of it. The geometry
+reserves ``stop_rows`` records per worker (an eighth of what the worker's share of the cap would hold;
+not sized by the host, so that ``cpkv_host_blocks`` does not change the log's shape) and sizes the data
+slots from the rest, so data files, log and stop copies together stay within ``cpkv_l3_bytes``; the
+host's chunks beyond the reserve are not kept at a stop (``l3_not_spilled``). Chosen over taking the
+stop copies in piecemeal (a worker could not shrink its copy as the catalog goes: vLLM has closed it)
+and over a sparse copy at the rows' offsets (bounded by the rows written, not by a size both sides
+know). Which rows a worker
+keeps is its own rule, no channel needed: the chunks of its most recent jobs first, each job's in
+the order the job lists them (a prefix before its continuation), as a prefix cache values them. The
+catalog reads back what each copy holds (every record names its key) and takes in the chunks every
+worker's copy proves.
 
 I/O: spills are written O_DIRECT where the file system takes it (:mod:`cpkv.tier.l3.direct`; else
 buffered, the reason in ``stats()``); reads stay buffered with read-ahead off, so a promoted record is
@@ -61,6 +75,9 @@ STOP_COPY = "stop.bin"  # a worker's shard of the host rows, written at its clos
 STOP_BATCH = 256  # chunks the catalog takes in from the stop copies per write, sync and log append
 WRITE_GROUP_BYTES = 64 << 20  # records a worker seals in aligned scratch memory per write group
 STOP_SEQUENCE = 0  # the sequence of every stop-copy record (its namespace tells it from a slot's)
+STOP_SHARE = 8  # the stop copy's reserve: 1/STOP_SHARE of the slots a worker's share of the cap would hold
+RECORD_KEY_AT = 24  # byte offset of the key in a record's header (crates/tier/src/l3/record.rs); a candidate only:
+# the full check of the record against that key decides
 
 
 def _random_reader(path: Path) -> int:
@@ -94,9 +111,17 @@ class L3Geometry:
         return int(_cpkv.l3_record_bytes(self.page_bytes))
 
     @cached_property
+    def stop_rows(self) -> int:
+        """The records a worker's stop copy holds at most, reserved out of the cap: an eighth of what
+        the worker's share of the cap would hold as data slots. Not sized by the host: the data
+        slots, and so the log's shape, must not change with ``cpkv_host_blocks`` (a log of another
+        shape is not recovered: the restart would be cold)."""
+        return slots_for(self.cap_bytes // self.world, self.slot_bytes, 1) // STOP_SHARE
+
+    @cached_property
     def slots(self) -> int:
-        # The cap covers every worker's data files (one shard each) and the catalog's log.
-        slots = slots_for(self.cap_bytes // self.world, self.slot_bytes, 1)
+        # The cap covers every worker's data files and stop copy (one shard each) and the catalog's log.
+        slots = slots_for(self.cap_bytes // self.world - self.stop_rows * self.slot_bytes, self.slot_bytes, 1)
         if slots < 1:
             raise InvalidArgumentError(
                 f"kv_connector_extra_config['cpkv_l3_bytes']={self.cap_bytes} holds no chunk: {self.world} "
@@ -355,20 +380,18 @@ class L3Catalog:
         """At a clean stop, after every worker closed: takes in the chunks (L3 key, host row) the host
         still holds, oldest first, and those of spills no worker acknowledged, from the workers' stop
         copies (the newest ``slots`` of them when there are more).
-        A chunk is placed only when every worker's stop copy of its row holds a good record of that
-        very key; its records are written into the data files and synced before its log entry.
-        Returns the chunks logged; ``l3_stop_unproven`` counts the ones no stop copy proved."""
+        A chunk is placed only when every worker's stop copy holds a good record of that very key;
+        its records are written into the data files and synced before its log entry. Returns the
+        chunks logged; ``l3_stop_unproven`` counts the ones no stop copy proved, ``l3_not_spilled``
+        the ones full stop copies had no room for (their reserve, ``L3Geometry.stop_rows``)."""
         g = self.geometry
         unacknowledged = [(k, r) for b in self.carried() for k, r in zip(b.keys, b.rows.tolist())]
         self.forget_pending()  # their jobs never completed: placed again below if a stop copy proves them
         wanted, seen = [], set()
-        for key, row in [*unacknowledged, *chunks]:
+        for key, _ in [*unacknowledged, *chunks]:
             if key not in seen and self.index.peek(key) is None:
                 seen.add(key)
-                wanted.append((key, int(row)))
-        if len(wanted) > self.slots:  # the cap holds fewer: keep the most recently placed
-            self.counters["not_spilled"] += len(wanted) - self.slots
-            wanted = wanted[len(wanted) - self.slots:]
+                wanted.append(key)
         copies: list[int] = []
         data: dict[tuple[int, int], int] = {}
         logged = 0
@@ -378,28 +401,41 @@ class L3Catalog:
             except FileNotFoundError:  # a worker that did not close (or closed after this)
                 self.counters["stop_unproven"] += len(wanted)
                 return 0
+            at = [_stop_copy_keys(fd, g) for fd in copies]  # per worker: key -> its record's offset
+            full = all(len(keys) == g.stop_rows for keys in at)
+            present = []
+            for key in wanted:
+                if all(key in keys for keys in at):
+                    present.append(key)
+                elif full and not any(key in keys for keys in at):
+                    self.counters["not_spilled"] += 1  # beyond the reserve on every worker
+                else:
+                    self.counters["stop_unproven"] += 1
+            if len(present) > self.slots:  # the cap holds fewer: keep the most recently placed
+                self.counters["not_spilled"] += len(present) - self.slots
+                present = present[len(present) - self.slots:]
             stop_namespaces = [g.namespace(r, stop_copy=True) for r in range(g.world)]
             namespaces = [g.namespace(r) for r in range(g.world)]
-            for start in range(0, len(wanted), STOP_BATCH):
-                proven: dict[int, tuple[int, list[np.ndarray]]] = {}
-                for key, row in wanted[start:start + STOP_BATCH]:
+            for start in range(0, len(present), STOP_BATCH):
+                proven: dict[int, list[np.ndarray]] = {}
+                for key in present[start:start + STOP_BATCH]:
                     records = []
                     for rank, fd in enumerate(copies):
-                        record = np.frombuffer(bytearray(os.pread(fd, g.slot_bytes, row * g.slot_bytes)), dtype=np.uint8)
+                        record = np.frombuffer(bytearray(os.pread(fd, g.slot_bytes, at[rank][key])), dtype=np.uint8)
                         if _cpkv.l3_check(record, stop_namespaces[rank], key, STOP_SEQUENCE, g.page_bytes) is not None:
                             break
                         records.append(record)
                     if len(records) == g.world:
-                        proven[key] = (row, records)
+                        proven[key] = records
                     else:
                         self.counters["stop_unproven"] += 1
-                batch = self.spill(list(proven), [row for row, _ in proven.values()])
+                batch = self.spill(list(proven), [0] * len(proven))  # rows unused: the catalog writes
                 if batch is None:
                     continue
                 touched = set()
                 for key, slot, sequence in zip(batch.keys, batch.slots, batch.sequences):
                     file, offset = g.where(slot)
-                    for rank, record in enumerate(proven[key][1]):
+                    for rank, record in enumerate(proven[key]):
                         _cpkv.l3_seal(record, namespaces[rank], key, sequence, g.page_bytes)
                         if (rank, file) not in data:
                             data[(rank, file)] = os.open(g.shard_dir(rank) / f"data-{file}.bin", os.O_WRONLY)
@@ -449,6 +485,8 @@ class L3Shard:
         self.namespace = geometry.namespace(rank)
         self.directory = geometry.shard_dir(rank)
         self.directory.mkdir(exist_ok=True)
+        # A stop copy the last life's catalog never took in goes before the data files may grow.
+        geometry.stop_copy(rank).unlink(missing_ok=True)
         slots, per = geometry.slots, geometry.slots_per_file()
         files = -(-slots // per)
         for i in range(files):
@@ -473,44 +511,59 @@ class L3Shard:
                 stale.unlink(missing_ok=True)
         self.applied_upto = 0  # the last batch id written
         self.counters = {"pages_written": 0, "pages_read": 0, "stop_copied": 0}
-        # host row -> the L3 key of the chunk this worker last put there (a store or a fill it ran):
-        # what its stop copy seals each row with
-        self.held: dict[int, int] = {}
-        geometry.stop_copy(rank).unlink(missing_ok=True)  # a stop copy the last life's catalog never took in
+        # host row -> (the L3 key of the chunk this worker last put there by a store or a fill it
+        # ran, that job's number, the chunk's place in the job): what its stop copy seals each row
+        # with, and the order in which it chooses rows
+        self.held: dict[int, tuple[int, int, int]] = {}
+        self._jobs = 0
 
     def note_store(self, rows: np.ndarray, keys: Sequence[int], released: np.ndarray) -> None:
         """A store ran: the rows its eviction released hold no chunk of this worker's any more
         (their spills are written), then ``rows[i]`` holds ``keys[i]``."""
         for row in released.tolist():
             self.held.pop(row, None)
-        self.held.update(zip(np.asarray(rows).tolist(), keys))
+        self._note(np.asarray(rows).tolist(), keys)
+
+    def note_fills(self, fills: Sequence[Fill]) -> None:
+        """A load's fills ran: each fill's row holds its chunk."""
+        self._note([f.row for f in fills], [f.key for f in fills])
+
+    def _note(self, rows: Sequence[int], keys: Sequence[int]) -> None:
+        self._jobs += 1
+        for place, (row, key) in enumerate(zip(rows, keys)):
+            self.held[row] = (key, self._jobs, place)
+
+    def stop_copy_rows(self) -> list[tuple[int, int]]:
+        """(host row, L3 key) of the rows the stop copy holds: the chunks of the most recent jobs
+        first, each job's in its own order (a prefix before its continuation), ``stop_rows`` at most."""
+        newest = sorted(self.held.items(), key=lambda item: (-item[1][1], item[1][2]))
+        return [(row, key) for row, (key, _, _) in newest[:self.geometry.stop_rows]]
 
     def write_stop_copy(self, pages_of: Any) -> int:
-        """At this worker's close: its shard of every row it holds a chunk in, one sealed record per
-        row at the row's offset of ``stop.bin`` (not synced: the catalog checks, rewrites and syncs
-        what it takes in). Returns the rows written."""
+        """At this worker's close: its shard of the rows ``stop_copy_rows`` names, one sealed record
+        each, back to back in ``stop.bin`` (at most ``stop_rows`` records: the reserve the cap keeps
+        for them; not synced: the catalog checks, rewrites and syncs what it takes in). Written even
+        when empty: the catalog tells a worker that closed from one that did not. Returns the rows written."""
         g = self.geometry
         namespace = g.namespace(self.rank, stop_copy=True)
-        held = sorted(self.held.items())
-        if not held:
-            return 0
+        chosen = self.stop_copy_rows()
         fd = os.open(g.stop_copy(self.rank), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            buf = bytearray(g.slot_bytes)
-            record = np.frombuffer(buf, dtype=np.uint8)
-            for start in range(0, len(held), STOP_BATCH):
-                part = held[start:start + STOP_BATCH]
+            for start in range(0, len(chosen), STOP_BATCH):
+                part = chosen[start:start + STOP_BATCH]
                 pages = pages_of(np.asarray([row for row, _ in part], dtype=np.int64))
-                for i, (row, key) in enumerate(part):
-                    record[HEADER:HEADER + g.page_bytes] = pages[i]
-                    _cpkv.l3_seal(record, namespace, key, STOP_SEQUENCE, g.page_bytes)
-                    written = os.pwrite(fd, buf, row * g.slot_bytes)
-                    if written != g.slot_bytes:
-                        raise OSError(errno.EIO, f"short L3 stop-copy write: {written} of {g.slot_bytes} bytes")
+                buf = bytearray(len(part) * g.slot_bytes)
+                records = np.frombuffer(buf, dtype=np.uint8).reshape(len(part), g.slot_bytes)
+                for i, (_, key) in enumerate(part):
+                    records[i, HEADER:HEADER + g.page_bytes] = pages[i]
+                    _cpkv.l3_seal(records[i], namespace, key, STOP_SEQUENCE, g.page_bytes)
+                written = os.pwrite(fd, buf, start * g.slot_bytes)
+                if written != len(buf):
+                    raise OSError(errno.EIO, f"short L3 stop-copy write: {written} of {len(buf)} bytes")
         finally:
             os.close(fd)
-        self.counters["stop_copied"] += len(held)
-        return len(held)
+        self.counters["stop_copied"] += len(chosen)
+        return len(chosen)
 
     def write(self, batches: Sequence[SpillBatch], pages_of: Any) -> None:
         """Writes the batches not written yet, in id order, then syncs: ``pages_of(rows)`` gives
@@ -573,6 +626,18 @@ class L3Shard:
             os.close(fd)
         self._fds = []
         self._read_fds = []
+
+
+def _stop_copy_keys(fd: int, g: L3Geometry) -> dict[int, int]:
+    """key -> byte offset of the first record naming it, over the first ``stop_rows`` records of a
+    stop copy (a key read here is a candidate: its record is checked in full before use)."""
+    out: dict[int, int] = {}
+    for i in range(g.stop_rows):
+        header = os.pread(fd, HEADER, i * g.slot_bytes)
+        if len(header) < HEADER:
+            break
+        out.setdefault(int.from_bytes(header[RECORD_KEY_AT:RECORD_KEY_AT + 8], "little"), i * g.slot_bytes)
+    return out
 
 
 def _runs(slots: Sequence[int], per_file: int) -> list[tuple[int, int]]:

@@ -148,7 +148,8 @@ class CpkvOffloadingWorker(OffloadingWorker):
             self.l3.write(host.spills, self.l3_pages)
         for fill in host.fills:
             self._fill_row(fill.row, self.l3.read(fill))
-            self.l3.held[fill.row] = fill.key
+        if host.fills:
+            self.l3.note_fills(host.fills)
 
     def _copy(self, gpu: GPULoadStoreSpec, host: LoadStoreSpec, *, load: bool) -> int:
         self._l3_first(host)
