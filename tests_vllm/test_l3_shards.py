@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -70,6 +71,21 @@ def store(m: CpkvOffloadingManager, ws: list[CpkvOffloadingWorker], ctx: ReqCont
     m.on_request_finished(ctx)
 
 
+def promote_and_load(m: CpkvOffloadingManager, ws: list[CpkvOffloadingWorker], req_id: str, chain: list[int],
+                     job: int, targets: list[int]) -> Any:
+    """A request whose chunks are all on disk only: RETRY while the catalog checks them, then HIT, and
+    a load of them into the device blocks ``targets`` on every worker; the load spec."""
+    ctx, keys = request(req_id, chain)
+    assert [m.lookup(k, ctx) for k in keys] == [LookupResult.RETRY] * len(keys)
+    assert m.l3 is not None and m.l3.wait_idle(TIMEOUT_S)
+    assert [m.lookup(k, ctx) for k in keys] == [LookupResult.HIT] * len(keys)
+    spec = m.prepare_load(keys, ctx)
+    for w in ws:
+        w.submit_load(job, spec, GPULoadStoreSpec(targets, [len(targets)], [0]))
+    m.complete_load(keys, ctx)
+    return spec
+
+
 def test_each_worker_writes_and_reads_back_only_its_own_shard(tmp_path: Path) -> None:
     m = CpkvOffloadingManager(HOST_CHUNKS, "lru", tokens_per_chunk=(CHUNK_TOKENS,), l3=L3Catalog(geometry(tmp_path)))
     ws, kv = workers(tmp_path, seed=1)
@@ -89,16 +105,9 @@ def test_each_worker_writes_and_reads_back_only_its_own_shard(tmp_path: Path) ->
     m = CpkvOffloadingManager(8, "lru", tokens_per_chunk=(CHUNK_TOKENS,), l3=L3Catalog(geometry(tmp_path)))
     ws, kv = workers(tmp_path, seed=2)
     assert m.stats()["l3_recovered"] == 2
-    ctx, keys = request("c", [1, 2])
-    assert [m.lookup(k, ctx) for k in keys] == [LookupResult.RETRY] * 2
-    assert m.l3 is not None and m.l3.wait_idle(TIMEOUT_S)
-    assert [m.lookup(k, ctx) for k in keys] == [LookupResult.HIT] * 2
-    spec = m.prepare_load(keys, ctx)
-    assert len(spec.fills) == 2
     targets = [0, 1, 14, 15]
-    for w in ws:
-        w.submit_load(3, spec, GPULoadStoreSpec(targets, [len(targets)], [0]))
-    m.complete_load(keys, ctx)
+    spec = promote_and_load(m, ws, "c", [1, 2], 3, targets)
+    assert len(spec.fills) == 2
     for rank in range(WORLD):
         for t in range(len(PAGES)):
             for target, source in zip(targets, [3, 4, 5, 6]):
@@ -161,15 +170,8 @@ def test_a_clean_stop_takes_in_every_workers_shard_of_the_host_copy(tmp_path: Pa
     m = CpkvOffloadingManager(8, "lru", tokens_per_chunk=(CHUNK_TOKENS,), l3=L3Catalog(geometry(tmp_path)))
     ws, kv = workers(tmp_path, seed=5)
     assert m.stats()["l3_recovered"] == 2
-    ctx, keys = request("b", [1, 2])
-    assert [m.lookup(k, ctx) for k in keys] == [LookupResult.RETRY] * 2
-    assert m.l3 is not None and m.l3.wait_idle(TIMEOUT_S)
-    assert [m.lookup(k, ctx) for k in keys] == [LookupResult.HIT] * 2
-    spec = m.prepare_load(keys, ctx)
     targets = [0, 1, 14, 15]
-    for w in ws:
-        w.submit_load(2, spec, GPULoadStoreSpec(targets, [len(targets)], [0]))
-    m.complete_load(keys, ctx)
+    promote_and_load(m, ws, "b", [1, 2], 2, targets)
     for rank in range(WORLD):
         for t in range(len(PAGES)):
             for target, source in zip(targets, [3, 4, 5, 6]):

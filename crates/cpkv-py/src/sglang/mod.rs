@@ -3,6 +3,7 @@
 //! host pool's layout, its slab region, the checked copies between them), and
 //! `L3Staging` (the node-shared area that reads an L3 record once per node).
 
+mod hook;
 mod index;
 mod pool;
 mod staging;

@@ -23,7 +23,7 @@
 
 use std::ptr;
 use std::sync::atomic::{fence, AtomicI64, Ordering};
-use std::sync::{Mutex, PoisonError, RwLock, RwLockReadGuard, TryLockError};
+use std::sync::{PoisonError, RwLock, RwLockReadGuard, TryLockError};
 
 use numpy::{
     PyArray1, PyArray2, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods,
@@ -32,6 +32,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 
+use super::hook::TestHook;
 use crate::convert::{describe, invalid, wrong_type};
 use crate::errors::InternalError;
 
@@ -274,7 +275,7 @@ pub(crate) struct SglangPool {
     /// Held so the buffers stay valid while the pool is open.
     _owners: Vec<Py<PyAny>>,
     buffers: RwLock<Option<Buffers>>,
-    write_hook: Mutex<Option<Py<PyAny>>>,
+    write_hook: TestHook,
 }
 
 /// The first host index of each page (`pages * page_size` indices, 1-D,
@@ -567,13 +568,7 @@ impl SglangPool {
     /// Runs the write hook, if one is set (fault-injection tests): after a
     /// write's rows are marked invalid, before their bytes are copied.
     pub(crate) fn run_write_hook(&self, py: Python<'_>) -> PyResult<()> {
-        let hook = self
-            .write_hook
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .as_ref()
-            .map(|h| h.clone_ref(py));
-        if let Some(hook) = hook {
+        if let Some(hook) = self.write_hook.get(py) {
             hook.call0(py)?;
         }
         Ok(())
@@ -733,7 +728,7 @@ impl SglangPool {
                 tags: tag_region,
                 rows,
             })),
-            write_hook: Mutex::new(None),
+            write_hook: TestHook::default(),
         })
     }
 
@@ -816,18 +811,7 @@ impl SglangPool {
     /// copies their bytes (fault-injection tests: a writer killed mid-write);
     /// `None` removes it.
     fn set_write_hook(&self, hook: &Bound<'_, PyAny>) -> PyResult<()> {
-        if !hook.is_none() && !hook.is_callable() {
-            return Err(wrong_type(format!(
-                "hook must be callable or None, got {}",
-                describe(hook)
-            )));
-        }
-        *self
-            .write_hook
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) =
-            (!hook.is_none()).then(|| hook.clone().unbind());
-        Ok(())
+        self.write_hook.set(hook)
     }
 
     /// Waits for every copy in flight, then refuses every later call (the

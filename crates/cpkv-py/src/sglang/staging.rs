@@ -37,13 +37,14 @@
 //! copies); the calls run without the GIL unless a test hook is set.
 
 use std::sync::atomic::{fence, AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError, RwLock, RwLockReadGuard, TryLockError};
+use std::sync::{PoisonError, RwLock, RwLockReadGuard, TryLockError};
 use std::time::{Duration, Instant};
 
 use cpkv_tier::l3::{decode_record, Expected, HEADER_BYTES};
 use numpy::{PyArrayMethods, PyReadwriteArray2, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 
+use super::hook::TestHook;
 use super::pool::{copy_checked, Region};
 use crate::convert::{describe, int_vector, invalid, uint, wrong_type};
 use crate::errors::InternalError;
@@ -149,7 +150,7 @@ pub(crate) struct L3Staging {
     namespace: u64,
     _owners: Vec<Py<PyAny>>,
     memory: RwLock<Option<Memory>>,
-    copy_hook: Mutex<Option<Py<PyAny>>>,
+    copy_hook: TestHook,
 }
 
 impl L3Staging {
@@ -226,11 +227,7 @@ impl L3Staging {
     }
 
     fn hook(&self, py: Python<'_>) -> Option<Py<PyAny>> {
-        self.copy_hook
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .as_ref()
-            .map(|h| h.clone_ref(py))
+        self.copy_hook.get(py)
     }
 
     /// Decides about one record (see the module docs); `after_copy` runs
@@ -388,7 +385,7 @@ impl L3Staging {
                 data: data_region,
                 words: word_region,
             })),
-            copy_hook: Mutex::new(None),
+            copy_hook: TestHook::default(),
         })
     }
 
@@ -661,18 +658,7 @@ impl L3Staging {
     /// word (tests: another rank reusing the entry under a reader); `None`
     /// removes it. With a hook set, the calls hold the GIL.
     fn set_copy_hook(&self, hook: &Bound<'_, PyAny>) -> PyResult<()> {
-        if !hook.is_none() && !hook.is_callable() {
-            return Err(wrong_type(format!(
-                "hook must be callable or None, got {}",
-                describe(hook)
-            )));
-        }
-        *self
-            .copy_hook
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) =
-            (!hook.is_none()).then(|| hook.clone().unbind());
-        Ok(())
+        self.copy_hook.set(hook)
     }
 
     /// Waits for every call in flight, then refuses every later call (the
