@@ -495,9 +495,14 @@ impl SglangPool {
                 copy_checked(host, run.host_at, buffers.data, run.slab_at, run.bytes)
             }
         };
+        // Entry by entry, page after page: entry `j` of consecutive rows lies
+        // back to back in the slab (entry-major rows), and in SGLang's host
+        // buffers for consecutive pages, so a batch is a few long copies.
+        let which: Vec<(usize, u64)> = which.into_iter().collect();
         let mut run: Option<Run> = None;
-        for (page, row) in which {
-            for (j, &(buffer, host_at)) in pages.page(page).iter().enumerate() {
+        for j in 0..pages.entries {
+            for &(page, row) in &which {
+                let (buffer, host_at) = pages.page(page)[j];
                 let next = Run {
                     buffer,
                     host_at,
