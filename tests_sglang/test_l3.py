@@ -10,13 +10,13 @@ new processes on a copy of that directory: restart-warm, damaged records, a fore
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from harness import launch
+from l3_files import check_agreed_and_exact, copy_filled, damage
 
 SLAB_PAGES = 32
 L3_BYTES = 8 << 20
@@ -34,22 +34,8 @@ def filled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict]]:
     return directory, results
 
 
-def _copy(filled: tuple[Path, list[dict]], tmp_path: Path) -> Path:
-    target = tmp_path / "l3"
-    shutil.copytree(filled[0], target)
-    return target
-
-
 def _hits(result: dict) -> list[int]:
     return [f["post"] for f in result["fetched"]]
-
-
-def _check_agreed_and_exact(results: list[dict]) -> None:
-    a, b = results
-    assert [f["pre"] for f in a["fetched"]] == [f["pre"] for f in b["fetched"]]  # before SGLang's MIN
-    for res in results:
-        for f in res["fetched"]:
-            assert f["wrong"] == 0, f
 
 
 @pytest.mark.timeout(900)
@@ -58,7 +44,7 @@ def test_fill_spills_each_victim_once_per_node_from_skewed_ranks(filled) -> None
     so every victim of a rank's rows is copied (none found already overwritten), each page is on
     disk once per node, every rank holds the same L3 index, and the fill's own loads are exact."""
     directory, results = filled
-    _check_agreed_and_exact(results)
+    check_agreed_and_exact(results)
     a, b = results
     assert a["distinct_pages"] > 4 * SLAB_PAGES
     assert a["stats"]["evicted"] == b["stats"]["evicted"] > 0
@@ -100,10 +86,10 @@ def test_restart_is_warm_and_every_byte_served_is_exact(filled, tmp_path) -> Non
     """New processes, same directory and settings: the empty slab misses, L3's recovered index answers
     batch_exists, batch_get_v1 reads the records; every rank agrees before the MIN, nothing is cut,
     and every page loaded is byte-exact. All the fill's hits come back."""
-    directory = _copy(filled, tmp_path)
+    directory = copy_filled(filled, tmp_path)
     before = filled[1]
     results = launch(2, "l3", args={"phase": "warm"}, **_opts(directory))
-    _check_agreed_and_exact(results)
+    check_agreed_and_exact(results)
     for res in results:
         s = res["stats"]
         assert s["resident"] == 0 and s["l3_recovered_pages"] == before[0]["closed"]["l3_pages"]
@@ -143,8 +129,8 @@ def test_a_late_rank_is_served_from_the_staging_area(filled, tmp_path) -> None:
     record from disk, every page it loads comes from shared memory, byte-exact."""
     marks = tmp_path / "marks"
     marks.mkdir()
-    results = launch(2, "l3", args={"phase": "warm", "late_reads": str(marks)}, **_opts(_copy(filled, tmp_path)))
-    _check_agreed_and_exact(results)
+    results = launch(2, "l3", args={"phase": "warm", "late_reads": str(marks)}, **_opts(copy_filled(filled, tmp_path)))
+    check_agreed_and_exact(results)
     _check_read_once_per_node(results)
     early, late = (r["stats"] for r in results)
     assert early["l3_disk_reads"] == results[0]["distinct_loaded"] and late["l3_disk_reads"] == 0
@@ -159,8 +145,8 @@ def test_a_late_rank_after_the_entries_were_reused_reads_from_disk(filled, tmp_p
     marks = tmp_path / "marks"
     marks.mkdir()
     results = launch(2, "l3", args={"phase": "warm", "late_reads": str(marks)},
-                     **_opts(_copy(filled, tmp_path)), staging_pages=4)
-    _check_agreed_and_exact(results)
+                     **_opts(copy_filled(filled, tmp_path)), staging_pages=4)
+    check_agreed_and_exact(results)
     for res in results:
         s = res["stats"]
         assert s["l3_staging_entries"] == 4 and s["l3_read_failures"] == 0
@@ -180,7 +166,7 @@ def test_a_claimant_killed_mid_read_leaves_the_others_a_correct_answer(filled, t
     loads every page byte-exact; /dev/shm keeps nothing of the area."""
     timeout_s = 5
     results = launch(2, "l3_killed_claimant", args={"marker": str(tmp_path / "claimed")},
-                     **_opts(_copy(filled, tmp_path)), timeout_s=timeout_s)
+                     **_opts(copy_filled(filled, tmp_path)), timeout_s=timeout_s)
     survivor, dead = results
     assert dead is None  # SIGKILLed before it could report
     s = survivor["stats"]
@@ -190,36 +176,12 @@ def test_a_claimant_killed_mid_read_leaves_the_others_a_correct_answer(filled, t
     assert [n for n in os.listdir("/dev/shm") if survivor["run_id"] in n] == []
 
 
-def _damage(directory: Path, records: int, pool: str = "kv") -> int:
-    """Flips one payload byte in each of the first ``records`` of rank 0's live records of ``pool``
-    (found from its log alone, as recovery finds them); returns how many."""
-    from cpkv import _cpkv
-    from cpkv.tier.l3.store import HEADER
-
-    sub = next(directory.glob("group-*")) / pool
-    log = (sub / "index-r0.log").read_bytes()
-    namespace, slot_bytes, slots = (int.from_bytes(log[a:a + 8], "little") for a in (16, 24, 32))
-    index, _, valid = _cpkv.L3Index.recover(slots, 2, [log], namespace, slot_bytes)
-    assert valid[0] == len(log)
-    data = sub / "data-0.bin"  # 8 MiB of slots: one data file
-    damaged = 0
-    with open(data, "r+b") as f:
-        for _key, slot, _seq in index.entries()[:records]:
-            at = slot * slot_bytes + HEADER + 7
-            f.seek(at)
-            byte = f.read(1)
-            f.seek(at)
-            f.write(bytes([byte[0] ^ 0xFF]))
-            damaged += 1
-    return damaged
-
-
 @pytest.mark.timeout(900)
 def test_damaged_records_are_counted_misses_never_served(filled, tmp_path) -> None:
-    directory = _copy(filled, tmp_path)
-    damaged = _damage(directory, 6)
+    directory = copy_filled(filled, tmp_path)
+    damaged = damage(next(directory.glob("group-*")) / "kv", 6)
     results = launch(2, "l3", args={"phase": "warm"}, **_opts(directory))
-    _check_agreed_and_exact(results)  # 0 wrong pages: a damaged record is never loaded
+    check_agreed_and_exact(results)  # 0 wrong pages: a damaged record is never loaded
     failures = [r["stats"]["l3_read_failures"] for r in results]
     assert all(f >= 1 for f in failures), failures
     # The same miss on every rank, and each damaged record read from disk once on the node.
@@ -236,7 +198,7 @@ def test_damaged_records_are_counted_misses_never_served(filled, tmp_path) -> No
 @pytest.mark.timeout(900)
 def test_a_foreign_namespace_starts_cold(filled, tmp_path) -> None:
     """Another model on the same directory: nothing recovered, nothing served."""
-    directory = _copy(filled, tmp_path)
+    directory = copy_filled(filled, tmp_path)
     results = launch(2, "l3", args={"phase": "warm"}, **_opts(directory, model="test-model-b"))
     for res in results:
         assert res["stats"]["l3_recovered_pages"] == 0

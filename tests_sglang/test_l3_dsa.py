@@ -11,7 +11,6 @@ copied out at the eviction. Each test then starts new processes on a copy of the
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness import launch
+from l3_files import check_agreed_and_exact, copy_filled, damage, live_records
 
 SLAB_PAGES = 16
 L3_BYTES = 16 << 20  # room for every distinct page: the checks below are exact, nothing leaves L3
@@ -37,33 +37,6 @@ def filled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict]]:
     return directory, launch(2, "l3", args={"phase": "fill", "lag": 2}, **_opts(directory))
 
 
-def _copy(filled: tuple[Path, list[dict]], tmp_path: Path) -> Path:
-    target = tmp_path / "l3"
-    shutil.copytree(filled[0], target)
-    return target
-
-
-def _agreed_and_exact(results: list[dict]) -> None:
-    """Every rank's hit count before SGLang's MIN is the same, and every page loaded has its KV and
-    indexer bytes."""
-    a, b = results
-    assert [f["pre"] for f in a["fetched"]] == [f["pre"] for f in b["fetched"]]
-    for res in results:
-        for f in res["fetched"]:
-            assert f["wrong"] == 0 and f["sidecar_wrong"] == 0, f
-
-
-def _on_disk(pool_dir: Path, ranks: int) -> tuple[int, list[tuple[int, int, int]], int]:
-    """(namespace, live (key, slot, sequence) entries, slot bytes) of one pool's store, from its logs."""
-    from cpkv import _cpkv
-
-    logs = [(pool_dir / f"index-r{r}.log").read_bytes() for r in range(ranks)]
-    namespace, slot_bytes, slots = (int.from_bytes(logs[0][at:at + 8], "little") for at in (16, 24, 32))
-    index, _, valid = _cpkv.L3Index.recover(slots, ranks, logs, namespace, slot_bytes)
-    assert valid == [len(log) for log in logs]
-    return namespace, sorted(index.entries()), slot_bytes
-
-
 @pytest.mark.timeout(600)
 def test_dsa_fill_spills_kv_and_indexer_once_per_node(filled) -> None:
     """Both pools' bytes of every victim leave the slab with it (none found overwritten, from skewed
@@ -72,7 +45,7 @@ def test_dsa_fill_spills_kv_and_indexer_once_per_node(filled) -> None:
     from cpkv import _cpkv
 
     directory, results = filled
-    _agreed_and_exact(results)
+    check_agreed_and_exact(results)
     a, b = results
     assert a["distinct_pages"] > 4 * SLAB_PAGES
     assert a["stats"]["evicted"] == b["stats"]["evicted"] > 0
@@ -94,7 +67,7 @@ def test_dsa_fill_spills_kv_and_indexer_once_per_node(filled) -> None:
     # On disk (read only): the same placements in both pools, each record whole under its namespace.
     sub = Path(a["closed"]["l3_dir"])
     assert sub.parent == directory
-    found = {pool: _on_disk(sub / pool, 2) for pool in POOLS}
+    found = {pool: live_records(sub / pool, 2) for pool in POOLS}
     assert found["kv"][1] == found["indexer"][1]
     assert len({key for key, _, _ in found["kv"][1]}) == len(found["kv"][1]) == kv["l3_pages"]
     assert found["kv"][0] != found["indexer"][0]  # the namespace names the pool
@@ -118,10 +91,10 @@ def test_dsa_restart_is_warm_with_kv_and_indexer_bytes(filled, tmp_path) -> None
     """New processes on the directory: batch_exists_v2 finds every page through both pools' L3
     indexes, batch_get_v1 and batch_get_v2 read the KV and the indexer bytes; every rank agrees
     before the MIN, nothing is cut, every byte is exact, and every hit of the fill comes back."""
-    directory = _copy(filled, tmp_path)
+    directory = copy_filled(filled, tmp_path)
     before = filled[1]
     results = launch(2, "l3", args={"phase": "warm"}, **_opts(directory))
-    _agreed_and_exact(results)
+    check_agreed_and_exact(results)
     for res in results:
         s = res["stats"]
         assert s["resident"] == 0
@@ -137,35 +110,15 @@ def test_dsa_restart_is_warm_with_kv_and_indexer_bytes(filled, tmp_path) -> None
     assert warm == cold > 0
 
 
-def _damage(pool_dir: Path, records: int) -> int:
-    """Flips one payload byte in each of the first ``records`` of rank 0's live records in one pool's
-    store; returns how many."""
-    from cpkv.tier.l3.store import HEADER
-
-    log = (pool_dir / "index-r0.log").read_bytes()
-    namespace, slot_bytes, slots = (int.from_bytes(log[a:a + 8], "little") for a in (16, 24, 32))
-    from cpkv import _cpkv
-
-    index, _, _ = _cpkv.L3Index.recover(slots, 2, [log], namespace, slot_bytes)
-    with open(pool_dir / "data-0.bin", "r+b") as f:
-        for _key, slot, _seq in index.entries()[:records]:
-            at = slot * slot_bytes + HEADER + 11
-            f.seek(at)
-            byte = f.read(1)
-            f.seek(at)
-            f.write(bytes([byte[0] ^ 0x5A]))
-    return min(records, len(index.entries()))
-
-
 @pytest.mark.timeout(600)
 def test_dsa_damaged_indexer_record_is_a_miss_on_every_rank(filled, tmp_path) -> None:
     """Indexer records damaged (their KV records intact): each is a counted miss on every rank, never
     served, the load stops there on every rank alike (same pre-MIN counts), 0 wrong pages."""
-    directory = _copy(filled, tmp_path)
-    damaged = _damage(next(directory.glob("group-*")) / "indexer", 4)
+    directory = copy_filled(filled, tmp_path)
+    damaged = damage(next(directory.glob("group-*")) / "indexer", 4)
     assert damaged == 4
     results = launch(2, "l3", args={"phase": "warm"}, **_opts(directory))
-    _agreed_and_exact(results)
+    check_agreed_and_exact(results)
     for res in results:
         pools = res["stats"]["l3_pools"]
         assert pools["indexer"]["l3_read_failures"] >= 1 and pools["kv"]["l3_read_failures"] == 0, pools

@@ -71,6 +71,16 @@ def store(m: CpkvOffloadingManager, ws: list[CpkvOffloadingWorker], ctx: ReqCont
     m.on_request_finished(ctx)
 
 
+def assert_loaded(kv: list[list[torch.Tensor]], original: list[list[torch.Tensor]], targets: list[int],
+                  sources: list[int]) -> None:
+    """Every worker's device blocks ``targets`` hold, layer by layer, what its blocks ``sources`` held
+    when they were stored: each worker got its own shard back."""
+    for rank in range(WORLD):
+        for t in range(len(PAGES)):
+            for target, source in zip(targets, sources, strict=True):
+                assert torch.equal(kv[rank][t][target], original[rank][t][source]), (rank, t, target)
+
+
 def promote_and_load(m: CpkvOffloadingManager, ws: list[CpkvOffloadingWorker], req_id: str, chain: list[int],
                      job: int, targets: list[int]) -> Any:
     """A request whose chunks are all on disk only: RETRY while the catalog checks them, then HIT, and
@@ -108,10 +118,7 @@ def test_each_worker_writes_and_reads_back_only_its_own_shard(tmp_path: Path) ->
     targets = [0, 1, 14, 15]
     spec = promote_and_load(m, ws, "c", [1, 2], 3, targets)
     assert len(spec.fills) == 2
-    for rank in range(WORLD):
-        for t in range(len(PAGES)):
-            for target, source in zip(targets, [3, 4, 5, 6]):
-                assert torch.equal(kv[rank][t][target], original[rank][t][source]), (rank, t, target)
+    assert_loaded(kv, original, targets, [3, 4, 5, 6])
     assert not torch.equal(original[0][0][3], original[1][0][3]), "the ranks hold different bytes"
     assert m.num_pins == 0
     m.check()
@@ -172,10 +179,7 @@ def test_a_clean_stop_takes_in_every_workers_shard_of_the_host_copy(tmp_path: Pa
     assert m.stats()["l3_recovered"] == 2
     targets = [0, 1, 14, 15]
     promote_and_load(m, ws, "b", [1, 2], 2, targets)
-    for rank in range(WORLD):
-        for t in range(len(PAGES)):
-            for target, source in zip(targets, [3, 4, 5, 6]):
-                assert torch.equal(kv[rank][t][target], original[rank][t][source]), (rank, t, target)
+    assert_loaded(kv, original, targets, [3, 4, 5, 6])
     m.shutdown()
     for w in ws:
         w.shutdown()
@@ -241,10 +245,7 @@ def test_spills_bypass_the_page_cache_and_a_promotion_reads_each_record_from_dis
     read = disk_read_bytes() - before
     records = 2 * WORLD * geometry(tmp_path).slot_bytes
     assert records <= read < 2 * records, (read, records)
-    for rank in range(WORLD):
-        for t in range(len(PAGES)):
-            for target, source in zip(targets, [3, 4, 5, 6]):
-                assert torch.equal(kv[rank][t][target], original[rank][t][source]), (rank, t, target)
+    assert_loaded(kv, original, targets, [3, 4, 5, 6])
     m.shutdown()
     for w in ws:
         w.shutdown()
@@ -325,10 +326,7 @@ def test_both_workers_keep_the_same_rows_when_the_host_exceeds_the_stop_copy_res
     for w in ws:
         w.submit_load(2, spec, GPULoadStoreSpec(targets, [len(targets)], [0]))
     m.complete_load(keys[:1], ctx)
-    for rank in range(WORLD):
-        for t in range(len(PAGES)):
-            for target, source in zip(targets, [3, 4]):
-                assert torch.equal(kv[rank][t][target], original[rank][t][source]), (rank, t, target)
+    assert_loaded(kv, original, targets, [3, 4])
     m.shutdown()
     for w in ws:
         w.shutdown()
