@@ -54,6 +54,7 @@ __all__ = [
     "l3_log_entries",
     "L3_RECORD_ALIGN",
     "L3_HEADER_BYTES",
+    "L3_RECORD_KEY_AT",
     "L3_LOG_HEADER_BYTES",
     "L3_LOG_ENTRY_BYTES",
     "L3_MAX_SLOTS",
@@ -535,6 +536,7 @@ class OffloadIndex:
 
 L3_RECORD_ALIGN: int
 L3_HEADER_BYTES: int
+L3_RECORD_KEY_AT: int  # byte offset of the key in a record's header
 L3_LOG_HEADER_BYTES: int
 L3_LOG_ENTRY_BYTES: int
 L3_MAX_SLOTS: int

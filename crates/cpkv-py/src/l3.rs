@@ -4,7 +4,7 @@
 
 use cpkv_tier::l3::{
     decode_log, decode_record, encode_header, encode_log_entry, encode_log_header, record_bytes,
-    writer_rank, Expected, L3Index as Core, L3Namespace, LogEntry, LogHeader, HEADER_BYTES,
+    writer_rank, Expected, L3Index as Core, L3Namespace, LogEntry, LogHeader, HEADER_BYTES, KEY_AT,
     LOG_ENTRY_BYTES, LOG_HEADER_BYTES, MAX_L3_SLOTS, MAX_PAYLOAD_BYTES, RECORD_ALIGN,
 };
 use numpy::{PyReadonlyArray1, PyReadwriteArray1};
@@ -26,6 +26,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(l3_log_entries, m)?)?;
     m.add("L3_RECORD_ALIGN", RECORD_ALIGN)?;
     m.add("L3_HEADER_BYTES", HEADER_BYTES)?;
+    m.add("L3_RECORD_KEY_AT", KEY_AT)?;
     m.add("L3_LOG_HEADER_BYTES", LOG_HEADER_BYTES)?;
     m.add("L3_LOG_ENTRY_BYTES", LOG_ENTRY_BYTES)?;
     m.add("L3_MAX_SLOTS", MAX_L3_SLOTS)?;

@@ -34,5 +34,5 @@ pub use log::{
 pub use namespace::L3Namespace;
 pub use record::{
     decode_record, encode_header, record_bytes, Expected, RecordReject, FORMAT_VERSION,
-    HEADER_BYTES, MAX_PAYLOAD_BYTES, RECORD_ALIGN, RECORD_MAGIC,
+    HEADER_BYTES, KEY_AT, MAX_PAYLOAD_BYTES, RECORD_ALIGN, RECORD_MAGIC,
 };

@@ -29,6 +29,9 @@ pub const RECORD_MAGIC: u64 = u64::from_le_bytes(*b"CPKVL3R\x01");
 pub const FORMAT_VERSION: u32 = 1;
 /// Header bytes before the payload.
 pub const HEADER_BYTES: usize = 64;
+/// Where the key sits in a header (a scan that looks for a key's record
+/// reads it there; only the full check decides).
+pub const KEY_AT: usize = 24;
 /// Records start and end on this boundary (the O_DIRECT block).
 pub const RECORD_ALIGN: usize = 4096;
 /// The largest payload a record holds (1 GiB): a length field beyond it is
@@ -153,7 +156,7 @@ pub fn encode_header(
     put_u64(&mut header, 0, RECORD_MAGIC);
     header[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
     put_u64(&mut header, 16, namespace);
-    put_u64(&mut header, 24, key);
+    put_u64(&mut header, KEY_AT, key);
     put_u64(&mut header, 32, sequence);
     put_u64(&mut header, 40, payload.len() as u64);
     let crc = checksum(&header, payload);
@@ -186,7 +189,7 @@ pub fn decode_record(record: &[u8], expected: &Expected) -> Result<Range<usize>,
     if namespace != expected.namespace {
         return Err(RecordReject::ForeignNamespace { found: namespace });
     }
-    let key = get_u64(record, 24);
+    let key = get_u64(record, KEY_AT);
     if key != expected.key {
         return Err(RecordReject::WrongKey { found: key });
     }

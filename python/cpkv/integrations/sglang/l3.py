@@ -161,23 +161,22 @@ class SglangL3:
 
     # -- out of the slab (the backup thread) ------------------------------------------------------
 
-    def spill(self, keys: Sequence[bytes], rows: Sequence[int], copied: Sequence[bool], pages: np.ndarray) -> int:
-        """Places a store's victims (the same on every rank) and writes the ones this rank copied out,
-        durable before it returns. Returns the pages this rank wrote."""
-        if not len(keys):
+    def spill(self, l3_keys: Sequence[int], rows: Sequence[int], copied: Sequence[bool], pages: np.ndarray) -> int:
+        """Places a store's victims (their :func:`l3_key`, the same on every rank) and writes the ones
+        this rank copied out, durable before it returns. Returns the pages this rank wrote."""
+        if not len(l3_keys):
             return 0
-        l3_keys = [l3_key(k) for k in keys]
         writers = [int(row) % self.node_size for row in rows]
         written = 0
         with self._lock:
             batch = max(1, self.store.slots)
-            for start in range(0, len(keys), batch):
-                stop = min(len(keys), start + batch)
+            for start in range(0, len(l3_keys), batch):
+                stop = min(len(l3_keys), start + batch)
                 part = [(l3_keys[i], pages[i] if copied[i] else None) for i in range(start, stop)]
                 before = self.store.counters["pages_written"]
                 self.store.put(part, writers=writers[start:stop])
                 written += self.store.counters["pages_written"] - before
-            self.counters["l3_pages_spilled"] += len(keys)
+            self.counters["l3_pages_spilled"] += len(l3_keys)
             self.counters["l3_pages_written"] += written
             self.counters["l3_pages_not_copied"] += sum(
                 1 for w, c in zip(writers, copied) if w == self.local_rank and not c)
@@ -185,16 +184,15 @@ class SglangL3:
 
     # -- back up (the prefetch threads) -----------------------------------------------------------
 
-    def _found(self, key: str) -> tuple[int, int, int] | None:
-        k = l3_key(key)
+    def _found(self, k: int) -> tuple[int, int, int] | None:
         hit = self.store.index.peek(k)
         if hit is None or (k, hit[1]) in self._rejected:
             return None
         return k, hit[0], hit[1]
 
-    def holds(self, key: str) -> bool:
-        """Whether L3's index holds ``key`` (no disk read, no change)."""
-        return self._found(key) is not None
+    def holds(self, k: int) -> bool:
+        """Whether L3's index holds the page of L3 key ``k`` (no disk read, no change)."""
+        return self._found(k) is not None
 
     def read_into(self, keys: Sequence[str], wanted: Sequence[int], pool: Any, host_indices: Any) -> list[int]:
         """Reads the pages of ``keys[i]`` for ``i`` in ``wanted`` from their records into the host pool
@@ -202,7 +200,7 @@ class SglangL3:
         with self._lock:
             found: list[tuple[int, tuple[int, int, int]]] = []
             for i in wanted:
-                hit = self._found(keys[i])
+                hit = self._found(l3_key(keys[i]))
                 if hit is not None:
                     found.append((i, hit))
         if not found:
@@ -280,16 +278,18 @@ class SglangL3Tier:
         the pages this rank wrote (per pool: the same number in each)."""
         if len(pages) != len(self.pools):
             raise InvalidArgumentError(f"spill: pages of {len(pages)} pools for an L3 of {len(self.pools)}")
+        l3_keys = [l3_key(k) for k in keys]  # hashed once for every pool
         written = 0
         for l3, pool_pages in zip(self.pools.values(), pages):
-            written = l3.spill(keys, rows, copied, pool_pages)
+            written = l3.spill(l3_keys, rows, copied, pool_pages)
         return written
 
     # -- back up (the prefetch threads) -----------------------------------------------------------
 
     def holds(self, key: str) -> bool:
         """Whether every pool's L3 index holds ``key``: a page is an L3 hit only whole."""
-        return all(l3.holds(key) for l3 in self.pools.values())
+        k = l3_key(key)  # hashed once, looked up in every pool's index
+        return all(l3.holds(k) for l3 in self.pools.values())
 
     # -- housekeeping -----------------------------------------------------------------------------
 

@@ -76,8 +76,6 @@ STOP_BATCH = 256  # chunks the catalog takes in from the stop copies per write, 
 WRITE_GROUP_BYTES = 64 << 20  # records a worker seals in aligned scratch memory per write group
 STOP_SEQUENCE = 0  # the sequence of every stop-copy record (its namespace tells it from a slot's)
 STOP_SHARE = 8  # the stop copy's reserve: 1/STOP_SHARE of the slots a worker's share of the cap would hold
-RECORD_KEY_AT = 24  # byte offset of the key in a record's header (crates/tier/src/l3/record.rs); a candidate only:
-# the full check of the record against that key decides
 
 
 def _random_reader(path: Path) -> int:
@@ -632,11 +630,12 @@ def _stop_copy_keys(fd: int, g: L3Geometry) -> dict[int, int]:
     """key -> byte offset of the first record naming it, over the first ``stop_rows`` records of a
     stop copy (a key read here is a candidate: its record is checked in full before use)."""
     out: dict[int, int] = {}
+    key_at = _cpkv.L3_RECORD_KEY_AT
     for i in range(g.stop_rows):
         header = os.pread(fd, HEADER, i * g.slot_bytes)
         if len(header) < HEADER:
             break
-        out.setdefault(int.from_bytes(header[RECORD_KEY_AT:RECORD_KEY_AT + 8], "little"), i * g.slot_bytes)
+        out.setdefault(int.from_bytes(header[key_at:key_at + 8], "little"), i * g.slot_bytes)
     return out
 
 
