@@ -10,6 +10,7 @@ import struct
 import numpy as np
 import pytest
 
+from cpkv import _cpkv
 from cpkv.runtime.launch import run_ranks
 from cpkv.tier.l3 import L3Store
 from l3_pages import namespace, page
@@ -72,10 +73,10 @@ def _records_on_disk(directory, slots_per_file: int, slot_bytes: int, slots: int
     out = []
     for slot in range(slots):
         with open(directory / f"data-{slot // slots_per_file}.bin", "rb") as f:
-            f.seek((slot % slots_per_file) * slot_bytes)
-            header = f.read(64)
-        if header[:8] == b"CPKVL3R\x01":
-            out.append(struct.unpack_from("<QQ", header, 24))
+            f.seek((slot % slots_per_file) * slot_bytes + slot_bytes - _cpkv.L3_HEADER_BYTES)  # the record's last bytes
+            header = f.read(_cpkv.L3_HEADER_BYTES)
+        if struct.unpack_from("<Q", header)[0] == _cpkv.L3_RECORD_MAGIC:
+            out.append(struct.unpack_from("<QQ", header, _cpkv.L3_RECORD_KEY_AT))
     return out
 
 

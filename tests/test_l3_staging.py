@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cpkv._cpkv import L3_HEADER_BYTES, L3Staging
+from cpkv._cpkv import L3Staging
 from cpkv.errors import InvalidArgumentError
 from cpkv.runtime.launch import run_ranks
 from cpkv.tier.l3 import L3Store
@@ -92,7 +92,7 @@ def _damage(directory: Path, keys: list[int], world: int) -> None:
         slot_bytes, per_file = store.slot_bytes, store.slots_per_file
     for slot, _ in where.values():
         with open(directory / f"data-{slot // per_file}.bin", "r+b") as f:
-            at = (slot % per_file) * slot_bytes + L3_HEADER_BYTES + 9
+            at = (slot % per_file) * slot_bytes + 9
             f.seek(at)
             byte = f.read(1)
             f.seek(at)

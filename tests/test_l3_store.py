@@ -73,16 +73,18 @@ def _flip(path: str, offset: int, mask: int = 0x01) -> None:
         f.write(bytes([byte ^ mask]))
 
 
-@pytest.mark.parametrize("where, reason", [(49, "checksum"), (13, "reserved"), (64 + 100, "checksum"), (64 + PAGE_BYTES - 1, "checksum"),
-                                           (0, "bad_magic"), (9, "version"), (20, "foreign_namespace"),
-                                           (27, "wrong_key"), (33, "stale_sequence"), (41, "length"),
-                                           (55, "reserved")])
-def test_a_bit_flip_anywhere_is_a_counted_miss(tmp_path, where, reason):
+@pytest.mark.parametrize("part, where, reason", [
+    ("payload", 0, "checksum"), ("payload", 100, "checksum"), ("payload", PAGE_BYTES - 1, "checksum"),
+    ("header", 0, "bad_magic"), ("header", 9, "version"), ("header", 13, "reserved"),
+    ("header", 20, "foreign_namespace"), ("header", 27, "wrong_key"), ("header", 33, "stale_sequence"),
+    ("header", 41, "length"), ("header", 49, "checksum"), ("header", 55, "reserved")])
+def test_a_bit_flip_anywhere_is_a_counted_miss(tmp_path, part, where, reason):
     with open_store(tmp_path) as store:
         fill(store, range(1, 9))
         path, offset = slot_path_offset(store, 5)
         before = store.digest()
-        _flip(path, offset + where)
+        header_at = store.slot_bytes - _cpkv.L3_HEADER_BYTES  # the header is the record's last bytes
+        _flip(path, offset + where + (header_at if part == "header" else 0))
         assert served_exactly(store, 5) is None
         assert store.stats()["corrupt_dropped"] == 1 and store.rejects == {reason: 1}
         assert store.digest() != before and store.index.peek(5) is None
@@ -105,27 +107,71 @@ def test_a_torn_write_is_a_miss(tmp_path):
     with L3Store(tmp_path, 1 << 20, big) as store:
         store.put([(1, page(1, big.page_bytes))])
         path, offset = slot_path_offset(store, 1)
-        for torn_blocks in (1, 2, 3):
-            # The slot's first k blocks from a newer record of another key, the rest as before.
-            other = np.zeros(store.slot_bytes, dtype=np.uint8)
-            other[64:64 + big.page_bytes] = page(2, big.page_bytes)
-            _cpkv.l3_seal(other, store.namespace_id, 2, 99, big.page_bytes)
+        found = store.index.peek(1)
+        with open(path, "rb") as f:
+            original = (f.seek(offset), f.read(store.slot_bytes))[1]
+
+        def torn(record: np.ndarray, blocks: int, head: bool) -> str | None:
+            """The slot with the first ``blocks`` blocks of ``record`` (``head``) or the rest of it, the
+            other blocks as before; the reason the read gives, then the slot restored."""
+            part = slice(0, blocks * 4096) if head else slice(blocks * 4096, store.slot_bytes)
             with open(path, "r+b") as f:
-                original = (f.seek(offset), f.read(store.slot_bytes))[1]
-                f.seek(offset)
-                f.write(other[:torn_blocks * 4096].tobytes())
-            found = store.index.peek(1)
-            assert store.read(1, *found) is None and store.last_reject == "wrong_key"
-            # The same key's newer placement torn over the old one: the sequence or CRC catches it.
-            _cpkv.l3_seal(other, store.namespace_id, 1, found[1], big.page_bytes)
-            with open(path, "r+b") as f:
-                f.seek(offset)
-                f.write(other[:torn_blocks * 4096].tobytes())
-            assert store.read(1, *found) is None and store.last_reject == "checksum"
+                f.seek(offset + part.start)
+                f.write(record[part].tobytes())
+            reason = store.last_reject if store.read(1, *found) is None else None
             with open(path, "r+b") as f:
                 f.seek(offset)
                 f.write(original)
             assert np.array_equal(store.read(1, *found), page(1, big.page_bytes))
+            return reason
+
+        for other_key, sequence in ((2, 99), (1, found[1])):  # another key; this key, other bytes
+            other = np.zeros(store.slot_bytes, dtype=np.uint8)
+            other[:big.page_bytes] = page(2, big.page_bytes)
+            _cpkv.l3_seal(other, store.namespace_id, other_key, sequence, big.page_bytes)
+            for torn_blocks in (1, 2, 3):
+                # A newer record's payload blocks over the old record: its header stays, the CRC fails.
+                assert torn(other, torn_blocks, head=True) == "checksum"
+                # The newer record's last blocks (its header) over the old payload.
+                assert torn(other, torn_blocks, head=False) == ("wrong_key" if other_key == 2 else "checksum")
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_pages_in_aligned_memory_move_in_place_with_the_same_records_as_a_copy(tmp_path, direct):
+    """Pages of whole blocks in page-aligned memory (as slab rows are) are written from and read into
+    their own memory; the records on disk are byte for byte those of the copying path, every read
+    path serves exact bytes, and a damaged or cut record read in place is a counted miss."""
+    from cpkv.tier.l3.direct import aligned_empty
+
+    ns = namespace(page_bytes=2 * 4096)
+    keys = list(range(1, 9))
+    rows = aligned_empty(len(keys), ns.page_bytes)
+    for j, key in enumerate(keys):
+        rows[j] = page(key, ns.page_bytes)
+    (tmp_path / "copied").mkdir()
+    (tmp_path / "in_place").mkdir()
+    with L3Store(tmp_path / "copied", 1 << 20, ns, direct=direct) as copied, \
+            L3Store(tmp_path / "in_place", 1 << 20, ns, direct=direct) as in_place:
+        copied.put([(key, np.array(rows[j])) for j, key in enumerate(keys)])  # heap copies: unaligned
+        in_place.put([(key, rows[j]) for j, key in enumerate(keys)])
+        assert in_place.stats()["pages_written_in_place"] == len(keys)
+        assert copied.stats()["pages_written_in_place"] == (0 if direct else len(keys))
+        assert (tmp_path / "copied" / "data-0.bin").read_bytes() == (tmp_path / "in_place" / "data-0.bin").read_bytes()
+        found = [(key, *in_place.lookup(key)) for key in keys]
+        out = aligned_empty(len(keys), ns.page_bytes)
+        assert in_place.read_many(found[::-1], out) == [None] * len(keys)
+        assert in_place.stats()["pages_read_in_place"] == len(keys)
+        assert np.array_equal(out, rows[::-1])
+        kept = np.zeros_like(out)
+        assert in_place.read_many(found, kept, keep_records=True) == [None] * len(keys)
+        assert np.array_equal(kept, rows) and in_place.stats()["pages_read_in_place"] == len(keys)
+        path, offset = slot_path_offset(in_place, 3)
+        _flip(path, offset + 5000)
+        os.truncate(path, slot_path_offset(in_place, 8)[1] + in_place.slot_bytes - 1)
+        out[:] = 0
+        reasons = in_place.read_many(found, out)
+        assert reasons == [None, None, "checksum", None, None, None, None, "truncated"]
+        assert all(np.array_equal(out[j], rows[j]) for j in range(len(keys)) if reasons[j] is None)
 
 
 def test_a_slot_reused_under_a_reader_is_a_miss(tmp_path):
@@ -242,7 +288,7 @@ def test_a_batch_read_serves_the_good_pages_and_names_the_bad_one(tmp_path):
         keys = list(range(1, 11))
         fill(store, keys)
         path, offset = slot_path_offset(store, 4)
-        _flip(path, offset + 64 + 7)
+        _flip(path, offset + 7)
         found = [(k, *store.lookup(k)) for k in reversed(keys)]  # out of slot order
         out = np.zeros((len(found), PAGE_BYTES), dtype=np.uint8)
         reasons = store.read_many(found, out)

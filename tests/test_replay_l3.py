@@ -70,7 +70,7 @@ def test_a_damaged_record_between_runs_is_a_counted_drop_and_never_a_wrong_page(
     slot_bytes = int(_cpkv.l3_record_bytes(page_bytes))
     data = tmp_path / "l3" / "data-0.bin"
     raw = np.fromfile(data, dtype=np.uint8)
-    raw[_cpkv.L3_HEADER_BYTES + 7::slot_bytes] ^= 0x40
+    raw[7::slot_bytes] ^= 0x40
     raw.tofile(data)
     second = _check_run(_replay(tmp_path, "second", "--limit", "24"))
     assert second["l3_corrupt_dropped"] > 0, "a damaged record is found, counted and dropped"
@@ -117,14 +117,14 @@ def _replay_entry(rank: int, world: int, options: ReplayOptions, requests: list)
 
 def _records_per_key(directory: Path, slot_bytes: int) -> dict[int, int]:
     """How many records of each key the node's data files hold, read straight from the slot headers."""
-    magic = b"CPKVL3R\x01"
     counts: dict[int, int] = {}
+    header_at = slot_bytes - _cpkv.L3_HEADER_BYTES  # a record's header is its last bytes
     for data in sorted(directory.glob("data-*.bin")):
         raw = np.fromfile(data, dtype=np.uint8)
-        for start in range(0, len(raw) - _cpkv.L3_HEADER_BYTES + 1, slot_bytes):
+        for start in range(header_at, len(raw) - _cpkv.L3_HEADER_BYTES + 1, slot_bytes):
             header = raw[start:start + _cpkv.L3_HEADER_BYTES].tobytes()
-            if header[:8] == magic:
-                key = int.from_bytes(header[24:32], "little")
+            if int.from_bytes(header[:8], "little") == _cpkv.L3_RECORD_MAGIC:
+                key = int.from_bytes(header[_cpkv.L3_RECORD_KEY_AT:_cpkv.L3_RECORD_KEY_AT + 8], "little")
                 counts[key] = counts.get(key, 0) + 1
     return counts
 

@@ -39,12 +39,10 @@ def live_records(pool_dir: Path, ranks: int, log_ranks: int | None = None) -> tu
 def damage(pool_dir: Path, records: int) -> int:
     """Flips one payload byte in each of the first ``records`` of rank 0's live records in one pool's
     store (a store of two ranks, one data file); returns how many."""
-    from cpkv.tier.l3.store import HEADER
-
     _, entries, slot_bytes = live_records(pool_dir, 2, log_ranks=1)
     with open(pool_dir / "data-0.bin", "r+b") as f:
         for _key, slot, _seq in entries[:records]:
-            at = slot * slot_bytes + HEADER + 7
+            at = slot * slot_bytes + 7
             f.seek(at)
             byte = f.read(1)
             f.seek(at)

@@ -78,7 +78,7 @@ def run(directory: Path, chunks: int, page_bytes: int, check: str, fill: str) ->
         else:
             record = direct_read(g, 0, slot, scratch)
             assert _cpkv.l3_check(record, g.namespace(0), key, sequence, page_bytes) is None
-            payload = record[_cpkv.L3_HEADER_BYTES:_cpkv.L3_HEADER_BYTES + page_bytes]
+            payload = record[:page_bytes]
         assert np.array_equal(payload, pages[key - 1])
     elapsed = time.perf_counter() - started
     read = disk_read_bytes() - before

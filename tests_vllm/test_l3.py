@@ -15,7 +15,6 @@ import pytest
 import torch
 from vllm.v1.kv_offload.base import make_offload_key
 
-from cpkv._cpkv import L3_HEADER_BYTES
 from cpkv.errors import InvalidArgumentError
 from cpkv.integrations.vllm import CpkvOffloadConfig
 from cpkv.integrations.vllm.config import check_stable_block_hashes
@@ -118,9 +117,9 @@ def test_a_damaged_record_is_a_counted_miss(tmp_path: Path) -> None:
     file, offset = catalog.geometry.where(slot)
     path = catalog.geometry.shard_dir(0) / f"data-{file}.bin"
     with open(path, "r+b") as f:  # one payload bit of the second chunk's record
-        f.seek(offset + L3_HEADER_BYTES + 100)
+        f.seek(offset + 100)
         byte = f.read(1)[0]
-        f.seek(offset + L3_HEADER_BYTES + 100)
+        f.seek(offset + 100)
         f.write(bytes([byte ^ 0x10]))
     tokens = prompt(1, blocks=BLOCKS)
     hits, blocks = serve(eng, "again", tokens)

@@ -22,7 +22,7 @@ from vllm.v1.kv_offload.base import (
     make_offload_key,
 )
 
-from cpkv._cpkv import L3_HEADER_BYTES, l3_check
+from cpkv._cpkv import l3_check
 from cpkv.integrations.vllm.l3 import L3Catalog, L3Geometry, l3_key
 from cpkv.integrations.vllm.manager import CpkvOffloadingManager
 from cpkv.integrations.vllm.worker import CpkvOffloadingWorker
@@ -140,7 +140,7 @@ def test_a_record_damaged_on_one_shard_is_a_miss_for_every_worker(tmp_path: Path
     slot, sequence = m.l3.index.peek(l3_key(a[0]))
     file, offset = g.where(slot)
     with open(g.shard_dir(1) / f"data-{file}.bin", "r+b") as f:  # rank 1's shard only
-        f.seek(offset + L3_HEADER_BYTES)
+        f.seek(offset)  # the record's first payload bytes
         f.write(b"\xff\x00\xff")
     ctx, keys = request("c", [1])
     assert m.lookup(keys[0], ctx) is LookupResult.RETRY

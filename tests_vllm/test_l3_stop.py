@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from cpkv._cpkv import L3_HEADER_BYTES, l3_check
+from cpkv._cpkv import L3_HEADER_BYTES, L3_RECORD_KEY_AT, l3_check
 from cpkv.integrations.vllm.l3 import L3Geometry, l3_key
 from engine import Engine, prompt
 from test_l3 import BLOCKS, assert_exact, disk_bytes, keys_of, l3_extra, serve
@@ -199,7 +199,8 @@ def stop_copy_offsets(geometry: L3Geometry, rank: int) -> dict[int, int]:
     out = {}
     for offset in range(0, len(data), geometry.slot_bytes):
         record = data[offset:offset + geometry.slot_bytes]
-        header_key = int.from_bytes(record[24:32].tobytes(), "little")
+        key_at = geometry.slot_bytes - L3_HEADER_BYTES + L3_RECORD_KEY_AT  # in the header, the record's last bytes
+        header_key = int.from_bytes(record[key_at:key_at + 8].tobytes(), "little")
         if l3_check(record, namespace, header_key, 0, geometry.page_bytes) is None:
             out[header_key] = offset
     return out
@@ -220,9 +221,9 @@ def test_a_damaged_or_foreign_stop_copy_is_never_taken_in(tmp_path: Path) -> Non
     at = stop_copy_offsets(geometry, 0)
     assert len(at) == 10, "the reserve holds all ten held chunks"
     with open(geometry.stop_copy(0), "r+b") as f:
-        f.seek(at[chunks[1][2]] + L3_HEADER_BYTES + 1000)  # a payload byte of seed 1's third chunk
+        f.seek(at[chunks[1][2]] + 1000)  # a payload byte of seed 1's third chunk
         byte = f.read(1)[0]
-        f.seek(at[chunks[1][2]] + L3_HEADER_BYTES + 1000)
+        f.seek(at[chunks[1][2]] + 1000)
         f.write(bytes([byte ^ 0x01]))
         f.seek(at[chunks[2][4]])
         other = f.read(slot_bytes)

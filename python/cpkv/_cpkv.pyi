@@ -48,6 +48,8 @@ __all__ = [
     "l3_seal",
     "l3_check",
     "l3_check_into",
+    "l3_seal_tails",
+    "l3_check_split",
     "l3_record_bytes",
     "l3_namespace_id",
     "l3_log_header",
@@ -55,6 +57,7 @@ __all__ = [
     "L3_RECORD_ALIGN",
     "L3_HEADER_BYTES",
     "L3_RECORD_KEY_AT",
+    "L3_RECORD_MAGIC",
     "L3_LOG_HEADER_BYTES",
     "L3_LOG_ENTRY_BYTES",
     "L3_MAX_SLOTS",
@@ -537,14 +540,16 @@ class OffloadIndex:
 L3_RECORD_ALIGN: int
 L3_HEADER_BYTES: int
 L3_RECORD_KEY_AT: int  # byte offset of the key in a record's header
+L3_RECORD_MAGIC: int  # a record header's first 8 bytes, little-endian
 L3_LOG_HEADER_BYTES: int
 L3_LOG_ENTRY_BYTES: int
 L3_MAX_SLOTS: int
 L3_MAX_PAYLOAD_BYTES: int
 
 def l3_seal(record: npt.NDArray[np.uint8], namespace: int, key: int, sequence: int, length: int) -> None:
-    """Writes the header (CRC32C included) of the record in ``record``, whose payload is already at
-    ``record[64:64 + length]``."""
+    """Seals the record in ``record`` (at least ``l3_record_bytes(length)`` bytes) whose payload is already
+    at ``record[:length]``: zeroes its padding and writes its header (CRC32C included), the record's last
+    ``L3_HEADER_BYTES`` bytes."""
 
 def l3_check(record: npt.NDArray[np.uint8], namespace: int, key: int, sequence: int, length: int) -> str | None:
     """``None`` when ``record`` is exactly the expected record, else the first mismatch's name:
@@ -556,6 +561,17 @@ def l3_check_into(records: npt.NDArray[np.uint8], slot_bytes: int, namespace: in
     """Checks the records read back to back into ``records`` (``slot_bytes`` each, the last ones possibly
     short) against ``keys[j]``/``sequences[j]``, copying each good payload into row ``rows[j]`` of ``out``
     (rows of ``length`` bytes); per record ``None`` when served, else the reason's name."""
+
+def l3_seal_tails(tails: npt.NDArray[np.uint8], payloads: Sequence[npt.NDArray[np.uint8]], namespace: int,
+                  keys: _IntVector, sequences: _IntVector, length: int) -> None:
+    """Seals, back to back in ``tails``, the tails (padding then header, ``l3_record_bytes(length) - length``
+    bytes each) of records whose payloads ``payloads[j]`` are written from their own memory."""
+
+def l3_check_split(tails: npt.NDArray[np.uint8], out: npt.NDArray[np.uint8], rows: _IntVector, whole: Sequence[bool],
+                   namespace: int, keys: _IntVector, sequences: _IntVector, length: int) -> list[str | None]:
+    """Checks records read split, payload ``j`` straight into row ``rows[j]`` of ``out`` (rows of ``length``
+    bytes) and its tail into ``tails``; ``whole[j]`` False is ``truncated``. Per record ``None`` when the row
+    holds the record's payload, else the reason's name."""
 
 def l3_record_bytes(payload: int) -> int:
     """Bytes a record of ``payload`` bytes takes on disk (whole 4 KiB blocks)."""

@@ -3,9 +3,10 @@
 //! namespace id. The files themselves are `cpkv.tier.l3` (Python).
 
 use cpkv_tier::l3::{
-    decode_log, decode_record, encode_header, encode_log_entry, encode_log_header, record_bytes,
-    writer_rank, Expected, L3Index as Core, L3Namespace, LogEntry, LogHeader, HEADER_BYTES, KEY_AT,
-    LOG_ENTRY_BYTES, LOG_HEADER_BYTES, MAX_L3_SLOTS, MAX_PAYLOAD_BYTES, RECORD_ALIGN,
+    decode_log, decode_parts, decode_record, encode_log_entry, encode_log_header, record_bytes,
+    seal_record, seal_tail, writer_rank, Expected, L3Index as Core, L3Namespace, LogEntry,
+    LogHeader, HEADER_BYTES, KEY_AT, LOG_ENTRY_BYTES, LOG_HEADER_BYTES, MAX_L3_SLOTS,
+    MAX_PAYLOAD_BYTES, RECORD_ALIGN, RECORD_MAGIC,
 };
 use numpy::{PyReadonlyArray1, PyReadwriteArray1};
 use pyo3::prelude::*;
@@ -20,6 +21,8 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(l3_seal, m)?)?;
     m.add_function(wrap_pyfunction!(l3_check, m)?)?;
     m.add_function(wrap_pyfunction!(l3_check_into, m)?)?;
+    m.add_function(wrap_pyfunction!(l3_seal_tails, m)?)?;
+    m.add_function(wrap_pyfunction!(l3_check_split, m)?)?;
     m.add_function(wrap_pyfunction!(l3_record_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(l3_namespace_id, m)?)?;
     m.add_function(wrap_pyfunction!(l3_log_header, m)?)?;
@@ -27,6 +30,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("L3_RECORD_ALIGN", RECORD_ALIGN)?;
     m.add("L3_HEADER_BYTES", HEADER_BYTES)?;
     m.add("L3_RECORD_KEY_AT", KEY_AT)?;
+    m.add("L3_RECORD_MAGIC", RECORD_MAGIC)?;
     m.add("L3_LOG_HEADER_BYTES", LOG_HEADER_BYTES)?;
     m.add("L3_LOG_ENTRY_BYTES", LOG_ENTRY_BYTES)?;
     m.add("L3_MAX_SLOTS", MAX_L3_SLOTS)?;
@@ -35,7 +39,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 }
 
 fn payload_length(length: u64, record: usize) -> PyResult<usize> {
-    if length > MAX_PAYLOAD_BYTES || HEADER_BYTES as u64 + length > record as u64 {
+    if length > MAX_PAYLOAD_BYTES || record_bytes(length) > record as u64 {
         return Err(invalid(format!(
             "length {length} does not fit a record buffer of {record} bytes (at most {MAX_PAYLOAD_BYTES})"
         )));
@@ -43,8 +47,8 @@ fn payload_length(length: u64, record: usize) -> PyResult<usize> {
     Ok(length as usize)
 }
 
-/// Writes the header of the record in `record` (payload already at
-/// `record[64:64+length]`), checksum included.
+/// Seals the record in `record` (payload already at `record[:length]`):
+/// zeroes its padding and writes its header, checksum included.
 #[pyfunction]
 fn l3_seal(
     py: Python<'_>,
@@ -63,15 +67,7 @@ fn l3_seal(
         .as_slice_mut()
         .map_err(|_| invalid("record must be a contiguous uint8 array".into()))?;
     let length = payload_length(uint(length, "length")?, buf.len())?;
-    unshared(py, || {
-        let header = encode_header(
-            namespace,
-            key,
-            sequence,
-            &buf[HEADER_BYTES..HEADER_BYTES + length],
-        );
-        buf[..HEADER_BYTES].copy_from_slice(&header);
-    })
+    unshared(py, || seal_record(buf, namespace, key, sequence, length))
 }
 
 /// `None` when `record` is the expected record, else the reason's name
@@ -169,6 +165,160 @@ fn l3_check_into(
             }
         }
         reasons
+    })
+}
+
+/// The tails (`record_bytes(length) - length` bytes each: padding, then the
+/// header) of records whose payloads are written from their own memory:
+/// tail `j` of `tails` is sealed for `payloads[j]` (uint8, `length` bytes),
+/// `keys[j]`, `sequences[j]`. One call per batch, without the GIL.
+#[pyfunction]
+fn l3_seal_tails(
+    py: Python<'_>,
+    mut tails: PyReadwriteArray1<'_, u8>,
+    payloads: Vec<PyReadonlyArray1<'_, u8>>,
+    namespace: &Bound<'_, PyAny>,
+    keys: &Bound<'_, PyAny>,
+    sequences: &Bound<'_, PyAny>,
+    length: &Bound<'_, PyAny>,
+) -> PyResult<()> {
+    let namespace = uint(namespace, "namespace")?;
+    let (keys, sequences) = (
+        int_vector(keys, "keys")?,
+        int_vector(sequences, "sequences")?,
+    );
+    let length = uint(length, "length")?;
+    if length > MAX_PAYLOAD_BYTES {
+        return Err(invalid(format!(
+            "length {length} is over the limit of {MAX_PAYLOAD_BYTES} bytes"
+        )));
+    }
+    let tail_bytes = (record_bytes(length) - length) as usize;
+    let sources = payloads
+        .iter()
+        .enumerate()
+        .map(|(j, p)| match p.as_slice() {
+            Ok(bytes) if bytes.len() as u64 == length => Ok(bytes),
+            Ok(bytes) => Err(invalid(format!(
+                "payload {j} has {} bytes, the records hold {length}",
+                bytes.len()
+            ))),
+            Err(_) => Err(invalid(format!("payload {j} is not contiguous"))),
+        })
+        .collect::<PyResult<Vec<&[u8]>>>()?;
+    let dst = tails
+        .as_slice_mut()
+        .map_err(|_| invalid("tails must be a contiguous uint8 array".into()))?;
+    if keys.len() != sources.len() || sequences.len() != sources.len() {
+        return Err(invalid(format!(
+            "payloads, keys and sequences differ in length: {}, {}, {}",
+            sources.len(),
+            keys.len(),
+            sequences.len()
+        )));
+    }
+    if dst.len() != sources.len() * tail_bytes {
+        return Err(invalid(format!(
+            "tails holds {} bytes, {} tails of {tail_bytes} need {}",
+            dst.len(),
+            sources.len(),
+            sources.len() * tail_bytes
+        )));
+    }
+    unshared(py, || {
+        for (j, tail) in dst.chunks_exact_mut(tail_bytes).enumerate() {
+            seal_tail(tail, namespace, keys[j], sequences[j], sources[j]);
+        }
+    })
+}
+
+/// Checks records read split: payload `j` straight into row `rows[j]` of
+/// `out` (rows of `length` bytes), its tail (padding, header) into `tails`
+/// (`record_bytes(length) - length` bytes each). `whole[j]` says the read
+/// reached the record's end (else `truncated`). Per record `None` when the
+/// payload in its row is the record's, else the reason's name (the row then
+/// holds whatever was read). One call per read, without the GIL.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn l3_check_split(
+    py: Python<'_>,
+    tails: PyReadonlyArray1<'_, u8>,
+    out: PyReadonlyArray1<'_, u8>,
+    rows: &Bound<'_, PyAny>,
+    whole: Vec<bool>,
+    namespace: &Bound<'_, PyAny>,
+    keys: &Bound<'_, PyAny>,
+    sequences: &Bound<'_, PyAny>,
+    length: &Bound<'_, PyAny>,
+) -> PyResult<Vec<Option<&'static str>>> {
+    let namespace = uint(namespace, "namespace")?;
+    let (keys, sequences, rows) = (
+        int_vector(keys, "keys")?,
+        int_vector(sequences, "sequences")?,
+        int_vector(rows, "rows")?,
+    );
+    let length = uint(length, "length")?;
+    if length > MAX_PAYLOAD_BYTES {
+        return Err(invalid(format!(
+            "length {length} is over the limit of {MAX_PAYLOAD_BYTES} bytes"
+        )));
+    }
+    let tail_bytes = (record_bytes(length) - length) as usize;
+    let length = length as usize;
+    let tails = tails
+        .as_slice()
+        .map_err(|_| invalid("tails must be a contiguous uint8 array".into()))?;
+    let src = out
+        .as_slice()
+        .map_err(|_| invalid("out must be a contiguous uint8 array".into()))?;
+    let n = keys.len();
+    if sequences.len() != n || rows.len() != n || whole.len() != n {
+        return Err(invalid(format!(
+            "keys, sequences, rows and whole differ in length: {n}, {}, {}, {}",
+            sequences.len(),
+            rows.len(),
+            whole.len()
+        )));
+    }
+    if tails.len() != n * tail_bytes {
+        return Err(invalid(format!(
+            "tails holds {} bytes, {n} tails of {tail_bytes} need {}",
+            tails.len(),
+            n * tail_bytes
+        )));
+    }
+    if let Some(row) = rows
+        .iter()
+        .find(|r| (**r as usize).saturating_add(1).saturating_mul(length) > src.len())
+    {
+        return Err(invalid(format!(
+            "row {row} is outside out ({} bytes)",
+            src.len()
+        )));
+    }
+    unshared(py, || {
+        (0..n)
+            .map(|j| {
+                if !whole[j] {
+                    return Some("truncated");
+                }
+                let expected = Expected {
+                    namespace,
+                    key: keys[j],
+                    sequence: sequences[j],
+                    length: length as u64,
+                };
+                let tail = &tails[j * tail_bytes..(j + 1) * tail_bytes];
+                let row = rows[j] as usize * length;
+                decode_parts(
+                    &tail[tail_bytes - HEADER_BYTES..],
+                    &src[row..row + length],
+                    &expected,
+                )
+                .err()
+                .map(|r| r.name())
+            })
+            .collect()
     })
 }
 

@@ -2,9 +2,9 @@
 //! ranks read an L3 record from disk once, not once each.
 //!
 //! Shared memory of the node (a `HostSlab` the node's ranks create together):
-//! `entries` entries of one record each (`HEADER_BYTES + page_bytes`: header
-//! and payload, as the record lies on disk, so a reader checks the CRC32C of
-//! what it copied) and per entry two 64-bit words: the *state word* and the
+//! `entries` entries of one record each (`page_bytes + HEADER_BYTES`: the
+//! record's payload and header, without its padding, so a reader checks the
+//! CRC32C of what it copied) and per entry two 64-bit words: the *state word* and the
 //! failure reason. A record (slot, sequence) goes to entry `slot % entries`.
 //!
 //! The state word packs (sequence: 44 bits, version: 18 bits, state: 2
@@ -40,7 +40,7 @@ use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::{PoisonError, RwLock, RwLockReadGuard, TryLockError};
 use std::time::{Duration, Instant};
 
-use cpkv_tier::l3::{decode_record, Expected, HEADER_BYTES};
+use cpkv_tier::l3::{decode_parts, header_at, record_bytes, Expected, HEADER_BYTES};
 use numpy::{PyArrayMethods, PyReadwriteArray2, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 
@@ -274,9 +274,10 @@ impl L3Staging {
                             sequence: want.sequence,
                             length: self.page_bytes,
                         };
-                        return Ok(match decode_record(scratch, &expected) {
-                            Ok(payload) => {
-                                out.copy_from_slice(&scratch[payload]);
+                        let (payload, header) = scratch.split_at(self.page_bytes as usize);
+                        return Ok(match decode_parts(header, payload, &expected) {
+                            Ok(()) => {
+                                out.copy_from_slice(payload);
                                 found(SERVED, word)
                             }
                             Err(_) => found(TORN, word),
@@ -338,7 +339,7 @@ type Waited = (Vec<u32>, Vec<u64>, Vec<Option<&'static str>>, Vec<bool>);
 
 #[pymethods]
 impl L3Staging {
-    /// `data`: the area's uint8 `[entries, L3_HEADER_BYTES + page_bytes]`
+    /// `data`: the area's uint8 `[entries, page_bytes + L3_HEADER_BYTES]`
     /// (shared memory); `words`: its int64 `[entries, 2]` (state word, reason);
     /// `namespace`: the store's namespace id (a staged copy is checked as a
     /// disk read is).
@@ -510,8 +511,8 @@ impl L3Staging {
 
     /// Publishes the records this rank claimed (`claims[i]`: the claim's
     /// word): a good one (`reasons[i]` None) is copied from `records` (uint8,
-    /// 1-d; record `i` at `offsets[i]`, `L3_HEADER_BYTES + page_bytes` long)
-    /// into its entry and marked ready; a failed one marked failed with its
+    /// 1-d; whole records as they lie on disk, record `i` at `offsets[i]`)
+    /// into its entry (its payload, then its header) and marked ready; a failed one marked failed with its
     /// reason. Per record whether it was published (False: the claim was
     /// taken over meanwhile).
     fn publish(
@@ -564,13 +565,13 @@ impl L3Staging {
         let bytes = readonly
             .as_slice()
             .map_err(|_| invalid("records must be contiguous".to_string()))?;
+        let record = record_bytes(self.page_bytes);
         if let Some(&at) = offsets.iter().find(|&&at| {
-            at.checked_add(self.entry_bytes)
+            at.checked_add(record)
                 .is_none_or(|end| end > bytes.len() as u64)
         }) {
             return Err(invalid(format!(
-                "a record at offset {at} of {} bytes does not fit in records ({} bytes)",
-                self.entry_bytes,
+                "a record at offset {at} of {record} bytes does not fit in records ({} bytes)",
                 bytes.len()
             )));
         }
@@ -578,7 +579,8 @@ impl L3Staging {
         let guard = self.open(py)?;
         let memory = guard.as_ref().expect("open");
         let entries = self.entries;
-        let entry_bytes = self.entry_bytes;
+        let (entry_bytes, page_bytes) = (self.entry_bytes, self.page_bytes);
+        let header = header_at(page_bytes);
         unshared_result(py, move || {
             let mut published = Vec::with_capacity(slots.len());
             for i in 0..slots.len() {
@@ -591,12 +593,14 @@ impl L3Staging {
                 }
                 let state = match codes[i] {
                     None => {
+                        let at = entry * entry_bytes;
+                        copy_checked(memory.data, at, src, offsets[i], page_bytes)?;
                         copy_checked(
                             memory.data,
-                            entry * entry_bytes,
+                            at + page_bytes,
                             src,
-                            offsets[i],
-                            entry_bytes,
+                            offsets[i] + header,
+                            HEADER_BYTES as u64,
                         )?;
                         READY
                     }

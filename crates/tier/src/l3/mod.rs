@@ -8,9 +8,9 @@
 //! digest shows it. The bytes (data files, the index log, fsync order,
 //! O_DIRECT) live in Python (`cpkv.tier.l3`) around it.
 //!
-//! - `record`: the self-describing 4 KiB-aligned record (magic, format
-//!   version, namespace, key, sequence, length, CRC32C, payload) and a
-//!   decoder that names the reason for every mismatch.
+//! - `record`: the self-describing 4 KiB-aligned record (payload first, then
+//!   a header of magic, format version, namespace, key, sequence, length and
+//!   CRC32C) and a decoder that names the reason for every mismatch.
 //! - `namespace`: what must match for a page to be served (format version,
 //!   model, dtype, KV layout, page size, CP/TP geometry), as one id.
 //! - `log`: the index log's 32-byte checksummed entries and the file header;
@@ -33,6 +33,7 @@ pub use log::{
 };
 pub use namespace::L3Namespace;
 pub use record::{
-    decode_record, encode_header, record_bytes, Expected, RecordReject, FORMAT_VERSION,
-    HEADER_BYTES, KEY_AT, MAX_PAYLOAD_BYTES, RECORD_ALIGN, RECORD_MAGIC,
+    decode_parts, decode_record, encode_header, header_at, record_bytes, seal_record, seal_tail,
+    Expected, RecordReject, FORMAT_VERSION, HEADER_BYTES, KEY_AT, MAX_PAYLOAD_BYTES, RECORD_ALIGN,
+    RECORD_MAGIC,
 };

@@ -553,7 +553,7 @@ class L3Shard:
                 buf = bytearray(len(part) * g.slot_bytes)
                 records = np.frombuffer(buf, dtype=np.uint8).reshape(len(part), g.slot_bytes)
                 for i, (_, key) in enumerate(part):
-                    records[i, HEADER:HEADER + g.page_bytes] = pages[i]
+                    records[i, :g.page_bytes] = pages[i]
                     _cpkv.l3_seal(records[i], namespace, key, STOP_SEQUENCE, g.page_bytes)
                 written = os.pwrite(fd, buf, start * g.slot_bytes)
                 if written != len(buf):
@@ -581,8 +581,7 @@ class L3Shard:
                 scratch = self._scratch.take(len(group) * g.slot_bytes)
                 for j, i in enumerate(group):
                     record = scratch[j * g.slot_bytes:(j + 1) * g.slot_bytes]
-                    record[HEADER:HEADER + g.page_bytes] = pages[i]
-                    record[HEADER + g.page_bytes:] = 0
+                    record[:g.page_bytes] = pages[i]
                     _cpkv.l3_seal(record, self.namespace, batch.keys[i], batch.sequences[i], g.page_bytes)
                 for start, stop in _runs([batch.slots[i] for i in group], g.slots_per_file()):
                     file, offset = g.where(batch.slots[group[start]])
@@ -613,7 +612,7 @@ class L3Shard:
             raise InvalidArgumentError(f"L3 record of key {fill.key:#x} at slot {fill.slot} failed its check on "
                                        f"the worker after the scheduler's check passed: {reason}")
         self.counters["pages_read"] += 1
-        return record[HEADER:HEADER + g.page_bytes]
+        return record[:g.page_bytes]
 
     def stats(self) -> dict[str, Any]:
         return {**{f"l3_{k}": v for k, v in self.counters.items()}, "l3_io": self.mode,
@@ -631,8 +630,9 @@ def _stop_copy_keys(fd: int, g: L3Geometry) -> dict[int, int]:
     stop copy (a key read here is a candidate: its record is checked in full before use)."""
     out: dict[int, int] = {}
     key_at = _cpkv.L3_RECORD_KEY_AT
+    header_at = g.slot_bytes - HEADER  # a record's header is its last bytes
     for i in range(g.stop_rows):
-        header = os.pread(fd, HEADER, i * g.slot_bytes)
+        header = os.pread(fd, HEADER, i * g.slot_bytes + header_at)
         if len(header) < HEADER:
             break
         out.setdefault(int.from_bytes(header[key_at:key_at + 8], "little"), i * g.slot_bytes)

@@ -38,6 +38,13 @@ class AlignedScratch:
         return memoryview(self._map)[start:stop]
 
 
+def aligned_empty(rows: int, row_bytes: int) -> np.ndarray:
+    """uint8 ``[rows, row_bytes]`` in page-aligned memory of its own (anonymous mmap): rows that O_DIRECT
+    can read into and write from where they lie when ``row_bytes`` is a whole number of blocks."""
+    buf = mmap.mmap(-1, max(rows * row_bytes, 1))
+    return np.frombuffer(buf, dtype=np.uint8, count=rows * row_bytes).reshape(rows, row_bytes)
+
+
 def probe_direct(path: str | os.PathLike, scratch: AlignedScratch | None = None) -> tuple[str, str]:
     """``("o_direct", "")`` when the file system of the existing file ``path`` takes an aligned
     O_DIRECT read; otherwise ``("buffered", why)``, the reason a ``stats()`` reports (tmpfs refuses

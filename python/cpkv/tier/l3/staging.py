@@ -9,8 +9,8 @@ saves disk reads, so it can serve ranks whose calls are not synchronized at all.
 
 - **The area**: a :class:`~cpkv.tier.slab.HostSlab` the node's ranks create together when L3 opens
   (so it leaves nothing in /dev/shm after any exit), ``entries`` entries of one record each
-  (``L3_HEADER_BYTES + page_bytes``) and two 64-bit words per entry. Record (slot, sequence) goes to
-  entry ``slot % entries``. Memory: ``entries * (L3_HEADER_BYTES + page_bytes + 16)`` bytes per node.
+  (``page_bytes + L3_HEADER_BYTES``: payload and header) and two 64-bit words per entry. Record (slot, sequence) goes to
+  entry ``slot % entries``. Memory: ``entries * (page_bytes + L3_HEADER_BYTES + 16)`` bytes per node.
 - **The protocol** (native, ``cpkv._cpkv.L3Staging``, every atomic and copy there): a state word per
   entry names (sequence, version, state: empty / reading / ready / failed) and changes only by
   compare-and-swap. A rank that finds its record ready copies it, re-checks the word (a claim in
@@ -50,7 +50,7 @@ MIN_DEFAULT_ENTRIES = 64
 def default_entries(page_bytes: int, slots: int) -> int:
     """Entries of the default area: ``DEFAULT_STAGING_BYTES`` of records, at least 64, at most the
     store's slots (more would never be used: a slot has one entry)."""
-    per_entry = L3_HEADER_BYTES + page_bytes
+    per_entry = page_bytes + L3_HEADER_BYTES
     return max(1, min(slots, L3Staging.MAX_ENTRIES, max(MIN_DEFAULT_ENTRIES, DEFAULT_STAGING_BYTES // per_entry)))
 
 
@@ -73,7 +73,7 @@ class L3ReadStaging:
         self.entries = min(entries, store.slots)  # a slot has one entry: more are never used
         self.store, self.lock, self.wait_s = store, lock, float(wait_s)
         self.page_bytes = store.page_bytes
-        entry_bytes = L3_HEADER_BYTES + store.page_bytes
+        entry_bytes = store.page_bytes + L3_HEADER_BYTES
         self.slab = HostSlab.create({"record": SlabSpec((entry_bytes,), torch.uint8),
                                      "word": SlabSpec((2,), torch.int64)},
                                     num_pages=self.entries, num_layers=1, process_group=process_group,
@@ -169,7 +169,7 @@ class L3ReadStaging:
         sub = out if whole else np.empty((len(at), self.page_bytes), dtype=np.uint8)
         try:
             with self.lock:
-                got = self.store.read_many([found[i] for i in at], sub)
+                got = self.store.read_many([found[i] for i in at], sub, keep_records=True)
                 if claims:
                     records, rows = self.store.last_records
                     mine = [j for j, i in enumerate(at) if i in claims]

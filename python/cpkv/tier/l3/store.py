@@ -41,6 +41,8 @@ from cpkv.tier.l3.direct import AlignedScratch, probe_direct
 
 ALIGN = _cpkv.L3_RECORD_ALIGN
 HEADER = _cpkv.L3_HEADER_BYTES
+# The most records one pwritev/preadv moves from their own memory (two buffers each, under IOV_MAX).
+SPLIT_RECORDS_PER_CALL = max(1, os.sysconf("SC_IOV_MAX") // 2) if hasattr(os, "sysconf") else 512
 LOG_HEADER = _cpkv.L3_LOG_HEADER_BYTES
 LOG_ENTRY = _cpkv.L3_LOG_ENTRY_BYTES
 # The largest data file; a store of more slots uses several.
@@ -120,7 +122,9 @@ class L3Store:
             raise InvalidArgumentError(f"--l3-bytes {cap_bytes} holds no page of {page_bytes} bytes "
                                        f"(a slot takes {self.slot_bytes} bytes plus its log)")
         self.slots_per_file = max(1, min(self.slots, DATA_FILE_BYTES // self.slot_bytes))
+        # *_in_place: pages moved straight between their own memory and the disk (no copy through scratch).
         self.counters = {"pages_written": 0, "bytes_written": 0, "pages_read": 0, "bytes_read": 0,
+                         "pages_written_in_place": 0, "pages_read_in_place": 0,
                          "lookups": 0, "hits": 0, "corrupt_dropped": 0, "compactions": 0}
         self.rejects: dict[str, int] = {}
         self._scratch = AlignedScratch()
@@ -281,32 +285,63 @@ class L3Store:
             self.flush()
         return placed
 
+    def _in_place(self, page: np.ndarray) -> bool:
+        """Whether ``page`` (a whole record payload or a row of them) can be read or written where it
+        lies: whole blocks, and block-aligned memory under O_DIRECT."""
+        return self.page_bytes % ALIGN == 0 and (self.mode != "o_direct" or page.ctypes.data % ALIGN == 0)
+
     def _write_records(self, mine: list, payloads: dict) -> None:
-        scratch = self._scratch.take(len(mine) * self.slot_bytes)
-        for i, (key, _, sequence, _, _) in enumerate(mine):
-            record = scratch[i * self.slot_bytes:(i + 1) * self.slot_bytes]
-            record[HEADER:HEADER + self.page_bytes] = payloads[key]
-            record[HEADER + self.page_bytes:] = 0
-            _cpkv.l3_seal(record, self.namespace_id, key, sequence, self.page_bytes)
-        for start, stop in self._runs([p[1] for p in mine]):  # one write per run of consecutive slots
-            fd, offset = self._where(mine[start][1])
-            run = self._scratch.view(start * self.slot_bytes, stop * self.slot_bytes)
-            written = os.pwrite(fd, run, offset)
-            if written != len(run):
-                raise OSError(errno.EIO, f"short L3 write: {written} of {len(run)} bytes")
-            self._unsynced.add(fd)
+        sources = [payloads[key] for key, *_ in mine]
+        if all(self._in_place(page) for page in sources):
+            self._write_split(mine, sources)
+            self.counters["pages_written_in_place"] += len(mine)
+        else:
+            self._write_whole(mine, sources)
         self._pending.extend((key, sequence, slot, self.page_bytes) for key, slot, sequence, _, _ in mine)
         self._own.update((key, sequence) for key, _, sequence, _, _ in mine)
         self.counters["pages_written"] += len(mine)
         self.counters["bytes_written"] += len(mine) * self.page_bytes
 
-    def _runs(self, slots: list[int]) -> list[tuple[int, int]]:
-        """[start, stop) index ranges of ``slots`` (sorted) that are consecutive within one data file."""
+    def _write_whole(self, mine: list, sources: list[np.ndarray]) -> None:
+        """Records built whole in aligned scratch (a payload copied in), one write per run of
+        consecutive slots."""
+        scratch = self._scratch.take(len(mine) * self.slot_bytes)
+        for i, (key, _, sequence, _, _) in enumerate(mine):
+            record = scratch[i * self.slot_bytes:(i + 1) * self.slot_bytes]
+            record[:self.page_bytes] = sources[i]
+            _cpkv.l3_seal(record, self.namespace_id, key, sequence, self.page_bytes)
+        for start, stop in self._runs([p[1] for p in mine]):
+            fd, offset = self._where(mine[start][1])
+            self._write_at(fd, [self._scratch.view(start * self.slot_bytes, stop * self.slot_bytes)], offset)
+
+    def _write_split(self, mine: list, sources: list[np.ndarray]) -> None:
+        """Records written from the pages' own memory: each payload goes to disk from where it lies,
+        only its tail (padding and header) is built in scratch; one write per run of consecutive slots."""
+        tail = self.slot_bytes - self.page_bytes
+        _cpkv.l3_seal_tails(self._scratch.take(len(mine) * tail), sources, self.namespace_id,
+                            [p[0] for p in mine], [p[2] for p in mine], self.page_bytes)
+        for start, stop in self._runs([p[1] for p in mine], SPLIT_RECORDS_PER_CALL):
+            fd, offset = self._where(mine[start][1])
+            buffers: list = []
+            for i in range(start, stop):
+                buffers += (sources[i], self._scratch.view(i * tail, (i + 1) * tail))
+            self._write_at(fd, buffers, offset)
+
+    def _write_at(self, fd: int, buffers: list, offset: int) -> None:
+        want = sum(memoryview(b).nbytes for b in buffers)
+        written = os.pwritev(fd, buffers, offset)
+        if written != want:
+            raise OSError(errno.EIO, f"short L3 write: {written} of {want} bytes")
+        self._unsynced.add(fd)
+
+    def _runs(self, slots: list[int], longest: int | None = None) -> list[tuple[int, int]]:
+        """[start, stop) index ranges of ``slots`` (sorted) that are consecutive within one data file,
+        at most ``longest`` long."""
         runs, start = [], 0
         while start < len(slots):
             stop = start + 1
             while (stop < len(slots) and slots[stop] == slots[stop - 1] + 1
-                   and slots[stop] % self.slots_per_file != 0):
+                   and slots[stop] % self.slots_per_file != 0 and (longest is None or stop - start < longest)):
                 stop += 1
             runs.append((start, stop))
             start = stop
@@ -329,35 +364,52 @@ class L3Store:
             self._compact()
         return len(entries)
 
-    def read_many(self, found: Sequence[tuple[int, int, int]], out: np.ndarray) -> list[str | None]:
+    def read_many(self, found: Sequence[tuple[int, int, int]], out: np.ndarray, *,
+                  keep_records: bool = False) -> list[str | None]:
         """Reads pages ``(key, slot, sequence)`` (from :meth:`lookup`) into ``out[i]``, one read per run
-        of consecutive slots; per page ``None`` when served, else the reason its record failed."""
-        order = sorted(range(len(found)), key=lambda i: found[i][1])
-        slots = [found[i][1] for i in order]
-        buf = self._scratch.take(len(found) * self.slot_bytes)
-        reasons: list[str | None] = [None] * len(found)
+        of consecutive slots; per page ``None`` when served, else the reason its record failed (its row
+        then holds whatever was read). A payload is read straight into its row where the row allows
+        (:meth:`_in_place`), else the whole record into scratch and the payload copied out; with
+        ``keep_records`` always the latter, and the raw records stay in :attr:`last_records` until this
+        store's next read or write (a node's read-staging area publishes them from there:
+        :mod:`cpkv.tier.l3.staging`)."""
         if not out.flags.c_contiguous:
             raise InvalidArgumentError("out must be a C-contiguous array (pages are copied into it in place)")
         flat = out.reshape(-1).view(np.uint8)
         if flat.nbytes != len(found) * self.page_bytes:
             raise InvalidArgumentError(f"out holds {flat.nbytes} bytes, {len(found)} pages need "
                                        f"{len(found) * self.page_bytes}")
-        rows = [0] * len(found)
-        for row, i in enumerate(order):
-            rows[i] = row
-        # The raw records (checked or not) stay readable until this store's next read or write: a
-        # node's read-staging area publishes them from here (:mod:`cpkv.tier.l3.staging`).
-        self.last_records = (buf, rows)
-        for start, stop in self._runs(slots):
+        order = sorted(range(len(found)), key=lambda i: found[i][1])
+        slots = [found[i][1] for i in order]
+        reasons: list[str | None] = [None] * len(found)
+        split = not keep_records and self._in_place(flat)
+        tail = self.slot_bytes - self.page_bytes if split else self.slot_bytes
+        buf = self._scratch.take(len(found) * tail)
+        if keep_records:
+            rows = [0] * len(found)
+            for row, i in enumerate(order):
+                rows[i] = row
+            self.last_records = (buf, rows)
+        for start, stop in self._runs(slots, SPLIT_RECORDS_PER_CALL if split else None):
             fd, offset = self._where(slots[start])
-            got = os.preadv(fd, [self._scratch.view(start * self.slot_bytes, stop * self.slot_bytes)], offset)
             members = order[start:stop]
-            run = _cpkv.l3_check_into(buf[start * self.slot_bytes:start * self.slot_bytes + got], self.slot_bytes,
-                                      self.namespace_id, [found[i][0] for i in members],
-                                      [found[i][2] for i in members], self.page_bytes, flat, members)
+            keys, sequences = [found[i][0] for i in members], [found[i][2] for i in members]
+            if split:
+                buffers: list = []
+                for k, i in enumerate(members, start):
+                    buffers += (flat[i * self.page_bytes:(i + 1) * self.page_bytes], self._scratch.view(k * tail, (k + 1) * tail))
+                got = os.preadv(fd, buffers, offset)
+                whole = [got >= (k + 1) * self.slot_bytes for k in range(stop - start)]
+                run = _cpkv.l3_check_split(buf[start * tail:stop * tail], flat, members, whole, self.namespace_id,
+                                           keys, sequences, self.page_bytes)
+            else:
+                got = os.preadv(fd, [self._scratch.view(start * tail, stop * tail)], offset)
+                run = _cpkv.l3_check_into(buf[start * tail:start * tail + got], self.slot_bytes, self.namespace_id,
+                                          keys, sequences, self.page_bytes, flat, members)
             for i, reason in zip(members, run):
                 reasons[i] = reason
             served = run.count(None)
+            self.counters["pages_read_in_place"] += served if split else 0
             self.counters["pages_read"] += served
             self.counters["bytes_read"] += served * self.page_bytes
         return reasons
@@ -374,7 +426,7 @@ class L3Store:
             return None
         self.counters["pages_read"] += 1
         self.counters["bytes_read"] += self.page_bytes
-        page = buf[HEADER:HEADER + self.page_bytes]
+        page = buf[:self.page_bytes]
         if out is None:
             return page.copy()
         out.reshape(-1).view(np.uint8)[:] = page
