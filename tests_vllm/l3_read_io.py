@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from cpkv import _cpkv
-from cpkv.integrations.vllm.l3 import Fill, L3Catalog, L3Geometry, L3Shard
+from cpkv.integrations.vllm.l3 import STOP_SHARE, Fill, L3Catalog, L3Geometry, L3Shard
 from cpkv.tier.l3.direct import AlignedScratch, probe_direct
 
 
@@ -49,7 +49,9 @@ def direct_read(g: L3Geometry, rank: int, slot: int, scratch: AlignedScratch) ->
 
 
 def run(directory: Path, chunks: int, page_bytes: int, check: str, fill: str) -> tuple[float, float]:
-    g = L3Geometry(directory=directory, cap_bytes=(chunks + 8) * (page_bytes + 8192) + (1 << 20), model="m",
+    # Room for every chunk besides the stop copy's reserve (1/STOP_SHARE of the cap).
+    cap = (chunks + 8) * (page_bytes + 8192) * STOP_SHARE // (STOP_SHARE - 1) + (1 << 20)
+    g = L3Geometry(directory=directory, cap_bytes=cap, model="m",
                    dtype="bf16", layout="io", tokens_per_chunk=16, world=1, page_bytes=page_bytes)
     catalog = L3Catalog(g)
     shard = L3Shard(g, 0)
@@ -90,7 +92,9 @@ def run(directory: Path, chunks: int, page_bytes: int, check: str, fill: str) ->
 def write_rate(directory: Path, chunks: int, page_bytes: int, direct: bool) -> float:
     """MB/s of one spill batch of ``chunks`` written by L3Shard.write (sealed, written, fdatasync'd),
     O_DIRECT or buffered."""
-    g = L3Geometry(directory=directory, cap_bytes=(chunks + 8) * (page_bytes + 8192) + (1 << 20), model="m",
+    # Room for every chunk besides the stop copy's reserve (1/STOP_SHARE of the cap).
+    cap = (chunks + 8) * (page_bytes + 8192) * STOP_SHARE // (STOP_SHARE - 1) + (1 << 20)
+    g = L3Geometry(directory=directory, cap_bytes=cap, model="m",
                    dtype="bf16", layout="io", tokens_per_chunk=16, world=1, page_bytes=page_bytes)
     catalog = L3Catalog(g)
     shard = L3Shard(g, 0)
