@@ -60,6 +60,8 @@ def report(options: ReplayOptions, requests: list[tuple[int, ...]], results: lis
         # Replicated counts from rank 0; pages written and read are each rank's share, summed.
         l3 = {"hit_rate_l3": first["l3_hit_blocks"] / blocks,
               "l3_pages_written": total_of("l3_pages_written"), "l3_pages_read": total_of("l3_pages_read"),
+              "l3_pages_written_in_place": total_of("l3_pages_written_in_place"),
+              "l3_pages_read_in_place": total_of("l3_pages_read_in_place"),
               "l3_corrupt_dropped": first["l3_corrupt_dropped"],
               "l3_recovered_pages": first["l3_recovered_pages"],
               "l3_recovery_s": max(r["l3_recovery_s"] for r in results),
@@ -74,6 +76,8 @@ def report(options: ReplayOptions, requests: list[tuple[int, ...]], results: lis
         at = [name for name, _ in rows].index("MB composed (all ranks)")
         rows[at:at] = [
             ("L3 pages written / read (all ranks)", f"{l3['l3_pages_written']:,} / {l3['l3_pages_read']:,}"),
+            ("L3 pages of those moved in place (no copy)",
+             f"{l3['l3_pages_written_in_place']:,} / {l3['l3_pages_read_in_place']:,}"),
             ("L3 records dropped as corrupt", l3["l3_corrupt_dropped"]),
             ("L3 recovery: pages / ms (slowest rank)",
              f"{l3['l3_recovered_pages']:,} / {l3['l3_recovery_s'] * 1e3:.1f}"),

@@ -22,6 +22,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from cpkv.errors import InvalidArgumentError
+from cpkv.tier.l3.direct import aligned_empty
 from cpkv.tier.l3.store import L3Namespace, L3Store
 
 
@@ -73,13 +74,16 @@ class L3Tier:
     # -- spills (host slab -> L3) -------------------------------------------------------------
 
     def gather(self, rows: np.ndarray) -> np.ndarray:
-        """uint8 ``[len(rows), page_bytes]``: the L3 pages of slab ``rows``."""
-        parts = []
+        """uint8 ``[len(rows), page_bytes]``: the L3 pages of slab ``rows``, gathered once into
+        page-aligned memory (the store writes each page from there, :func:`aligned_empty`)."""
+        out = aligned_empty(len(rows), self.page_bytes)
         for name in self.payloads:
             region = self._slab.rows(name)  # uint8 [layers, pages, row_bytes], shared
             region = region.numpy() if hasattr(region, "numpy") else np.asarray(region)
-            parts.append(region[:, rows, :].transpose(1, 0, 2).reshape(len(rows), -1))
-        return np.ascontiguousarray(np.concatenate(parts, axis=1))
+            at = self.offsets[name]
+            layers = out[:, at:at + self.num_layers * region.shape[2]].reshape(len(rows), self.num_layers, -1)
+            layers[:] = region[:, rows, :].transpose(1, 0, 2)
+        return out
 
     def spill(self, spilled: Sequence[tuple[np.ndarray, np.ndarray]]) -> int:
         """Places the pages host eviction released (replicated) and writes this rank's share from the
@@ -134,7 +138,7 @@ class L3Tier:
         ``found`` that read back whole, uint8 ``[n, page_bytes]`` of those pages); a failed record is
         left out here and dropped on every rank at :meth:`settle`."""
         owned = [i for i, page in enumerate(device_pages[:len(found)].tolist()) if page % self.cp_size == self.rank]
-        out = np.empty((len(owned), self.page_bytes), dtype=np.uint8)
+        out = aligned_empty(len(owned), self.page_bytes)  # read in place where the page is whole blocks
         reasons = self.store.read_many([(found.keys[i], found.slots[i], found.sequences[i]) for i in owned], out) \
             if owned else []
         ok = [j for j, reason in enumerate(reasons) if reason is None]
@@ -168,6 +172,8 @@ class L3Tier:
         s = self.store.stats()
         out: dict[str, Any] = dict(self.counters)
         out.update({"l3_pages_written": s["pages_written"], "l3_pages_read": s["pages_read"],
+                    "l3_pages_written_in_place": s["pages_written_in_place"],
+                    "l3_pages_read_in_place": s["pages_read_in_place"],
                     "l3_corrupt_dropped": s["corrupt_dropped"], "l3_recovery_s": s["recovery_s"],
                     "l3_recovered_pages": s["recovered_pages"], "l3_disk_bytes": s["disk_bytes"],
                     "l3_cap_bytes": s["cap_bytes"], "l3_slots": s["slots"], "l3_mode": s["mode"],
