@@ -17,8 +17,8 @@ def copy_filled(filled: tuple[Path, list[dict]], tmp_path: Path) -> Path:
 def check_agreed_and_exact(results: list[dict]) -> None:
     """Every rank's hit count before SGLang's MIN is the same, and every page loaded is exact (its KV
     bytes, and its sidecar's where the model has one)."""
-    a, b = results
-    assert [f["pre"] for f in a["fetched"]] == [f["pre"] for f in b["fetched"]]
+    pre = [[f["pre"] for f in res["fetched"]] for res in results]
+    assert all(p == pre[0] for p in pre), pre
     for res in results:
         for f in res["fetched"]:
             assert f["wrong"] == 0 and f.get("sidecar_wrong", 0) == 0, f
@@ -36,10 +36,10 @@ def live_records(pool_dir: Path, ranks: int, log_ranks: int | None = None) -> tu
     return namespace, sorted(index.entries()), slot_bytes
 
 
-def damage(pool_dir: Path, records: int) -> int:
+def damage(pool_dir: Path, records: int, ranks: int = 2) -> int:
     """Flips one payload byte in each of the first ``records`` of rank 0's live records in one pool's
-    store (a store of two ranks, one data file); returns how many."""
-    _, entries, slot_bytes = live_records(pool_dir, 2, log_ranks=1)
+    store (a store of ``ranks`` ranks, one data file); returns how many."""
+    _, entries, slot_bytes = live_records(pool_dir, ranks, log_ranks=1)
     with open(pool_dir / "data-0.bin", "r+b") as f:
         for _key, slot, _seq in entries[:records]:
             at = slot * slot_bytes + 7
