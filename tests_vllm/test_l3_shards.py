@@ -330,3 +330,35 @@ def test_both_workers_keep_the_same_rows_when_the_host_exceeds_the_stop_copy_res
     m.shutdown()
     for w in ws:
         w.shutdown()
+
+
+def _l3_worker_on(rank: int, world: int, directory: str, machines: list[str]) -> str:
+    """Builds rank's L3 worker over the launch's gloo group, as if on machine ``machines[rank]``."""
+    import cpkv.tier.slab as slab
+    from cpkv.errors import InvalidArgumentError
+
+    slab._node_id = lambda: machines[rank]  # type: ignore[attr-defined]
+    tensors = [torch.zeros((BLOCKS, page), dtype=torch.int8) for page in PAGES]
+    caches = CanonicalKVCaches([CanonicalKVCacheTensor(t, t.shape[1]) for t in tensors],
+                               [[CanonicalKVCacheRef(i, page) for i, page in enumerate(PAGES)]])
+    try:
+        worker = CpkvOffloadingWorker(caches, blocks_per_chunk=PER_CHUNK, host_blocks=HOST_CHUNKS, slab="private",
+                                      process_group=torch.distributed.group.WORLD, timeout_s=TIMEOUT_S,
+                                      l3=(geometry(Path(directory)), rank))
+    except InvalidArgumentError as err:
+        return f"refused: {err}"
+    worker.shutdown()
+    return "built"
+
+
+def test_l3_workers_on_more_than_one_machine_are_refused(tmp_path: Path) -> None:
+    """The scheduler checks every worker's shard on its own node's disk, so L3 workers spread over
+    machines (possible with cpkv_slab='private') are refused on every rank, naming cpkv_l3_dir."""
+    from cpkv.runtime.launch import run_ranks
+
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    assert run_ranks(_l3_worker_on, WORLD, str(tmp_path / "one"), ["m0", "m0"], timeout_s=240) == ["built"] * WORLD
+    split = run_ranks(_l3_worker_on, WORLD, str(tmp_path / "two"), ["m0", "m1"], timeout_s=240)
+    assert all(r.startswith("refused: ") and "cpkv_l3_dir" in r and "2 machines" in r for r in split), split
+    assert not any((tmp_path / "two").iterdir()), "a refused worker creates no shard"

@@ -169,6 +169,18 @@ class _Ranks:
         return heard
 
 
+def check_one_machine(process_group: Any, what: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    """Raises :class:`~cpkv.errors.InvalidArgumentError` naming ``what`` on every rank alike when the
+    ranks of ``process_group`` (a gloo group; None or no torch.distributed: this process alone) run on
+    more than one machine: for what only works within one node. Collective, bounded by ``timeout_s``."""
+    ranks = _Ranks(process_group)
+    machines = ranks.all_gather(f"{what}: one machine check", timeout_s, _node_id())
+    if len(set(machines)) != 1:
+        hosts = sorted(set(machines))
+        raise InvalidArgumentError(f"{what} needs every rank on one machine; the {ranks.world} ranks run on "
+                                   f"{len(hosts)} machines (boot ids {hosts})")
+
+
 _ERROR_CLASSES: dict[str, type[CpkvError]] = {
     cls.__name__: cls for cls in (InvalidArgumentError, UnknownPayloadError, FallbackError)
 }

@@ -31,7 +31,7 @@ from cpkv.errors import InvalidArgumentError
 from cpkv.runtime.memory import check_host_bytes
 from cpkv.runtime.timeouts import DEFAULT_TIMEOUT_S
 from cpkv.tier.copy import RowCopy, SlabCopier, word_dtype
-from cpkv.tier.slab import HostSlab, SlabSpec
+from cpkv.tier.slab import HostSlab, SlabSpec, check_one_machine
 
 from .l3 import L3Geometry, L3Shard
 from .manager import PAYLOAD, CpkvLoadStoreSpec
@@ -85,6 +85,8 @@ class CpkvOffloadingWorker(OffloadingWorker):
                 raise InvalidArgumentError(
                     f"kv_connector_extra_config['cpkv_l3_dir']: this worker's chunk holds {page} bytes, vLLM's "
                     f"worker_kv_bytes_per_block x blocks_per_chunk says {geometry.page_bytes}: L3 cannot size its records")
+            # The scheduler's check reads every worker's shard from its own node's disk.
+            check_one_machine(process_group, "kv_connector_extra_config['cpkv_l3_dir']", timeout_s)
             self.l3 = L3Shard(geometry, rank)
 
     # -- which device block goes to which host sub-row -------------------------------------------
