@@ -342,3 +342,26 @@ def test_a_page_without_bytes_is_placed_but_never_served(tmp_path):
         store.put([(20_000, page(20_000))], writers=[2])
     assert store.index.peek(20_000) is None
     store.close()
+
+
+def test_the_split_record_calls_refuse_bad_arguments_and_write_nothing():
+    """l3_seal_tails / l3_check_split name what is wrong and leave the tails untouched."""
+    length, tail = 8192, 4096
+    payloads = [np.full(length, 3, dtype=np.uint8), np.full(length, 4, dtype=np.uint8)]
+    tails = np.full(2 * tail, 0xEE, dtype=np.uint8)
+    for bad_payloads, bad_tails, named in ((payloads[:1] + [payloads[1][:100]], tails, "payload 1 has 100 bytes"),
+                                           (payloads, tails[:tail], "tails holds 4096 bytes")):
+        with pytest.raises(InvalidArgumentError, match=named):
+            _cpkv.l3_seal_tails(bad_tails, bad_payloads, 1, [1, 2], [1, 1], length)
+        assert (tails == 0xEE).all()
+    with pytest.raises(InvalidArgumentError, match="differ in length"):
+        _cpkv.l3_seal_tails(tails, payloads, 1, [1], [1, 1], length)
+    _cpkv.l3_seal_tails(tails, payloads, 1, [1, 2], [5, 6], length)
+    out = np.concatenate(payloads)
+    assert _cpkv.l3_check_split(tails, out, [0, 1], [True, True], 1, [1, 2], [5, 6], length) == [None, None]
+    assert _cpkv.l3_check_split(tails, out, [1, 0], [True, False], 1, [1, 2], [5, 6], length) == ["checksum",
+                                                                                                  "truncated"]
+    with pytest.raises(InvalidArgumentError, match="row 2 is outside out"):
+        _cpkv.l3_check_split(tails, out, [0, 2], [True, True], 1, [1, 2], [5, 6], length)
+    with pytest.raises(InvalidArgumentError, match="differ in length"):
+        _cpkv.l3_check_split(tails, out, [0, 1], [True], 1, [1, 2], [5, 6], length)
