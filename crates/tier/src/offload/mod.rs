@@ -32,6 +32,8 @@
 //! The index is the engine-call protocol over the host tier's core
 //! (`HostIndex`: tree, rows, pins, digest); its files, one concept each:
 
+/// Batched reads: `locate_many`, a call's keys found in passes.
+mod batch;
 /// Chunks: one per resident key, its row, serial and state.
 mod chunks;
 /// Engine keys: their group, their 64-bit token, their checks.
@@ -39,9 +41,13 @@ mod keys;
 /// Reads: `lookup`, `prepare_load`/`complete_load`, `touch`, and the
 /// per-request record of positions that later stores find parents in.
 mod load;
+/// A software prefetch (a hint: starts a cache line's fetch).
+mod prefetch;
 /// Writes: `prepare_store`/`complete_store`, the synchronous `store`,
 /// eviction and placement.
 mod store;
+/// Each resident chunk's slot by its key's token.
+mod token_table;
 /// What an index shows: `locate`, `digest`, `stats`, the audit.
 mod views;
 
@@ -59,6 +65,7 @@ pub use store::{Evicted, StorePlan};
 pub use views::OffloadStats;
 
 use chunks::Chunk;
+use token_table::TokenTable;
 
 /// The most rows an index holds (row numbers fit a u32, as the engine's
 /// int32 block ids need).
@@ -87,7 +94,7 @@ pub struct OffloadIndex {
     free_slots: Vec<u32>,
     /// Each resident chunk's slot by its key's token (`token_of`); a
     /// lookup confirms the key itself, so a token never names a wrong key.
-    by_token: Map<u64, u32>,
+    by_token: TokenTable,
     by_row: Vec<u32>,
     /// (request, its chunks sorted) -> load pins, oldest first: an engine
     /// completes a load with the same keys.
@@ -129,7 +136,7 @@ impl OffloadIndex {
             host,
             slots: Vec::new(),
             free_slots: Vec::new(),
-            by_token: Map::default(),
+            by_token: TokenTable::default(),
             by_row: Vec::new(),
             loads: Map::default(),
             requests: Map::default(),
