@@ -90,12 +90,8 @@ impl OffloadIndex {
         let mut unique: Vec<(usize, Option<u32>)> = Vec::with_capacity(keys.len());
         let mut tokens = vec![0; keys.len()];
         let mut firsts = Vec::with_capacity(keys.len());
-        // Every key's bucket is fetched before any is probed: the misses overlap.
-        let hashed: Vec<u64> = keys.iter().map(|k| token_of(k)).collect();
-        for &token in &hashed {
-            self.by_token.prefetch(token);
-        }
-        for (i, (key, &token)) in keys.iter().zip(&hashed).enumerate() {
+        for (i, key) in keys.iter().enumerate() {
+            let token = token_of(key);
             match seen.entry(token) {
                 Entry::Occupied(first) => {
                     let first = *first.get();
@@ -112,8 +108,8 @@ impl OffloadIndex {
             firsts.push(i);
             tokens[i] = token;
             // One probe tells resident, new, and another key's token apart.
-            let slot = match self.by_token.get(token) {
-                Some(s) if *self.chunk(s).key == **key => Some(s),
+            let slot = match self.by_token.get(&token) {
+                Some(&s) if *self.chunk(s).key == **key => Some(s),
                 Some(_) => return Err(Self::collision(key)),
                 None => None,
             };
@@ -386,7 +382,7 @@ impl OffloadIndex {
                     .take()
                     .expect("a victim's row holds a chunk");
                 self.chunk_digest = self.chunk_digest.wrapping_sub(chunk_term(&chunk));
-                self.by_token.remove(chunk.token);
+                self.by_token.remove(&chunk.token);
                 self.free_slots.push(slot);
                 evicted.push(chunk.key);
                 evicted_rows.push(row);
