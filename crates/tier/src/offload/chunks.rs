@@ -85,7 +85,7 @@ impl OffloadIndex {
 
     /// `slot_of`, with the key's token already at hand.
     pub(super) fn slot_at(&self, token: u64, key: &[u8]) -> Option<u32> {
-        let slot = self.by_token.get(token)?;
+        let &slot = self.by_token.get(&token)?;
         (*self.chunk(slot).key == *key).then_some(slot)
     }
 

@@ -46,8 +46,6 @@ mod prefetch;
 /// Writes: `prepare_store`/`complete_store`, the synchronous `store`,
 /// eviction and placement.
 mod store;
-/// Each resident chunk's slot by its key's token.
-mod token_table;
 /// What an index shows: `locate`, `digest`, `stats`, the audit.
 mod views;
 
@@ -65,7 +63,6 @@ pub use store::{Evicted, StorePlan};
 pub use views::OffloadStats;
 
 use chunks::Chunk;
-use token_table::TokenTable;
 
 /// The most rows an index holds (row numbers fit a u32, as the engine's
 /// int32 block ids need).
@@ -94,7 +91,7 @@ pub struct OffloadIndex {
     free_slots: Vec<u32>,
     /// Each resident chunk's slot by its key's token (`token_of`); a
     /// lookup confirms the key itself, so a token never names a wrong key.
-    by_token: TokenTable,
+    by_token: Map<u64, u32>,
     by_row: Vec<u32>,
     /// (request, its chunks sorted) -> load pins, oldest first: an engine
     /// completes a load with the same keys.
@@ -136,7 +133,7 @@ impl OffloadIndex {
             host,
             slots: Vec::new(),
             free_slots: Vec::new(),
-            by_token: TokenTable::default(),
+            by_token: Map::default(),
             by_row: Vec::new(),
             loads: Map::default(),
             requests: Map::default(),

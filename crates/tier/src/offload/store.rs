@@ -90,8 +90,9 @@ impl OffloadIndex {
         let mut unique: Vec<(usize, Option<u32>)> = Vec::with_capacity(keys.len());
         let mut tokens = vec![0; keys.len()];
         let mut firsts = Vec::with_capacity(keys.len());
-        for (i, key) in keys.iter().enumerate() {
-            let token = token_of(key);
+        // Hashed first, probed after: the probes' misses overlap (see `batch`).
+        let hashed: Vec<u64> = keys.iter().map(|k| token_of(k)).collect();
+        for (i, (key, &token)) in keys.iter().zip(&hashed).enumerate() {
             match seen.entry(token) {
                 Entry::Occupied(first) => {
                     let first = *first.get();

@@ -134,7 +134,7 @@ impl OffloadIndex {
         for (slot, c) in self.slots.iter().enumerate() {
             let Some(c) = c else { continue };
             if self.by_row[c.row as usize] != slot as u32
-                || self.by_token.get(c.token) != Some(slot as u32)
+                || self.by_token.get(&c.token) != Some(&(slot as u32))
                 || c.token != token_of(&c.key)
             {
                 return Err(format!(
