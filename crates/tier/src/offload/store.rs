@@ -143,6 +143,7 @@ impl OffloadIndex {
             }
         }
         let mut in_call: Map<(u32, u64), usize> = Map::default();
+        in_call.reserve(unique.len()); // one allocation, not a rehash per doubling
         let mut parents = vec![Parent::None; keys.len()];
         let chain = self.requests.get(request);
         for &(i, _) in &unique {
@@ -230,8 +231,8 @@ impl OffloadIndex {
         for &s in &rewrite {
             self.chunk_mut(s).mark = epoch;
         }
-        let mut stored = Vec::new();
-        let mut stored_positions = Vec::new();
+        let mut stored = Vec::with_capacity(unique.len());
+        let mut stored_positions = Vec::with_capacity(unique.len());
         for &(i, _) in &unique {
             let slot = slots[i];
             if slot == NO_SLOT {
