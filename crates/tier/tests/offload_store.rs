@@ -76,10 +76,12 @@ fn run(policy: Policy, capacity: u64, ops: &[Op]) -> Vec<u64> {
     let mut twin = OffloadIndex::new(capacity, policy, vec![1]).unwrap();
     let mut last_serial = 0u64;
     let mut digests = Vec::new();
+    let mut offered: BTreeSet<Vec<u8>> = BTreeSet::new();
     for op in ops {
         match op {
             Op::Store { chain, split } => {
                 let keys: Vec<Vec<u8>> = (*split..chain.len()).map(|i| key(chain, i)).collect();
+                offered.extend(keys.iter().cloned());
                 let prefix = split.checked_sub(1).map(|i| key(chain, i));
                 let refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
                 let before: BTreeSet<Vec<u8>> =
@@ -165,6 +167,15 @@ fn run(policy: Policy, capacity: u64, ops: &[Op]) -> Vec<u64> {
         let rows: BTreeSet<u32> = readable.iter().map(|p| p.row).collect();
         assert_eq!(rows.len(), readable.len());
         assert!(readable.windows(2).all(|w| w[0].serial < w[1].serial));
+        // A batch lookup answers as one lookup per key: every key ever
+        // offered (resident, evicted, refused), then every other one again.
+        let probe: Vec<&[u8]> = offered
+            .iter()
+            .chain(offered.iter().step_by(2))
+            .map(Vec::as_slice)
+            .collect();
+        let one_by_one: Vec<Option<Placed>> = probe.iter().map(|k| index.locate(k)).collect();
+        assert_eq!(index.locate_many(&probe), one_by_one);
         digests.push(index.digest());
     }
     digests

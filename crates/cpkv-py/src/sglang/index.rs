@@ -218,14 +218,16 @@ impl SglangIndex {
         Ok(stored)
     }
 
+    /// (position, placement) of each readable key, in key order (the core
+    /// finds a batch's keys in passes, their cache misses overlapping).
     fn locate_core(&self, py: Python<'_>, keys: &Keys) -> PyResult<Vec<(usize, Placed)>> {
         let refs = keys.slices();
-        self.core.with(py, |c| {
-            refs.iter()
-                .enumerate()
-                .filter_map(|(i, k)| c.locate(k).map(|p| (i, p)))
-                .collect()
-        })
+        let found = self.core.with(py, |c| c.locate_many(&refs))?;
+        Ok(found
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, p)| p.map(|p| (i, p)))
+            .collect())
     }
 
     /// Whether each key's page is in the pool's slab now.
@@ -239,6 +241,7 @@ impl SglangIndex {
         let found = self.locate_core(py, keys)?;
         let guard = pool.open(py)?;
         let buffers = guard.as_ref().expect("open");
+        buffers.prefetch_rows(found.iter().map(|(_, p)| u64::from(p.row)));
         let mut held = vec![false; keys.len()];
         for (i, p) in found {
             if stop_at_miss && i > 0 && !held[i - 1] {
@@ -439,6 +442,7 @@ impl SglangIndex {
             }
             None => None,
         };
+        buffers.prefetch_rows(placed.iter().flatten().map(|p| u64::from(p.row)));
         let mut writes = Vec::new();
         for (position, p) in placed.iter().enumerate() {
             let Some(p) = p else { continue };
@@ -536,8 +540,12 @@ impl SglangIndex {
         let (ok, copied) = unshared(py, || -> Result<(Vec<bool>, usize), String> {
             let mut ok = vec![false; keys.len()];
             let mut copied = Vec::with_capacity(found.len());
-            for &(i, p) in &found {
-                let (row, handle, tag) = (u64::from(p.row), p.serial as i64, keys.tag(i));
+            // Every row's stamp and tag are fetched, and the keys' tags
+            // computed, before any row is checked: the misses overlap.
+            buffers.prefetch_rows(found.iter().map(|(_, p)| u64::from(p.row)));
+            let tags: Vec<i64> = found.iter().map(|&(i, _)| keys.tag(i)).collect();
+            for (&(i, p), &tag) in found.iter().zip(&tags) {
+                let (row, handle) = (u64::from(p.row), p.serial as i64);
                 if buffers.holds(row, handle, tag)? {
                     copied.push((i, row, handle, tag));
                 }

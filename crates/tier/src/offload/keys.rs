@@ -117,6 +117,17 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_lookup_confirms_each_key_not_only_its_token() {
+        let a = *b"first key, and group 0:\0";
+        let b = colliding(&a);
+        let mut index = OffloadIndex::new(4, Policy::Lru, vec![1]).unwrap();
+        index.store(&[&a], None).unwrap();
+        let found = index.locate_many(&[&b, &a, &b]);
+        assert_eq!(found, [None, index.locate(&a), None]);
+        assert!(found[1].is_some());
+    }
+
+    #[test]
     fn a_refused_store_leaves_its_prefix_unstamped() {
         let a = *b"first key, and group 0:\0";
         let b = colliding(&a);

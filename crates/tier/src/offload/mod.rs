@@ -32,6 +32,8 @@
 //! The index is the engine-call protocol over the host tier's core
 //! (`HostIndex`: tree, rows, pins, digest); its files, one concept each:
 
+/// Batched reads: `locate_many`, a call's keys found in passes.
+mod batch;
 /// Chunks: one per resident key, its row, serial and state.
 mod chunks;
 /// Engine keys: their group, their 64-bit token, their checks.
@@ -39,6 +41,8 @@ mod keys;
 /// Reads: `lookup`, `prepare_load`/`complete_load`, `touch`, and the
 /// per-request record of positions that later stores find parents in.
 mod load;
+/// A software prefetch (a hint: starts a cache line's fetch).
+mod prefetch;
 /// Writes: `prepare_store`/`complete_store`, the synchronous `store`,
 /// eviction and placement.
 mod store;

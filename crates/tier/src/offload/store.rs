@@ -90,8 +90,9 @@ impl OffloadIndex {
         let mut unique: Vec<(usize, Option<u32>)> = Vec::with_capacity(keys.len());
         let mut tokens = vec![0; keys.len()];
         let mut firsts = Vec::with_capacity(keys.len());
-        for (i, key) in keys.iter().enumerate() {
-            let token = token_of(key);
+        // Hashed first, probed after: the probes' misses overlap (see `batch`).
+        let hashed: Vec<u64> = keys.iter().map(|k| token_of(k)).collect();
+        for (i, (key, &token)) in keys.iter().zip(&hashed).enumerate() {
             match seen.entry(token) {
                 Entry::Occupied(first) => {
                     let first = *first.get();
@@ -142,6 +143,7 @@ impl OffloadIndex {
             }
         }
         let mut in_call: Map<(u32, u64), usize> = Map::default();
+        in_call.reserve(unique.len()); // one allocation, not a rehash per doubling
         let mut parents = vec![Parent::None; keys.len()];
         let chain = self.requests.get(request);
         for &(i, _) in &unique {
@@ -229,8 +231,8 @@ impl OffloadIndex {
         for &s in &rewrite {
             self.chunk_mut(s).mark = epoch;
         }
-        let mut stored = Vec::new();
-        let mut stored_positions = Vec::new();
+        let mut stored = Vec::with_capacity(unique.len());
+        let mut stored_positions = Vec::with_capacity(unique.len());
         for &(i, _) in &unique {
             let slot = slots[i];
             if slot == NO_SLOT {
