@@ -168,6 +168,18 @@ fn l3_check_into(
     })
 }
 
+/// A payload length and the bytes its record holds past it (padding, then
+/// the header).
+fn tail_of(length: &Bound<'_, PyAny>) -> PyResult<(u64, usize)> {
+    let length = uint(length, "length")?;
+    if length > MAX_PAYLOAD_BYTES {
+        return Err(invalid(format!(
+            "length {length} is over the limit of {MAX_PAYLOAD_BYTES} bytes"
+        )));
+    }
+    Ok((length, (record_bytes(length) - length) as usize))
+}
+
 /// The tails (`record_bytes(length) - length` bytes each: padding, then the
 /// header) of records whose payloads are written from their own memory:
 /// tail `j` of `tails` is sealed for `payloads[j]` (uint8, `length` bytes),
@@ -187,13 +199,7 @@ fn l3_seal_tails(
         int_vector(keys, "keys")?,
         int_vector(sequences, "sequences")?,
     );
-    let length = uint(length, "length")?;
-    if length > MAX_PAYLOAD_BYTES {
-        return Err(invalid(format!(
-            "length {length} is over the limit of {MAX_PAYLOAD_BYTES} bytes"
-        )));
-    }
-    let tail_bytes = (record_bytes(length) - length) as usize;
+    let (length, tail_bytes) = tail_of(length)?;
     let sources = payloads
         .iter()
         .enumerate()
@@ -257,13 +263,7 @@ fn l3_check_split(
         int_vector(sequences, "sequences")?,
         int_vector(rows, "rows")?,
     );
-    let length = uint(length, "length")?;
-    if length > MAX_PAYLOAD_BYTES {
-        return Err(invalid(format!(
-            "length {length} is over the limit of {MAX_PAYLOAD_BYTES} bytes"
-        )));
-    }
-    let tail_bytes = (record_bytes(length) - length) as usize;
+    let (length, tail_bytes) = tail_of(length)?;
     let length = length as usize;
     let tails = tails
         .as_slice()
