@@ -344,8 +344,9 @@ def test_a_page_without_bytes_is_placed_but_never_served(tmp_path):
     store.close()
 
 
-def test_the_split_record_calls_refuse_bad_arguments_and_write_nothing():
-    """l3_seal_tails / l3_check_split name what is wrong and leave the tails untouched."""
+def test_the_batch_record_calls_refuse_bad_arguments_and_write_nothing():
+    """l3_seal_tails / l3_check_split / l3_seal_records name what is wrong and leave their output
+    untouched; a batch seals the records that sealing one at a time gives."""
     length, tail = 8192, 4096
     payloads = [np.full(length, 3, dtype=np.uint8), np.full(length, 4, dtype=np.uint8)]
     tails = np.full(2 * tail, 0xEE, dtype=np.uint8)
@@ -365,3 +366,15 @@ def test_the_split_record_calls_refuse_bad_arguments_and_write_nothing():
         _cpkv.l3_check_split(tails, out, [0, 2], [True, True], 1, [1, 2], [5, 6], length)
     with pytest.raises(InvalidArgumentError, match="differ in length"):
         _cpkv.l3_check_split(tails, out, [0, 1], [True], 1, [1, 2], [5, 6], length)
+    # Whole records in one call: the same bytes as sealing each in turn, and the same tails.
+    records = np.full(2 * (length + tail), 0xEE, dtype=np.uint8)
+    with pytest.raises(InvalidArgumentError, match="records holds"):
+        _cpkv.l3_seal_records(records[:-1], payloads, 1, [1, 2], [5, 6], length)
+    assert (records == 0xEE).all()
+    _cpkv.l3_seal_records(records, payloads, 1, [1, 2], [5, 6], length)
+    for j, (key, sequence) in enumerate(((1, 5), (2, 6))):
+        one = np.zeros(length + tail, dtype=np.uint8)
+        one[:length] = payloads[j]
+        _cpkv.l3_seal(one, 1, key, sequence, length)
+        assert np.array_equal(records[j * (length + tail):(j + 1) * (length + tail)], one)
+        assert np.array_equal(one[length:], tails[j * tail:(j + 1) * tail])

@@ -48,6 +48,7 @@ __all__ = [
     "l3_seal",
     "l3_check",
     "l3_check_into",
+    "l3_seal_records",
     "l3_seal_tails",
     "l3_check_split",
     "l3_record_bytes",
@@ -561,6 +562,11 @@ def l3_check_into(records: npt.NDArray[np.uint8], slot_bytes: int, namespace: in
     """Checks the records read back to back into ``records`` (``slot_bytes`` each, the last ones possibly
     short) against ``keys[j]``/``sequences[j]``, copying each good payload into row ``rows[j]`` of ``out``
     (rows of ``length`` bytes); per record ``None`` when served, else the reason's name."""
+
+def l3_seal_records(records: npt.NDArray[np.uint8], payloads: Sequence[npt.NDArray[np.uint8]], namespace: int,
+                    keys: _IntVector, sequences: _IntVector, length: int) -> None:
+    """Builds whole records back to back in ``records`` (``l3_record_bytes(length)`` bytes each): payload
+    ``j`` copied to record ``j``'s start, then sealed for ``keys[j]``, ``sequences[j]``; one call per batch."""
 
 def l3_seal_tails(tails: npt.NDArray[np.uint8], payloads: Sequence[npt.NDArray[np.uint8]], namespace: int,
                   keys: _IntVector, sequences: _IntVector, length: int) -> None:

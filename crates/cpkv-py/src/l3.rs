@@ -21,6 +21,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(l3_seal, m)?)?;
     m.add_function(wrap_pyfunction!(l3_check, m)?)?;
     m.add_function(wrap_pyfunction!(l3_check_into, m)?)?;
+    m.add_function(wrap_pyfunction!(l3_seal_records, m)?)?;
     m.add_function(wrap_pyfunction!(l3_seal_tails, m)?)?;
     m.add_function(wrap_pyfunction!(l3_check_split, m)?)?;
     m.add_function(wrap_pyfunction!(l3_record_bytes, m)?)?;
@@ -180,6 +181,112 @@ fn tail_of(length: &Bound<'_, PyAny>) -> PyResult<(u64, usize)> {
     Ok((length, (record_bytes(length) - length) as usize))
 }
 
+/// A batch of records to seal, checked: payload `j` (uint8, `length` bytes)
+/// under `keys[j]`, `sequences[j]`.
+struct SealBatch<'a> {
+    namespace: u64,
+    keys: Vec<u64>,
+    sequences: Vec<u64>,
+    length: u64,
+    payloads: Vec<&'a [u8]>,
+}
+
+impl<'a> SealBatch<'a> {
+    fn of(
+        payloads: &'a [PyReadonlyArray1<'_, u8>],
+        namespace: &Bound<'_, PyAny>,
+        keys: &Bound<'_, PyAny>,
+        sequences: &Bound<'_, PyAny>,
+        length: &Bound<'_, PyAny>,
+    ) -> PyResult<Self> {
+        let namespace = uint(namespace, "namespace")?;
+        let (keys, sequences) = (
+            int_vector(keys, "keys")?,
+            int_vector(sequences, "sequences")?,
+        );
+        let (length, _) = tail_of(length)?;
+        let payloads = payloads
+            .iter()
+            .enumerate()
+            .map(|(j, p)| match p.as_slice() {
+                Ok(bytes) if bytes.len() as u64 == length => Ok(bytes),
+                Ok(bytes) => Err(invalid(format!(
+                    "payload {j} has {} bytes, the records hold {length}",
+                    bytes.len()
+                ))),
+                Err(_) => Err(invalid(format!("payload {j} is not contiguous"))),
+            })
+            .collect::<PyResult<Vec<&[u8]>>>()?;
+        if keys.len() != payloads.len() || sequences.len() != payloads.len() {
+            return Err(invalid(format!(
+                "payloads, keys and sequences differ in length: {}, {}, {}",
+                payloads.len(),
+                keys.len(),
+                sequences.len()
+            )));
+        }
+        Ok(Self {
+            namespace,
+            keys,
+            sequences,
+            length,
+            payloads,
+        })
+    }
+
+    /// `out` as the batch's pieces of `each` bytes, back to back.
+    fn pieces<'o>(
+        &self,
+        out: &'o mut PyReadwriteArray1<'_, u8>,
+        what: &str,
+        each: usize,
+    ) -> PyResult<&'o mut [u8]> {
+        let dst = out
+            .as_slice_mut()
+            .map_err(|_| invalid(format!("{what} must be a contiguous uint8 array")))?;
+        let n = self.payloads.len();
+        if dst.len() != n * each {
+            return Err(invalid(format!(
+                "{what} holds {} bytes, {n} {what} of {each} need {}",
+                dst.len(),
+                n * each
+            )));
+        }
+        Ok(dst)
+    }
+}
+
+/// Builds whole records back to back in `records` (`record_bytes(length)`
+/// bytes each): payload `j` copied to record `j`'s start, then sealed for
+/// `keys[j]`, `sequences[j]`. One call per batch, without the GIL.
+#[pyfunction]
+fn l3_seal_records(
+    py: Python<'_>,
+    mut records: PyReadwriteArray1<'_, u8>,
+    payloads: Vec<PyReadonlyArray1<'_, u8>>,
+    namespace: &Bound<'_, PyAny>,
+    keys: &Bound<'_, PyAny>,
+    sequences: &Bound<'_, PyAny>,
+    length: &Bound<'_, PyAny>,
+) -> PyResult<()> {
+    let batch = SealBatch::of(&payloads, namespace, keys, sequences, length)?;
+    let each = record_bytes(batch.length) as usize;
+    let dst = batch.pieces(&mut records, "records", each)?;
+    unshared(py, || {
+        for (j, record) in dst.chunks_exact_mut(each).enumerate() {
+            record[..batch.payloads[j].len()].copy_from_slice(batch.payloads[j]);
+            let (key, sequence) = (batch.keys[j], batch.sequences[j]);
+            seal_record(
+                record,
+                batch.namespace,
+                key,
+                sequence,
+                batch.length as usize,
+            );
+        }
+    })
+}
+
 /// The tails (`record_bytes(length) - length` bytes each: padding, then the
 /// header) of records whose payloads are written from their own memory:
 /// tail `j` of `tails` is sealed for `payloads[j]` (uint8, `length` bytes),
@@ -194,46 +301,18 @@ fn l3_seal_tails(
     sequences: &Bound<'_, PyAny>,
     length: &Bound<'_, PyAny>,
 ) -> PyResult<()> {
-    let namespace = uint(namespace, "namespace")?;
-    let (keys, sequences) = (
-        int_vector(keys, "keys")?,
-        int_vector(sequences, "sequences")?,
-    );
-    let (length, tail_bytes) = tail_of(length)?;
-    let sources = payloads
-        .iter()
-        .enumerate()
-        .map(|(j, p)| match p.as_slice() {
-            Ok(bytes) if bytes.len() as u64 == length => Ok(bytes),
-            Ok(bytes) => Err(invalid(format!(
-                "payload {j} has {} bytes, the records hold {length}",
-                bytes.len()
-            ))),
-            Err(_) => Err(invalid(format!("payload {j} is not contiguous"))),
-        })
-        .collect::<PyResult<Vec<&[u8]>>>()?;
-    let dst = tails
-        .as_slice_mut()
-        .map_err(|_| invalid("tails must be a contiguous uint8 array".into()))?;
-    if keys.len() != sources.len() || sequences.len() != sources.len() {
-        return Err(invalid(format!(
-            "payloads, keys and sequences differ in length: {}, {}, {}",
-            sources.len(),
-            keys.len(),
-            sequences.len()
-        )));
-    }
-    if dst.len() != sources.len() * tail_bytes {
-        return Err(invalid(format!(
-            "tails holds {} bytes, {} tails of {tail_bytes} need {}",
-            dst.len(),
-            sources.len(),
-            sources.len() * tail_bytes
-        )));
-    }
+    let batch = SealBatch::of(&payloads, namespace, keys, sequences, length)?;
+    let each = (record_bytes(batch.length) - batch.length) as usize;
+    let dst = batch.pieces(&mut tails, "tails", each)?;
     unshared(py, || {
-        for (j, tail) in dst.chunks_exact_mut(tail_bytes).enumerate() {
-            seal_tail(tail, namespace, keys[j], sequences[j], sources[j]);
+        for (j, tail) in dst.chunks_exact_mut(each).enumerate() {
+            seal_tail(
+                tail,
+                batch.namespace,
+                batch.keys[j],
+                batch.sequences[j],
+                batch.payloads[j],
+            );
         }
     })
 }

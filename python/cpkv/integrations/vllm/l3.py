@@ -67,7 +67,7 @@ import numpy as np
 
 from cpkv import _cpkv
 from cpkv.errors import InvalidArgumentError
-from cpkv.tier.l3.direct import AlignedScratch, probe_direct
+from cpkv.tier.l3.direct import AlignedScratch, probe_direct, slot_runs, write_fully
 from cpkv.tier.l3.store import COMPACT_ENTRIES_PER_SLOT, DATA_FILE_BYTES, HEADER, L3Namespace, slots_for
 
 CATALOG_LOG = "catalog.log"
@@ -437,9 +437,7 @@ class L3Catalog:
                         _cpkv.l3_seal(record, namespaces[rank], key, sequence, g.page_bytes)
                         if (rank, file) not in data:
                             data[(rank, file)] = os.open(g.shard_dir(rank) / f"data-{file}.bin", os.O_WRONLY)
-                        written = os.pwrite(data[(rank, file)], record.data, offset)
-                        if written != g.slot_bytes:
-                            raise OSError(errno.EIO, f"short L3 write: {written} of {g.slot_bytes} bytes")
+                        write_fully(data[(rank, file)], [record], offset)
                         touched.add((rank, file))
                 for where in sorted(touched):
                     os.fdatasync(data[where])
@@ -550,14 +548,10 @@ class L3Shard:
             for start in range(0, len(chosen), STOP_BATCH):
                 part = chosen[start:start + STOP_BATCH]
                 pages = pages_of(np.asarray([row for row, _ in part], dtype=np.int64))
-                buf = bytearray(len(part) * g.slot_bytes)
-                records = np.frombuffer(buf, dtype=np.uint8).reshape(len(part), g.slot_bytes)
-                for i, (_, key) in enumerate(part):
-                    records[i, :g.page_bytes] = pages[i]
-                    _cpkv.l3_seal(records[i], namespace, key, STOP_SEQUENCE, g.page_bytes)
-                written = os.pwrite(fd, buf, start * g.slot_bytes)
-                if written != len(buf):
-                    raise OSError(errno.EIO, f"short L3 stop-copy write: {written} of {len(buf)} bytes")
+                records = np.empty(len(part) * g.slot_bytes, dtype=np.uint8)
+                _cpkv.l3_seal_records(records, list(pages), namespace, [key for _, key in part],
+                                      [STOP_SEQUENCE] * len(part), g.page_bytes)
+                write_fully(fd, [records], start * g.slot_bytes)
         finally:
             os.close(fd)
         self.counters["stop_copied"] += len(chosen)
@@ -578,17 +572,12 @@ class L3Shard:
             order = sorted(range(len(batch.keys)), key=lambda i: batch.slots[i])
             for first in range(0, len(order), per_group):
                 group = order[first:first + per_group]
-                scratch = self._scratch.take(len(group) * g.slot_bytes)
-                for j, i in enumerate(group):
-                    record = scratch[j * g.slot_bytes:(j + 1) * g.slot_bytes]
-                    record[:g.page_bytes] = pages[i]
-                    _cpkv.l3_seal(record, self.namespace, batch.keys[i], batch.sequences[i], g.page_bytes)
-                for start, stop in _runs([batch.slots[i] for i in group], g.slots_per_file()):
+                _cpkv.l3_seal_records(self._scratch.take(len(group) * g.slot_bytes), [pages[i] for i in group],
+                                      self.namespace, [batch.keys[i] for i in group],
+                                      [batch.sequences[i] for i in group], g.page_bytes)
+                for start, stop in slot_runs([batch.slots[i] for i in group], g.slots_per_file()):
                     file, offset = g.where(batch.slots[group[start]])
-                    run = self._scratch.view(start * g.slot_bytes, stop * g.slot_bytes)
-                    written = os.pwrite(self._fds[file], run, offset)
-                    if written != len(run):
-                        raise OSError(errno.EIO, f"short L3 write: {written} of {len(run)} bytes")
+                    write_fully(self._fds[file], [self._scratch.view(start * g.slot_bytes, stop * g.slot_bytes)], offset)
                     touched.add(file)
             self.counters["pages_written"] += len(batch.keys)
             self.applied_upto = batch.id
@@ -637,14 +626,3 @@ def _stop_copy_keys(fd: int, g: L3Geometry) -> dict[int, int]:
             break
         out.setdefault(int.from_bytes(header[key_at:key_at + 8], "little"), i * g.slot_bytes)
     return out
-
-
-def _runs(slots: Sequence[int], per_file: int) -> list[tuple[int, int]]:
-    """[start, stop) index ranges of ``slots`` (ascending) that are consecutive within one data file."""
-    runs, start = [], 0
-    for i in range(1, len(slots) + 1):
-        if i == len(slots) or slots[i] != slots[i - 1] + 1 or slots[i] % per_file == 0:
-            runs.append((start, i))
-            start = i
-    return runs
-

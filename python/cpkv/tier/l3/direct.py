@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import mmap
 import os
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -36,6 +37,26 @@ class AlignedScratch:
     def view(self, start: int, stop: int) -> memoryview:
         assert self._map is not None
         return memoryview(self._map)[start:stop]
+
+
+def slot_runs(slots: Sequence[int], slots_per_file: int, longest: int | None = None) -> list[tuple[int, int]]:
+    """[start, stop) index ranges of ``slots`` (ascending) that are consecutive within one data file of
+    ``slots_per_file`` slots, each at most ``longest`` long: one read or write each."""
+    runs, start = [], 0
+    for i in range(1, len(slots) + 1):
+        if (i == len(slots) or slots[i] != slots[i - 1] + 1 or slots[i] % slots_per_file == 0
+                or (longest is not None and i - start == longest)):
+            runs.append((start, i))
+            start = i
+    return runs
+
+
+def write_fully(fd: int, buffers: Sequence[Any], offset: int) -> None:
+    """``pwritev`` of ``buffers`` at ``offset``; a short write is an ``OSError`` (EIO)."""
+    want = sum(memoryview(b).nbytes for b in buffers)
+    written = os.pwritev(fd, buffers, offset)
+    if written != want:
+        raise OSError(errno.EIO, f"short L3 write: {written} of {want} bytes")
 
 
 def aligned_empty(rows: int, row_bytes: int) -> np.ndarray:

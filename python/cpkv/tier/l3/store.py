@@ -26,7 +26,6 @@ of them writes: the caller puts a barrier after it. Each rank's :meth:`digest` t
 
 from __future__ import annotations
 
-import errno
 import os
 import time
 from dataclasses import dataclass
@@ -37,7 +36,7 @@ import numpy as np
 
 from cpkv import _cpkv
 from cpkv.errors import InvalidArgumentError
-from cpkv.tier.l3.direct import AlignedScratch, probe_direct
+from cpkv.tier.l3.direct import AlignedScratch, probe_direct, slot_runs, write_fully
 
 ALIGN = _cpkv.L3_RECORD_ALIGN
 HEADER = _cpkv.L3_HEADER_BYTES
@@ -305,12 +304,9 @@ class L3Store:
     def _write_whole(self, mine: list, sources: list[np.ndarray]) -> None:
         """Records built whole in aligned scratch (a payload copied in), one write per run of
         consecutive slots."""
-        scratch = self._scratch.take(len(mine) * self.slot_bytes)
-        for i, (key, _, sequence, _, _) in enumerate(mine):
-            record = scratch[i * self.slot_bytes:(i + 1) * self.slot_bytes]
-            record[:self.page_bytes] = sources[i]
-            _cpkv.l3_seal(record, self.namespace_id, key, sequence, self.page_bytes)
-        for start, stop in self._runs([p[1] for p in mine]):
+        _cpkv.l3_seal_records(self._scratch.take(len(mine) * self.slot_bytes), sources, self.namespace_id,
+                              [p[0] for p in mine], [p[2] for p in mine], self.page_bytes)
+        for start, stop in slot_runs([p[1] for p in mine], self.slots_per_file):
             fd, offset = self._where(mine[start][1])
             self._write_at(fd, [self._scratch.view(start * self.slot_bytes, stop * self.slot_bytes)], offset)
 
@@ -320,7 +316,7 @@ class L3Store:
         tail = self.slot_bytes - self.page_bytes
         _cpkv.l3_seal_tails(self._scratch.take(len(mine) * tail), sources, self.namespace_id,
                             [p[0] for p in mine], [p[2] for p in mine], self.page_bytes)
-        for start, stop in self._runs([p[1] for p in mine], SPLIT_RECORDS_PER_CALL):
+        for start, stop in slot_runs([p[1] for p in mine], self.slots_per_file, SPLIT_RECORDS_PER_CALL):
             fd, offset = self._where(mine[start][1])
             buffers: list = []
             for i in range(start, stop):
@@ -328,24 +324,8 @@ class L3Store:
             self._write_at(fd, buffers, offset)
 
     def _write_at(self, fd: int, buffers: list, offset: int) -> None:
-        want = sum(memoryview(b).nbytes for b in buffers)
-        written = os.pwritev(fd, buffers, offset)
-        if written != want:
-            raise OSError(errno.EIO, f"short L3 write: {written} of {want} bytes")
+        write_fully(fd, buffers, offset)
         self._unsynced.add(fd)
-
-    def _runs(self, slots: list[int], longest: int | None = None) -> list[tuple[int, int]]:
-        """[start, stop) index ranges of ``slots`` (sorted) that are consecutive within one data file,
-        at most ``longest`` long."""
-        runs, start = [], 0
-        while start < len(slots):
-            stop = start + 1
-            while (stop < len(slots) and slots[stop] == slots[stop - 1] + 1
-                   and slots[stop] % self.slots_per_file != 0 and (longest is None or stop - start < longest)):
-                stop += 1
-            runs.append((start, stop))
-            start = stop
-        return runs
 
     def flush(self) -> int:
         """Makes every written record durable, then its log entry: the data files are synced before
@@ -390,7 +370,7 @@ class L3Store:
             for row, i in enumerate(order):
                 rows[i] = row
             self.last_records = (buf, rows)
-        for start, stop in self._runs(slots, SPLIT_RECORDS_PER_CALL if split else None):
+        for start, stop in slot_runs(slots, self.slots_per_file, SPLIT_RECORDS_PER_CALL if split else None):
             fd, offset = self._where(slots[start])
             members = order[start:stop]
             keys, sequences = [found[i][0] for i in members], [found[i][2] for i in members]
