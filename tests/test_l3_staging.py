@@ -201,6 +201,12 @@ def test_bad_arguments_are_typed_errors(tmp_path: Path) -> None:
         staging.native.publish([found[0][1]], [(found[0][2] << 20) | 1], np.zeros(4096, np.uint8), [0], ["nope"])
     with pytest.raises(InvalidArgumentError, match="not a claim"):
         staging.native.publish([found[0][1]], [found[0][2] << 20 | 2], np.zeros(4096, np.uint8), [0], [None])
+    slot, claim = found[0][1], (found[0][2] << 20) | 1
+    before = staging.native.entry_state(slot)
+    for slots, claims, named in (([slot], [claim, claim], "1 slots for 2 claims"), ([slot], [claim + 1], "not a claim")):
+        with pytest.raises(InvalidArgumentError, match=named):
+            staging.native.abandon(slots, claims)
+    assert staging.native.entry_state(slot) == before
     with pytest.raises(InvalidArgumentError, match="timeout_s"):
         staging.native.wait([1], [0], [1], [0], np.empty((1, PAGE_BYTES), np.uint8), float("nan"))
     staging.close()

@@ -168,6 +168,26 @@ impl L3Staging {
         Ok(guard)
     }
 
+    /// The slots of the records this rank claimed and the claims' words, one
+    /// each, every word a claim.
+    fn claims(
+        slots: &Bound<'_, PyAny>,
+        claims: &Bound<'_, PyAny>,
+    ) -> PyResult<(Vec<u64>, Vec<u64>)> {
+        let (slots, claims) = (int_vector(slots, "slots")?, int_vector(claims, "claims")?);
+        if slots.len() != claims.len() {
+            return Err(invalid(format!(
+                "{} slots for {} claims",
+                slots.len(),
+                claims.len()
+            )));
+        }
+        if let Some(&claim) = claims.iter().find(|&&c| unpack(c).2 != READING) {
+            return Err(invalid(format!("word {claim:#x} is not a claim")));
+        }
+        Ok((slots, claims))
+    }
+
     fn wants(
         &self,
         keys: &Bound<'_, PyAny>,
@@ -524,19 +544,12 @@ impl L3Staging {
         offsets: &Bound<'_, PyAny>,
         reasons: Vec<Option<String>>,
     ) -> PyResult<Vec<bool>> {
-        let (slots, claims, offsets) = (
-            int_vector(slots, "slots")?,
-            int_vector(claims, "claims")?,
-            int_vector(offsets, "offsets")?,
-        );
-        if slots.len() != claims.len()
-            || slots.len() != offsets.len()
-            || slots.len() != reasons.len()
-        {
+        let (slots, claims) = Self::claims(slots, claims)?;
+        let offsets = int_vector(offsets, "offsets")?;
+        if slots.len() != offsets.len() || slots.len() != reasons.len() {
             return Err(invalid(format!(
-                "slots, claims, offsets and reasons differ in length: {}, {}, {}, {}",
+                "slots, offsets and reasons differ in length: {}, {}, {}",
                 slots.len(),
-                claims.len(),
                 offsets.len(),
                 reasons.len()
             )));
@@ -552,9 +565,6 @@ impl L3Staging {
                     .ok_or_else(|| invalid(format!("reason {name:?} is not one of {REASONS:?}"))),
             })
             .collect::<PyResult<Vec<_>>>()?;
-        if let Some(&claim) = claims.iter().find(|&&c| unpack(c).2 != READING) {
-            return Err(invalid(format!("word {claim:#x} is not a claim")));
-        }
         let array = records.cast::<numpy::PyArray1<u8>>().map_err(|_| {
             wrong_type(format!(
                 "records must be a 1-d uint8 array, got {}",
@@ -633,7 +643,7 @@ impl L3Staging {
         slots: &Bound<'_, PyAny>,
         claims: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        let (slots, claims) = (int_vector(slots, "slots")?, int_vector(claims, "claims")?);
+        let (slots, claims) = Self::claims(slots, claims)?;
         let guard = self.open(py)?;
         let memory = guard.as_ref().expect("open");
         for (slot, claim) in slots.iter().zip(&claims) {
