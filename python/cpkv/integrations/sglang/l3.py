@@ -240,7 +240,8 @@ class SglangL3:
                     "l3_evicted": s.get("index_evicted"),
                     "l3_recovery_s": s["recovery_s"], "l3_pages": s["index_pages"], "l3_slots": s["slots"],
                     "l3_disk_bytes": s["disk_bytes"], "l3_cap_bytes": s["cap_bytes"], "l3_mode": s["mode"],
-                    "l3_rejects": s["rejects"], "l3_digest": self.digest()})
+                    "l3_rejects": s["rejects"], "l3_pages_superseded": s["pages_superseded"],
+                    "l3_digest": self.digest()})
         out.update(self.staging.stats())
         return out
 

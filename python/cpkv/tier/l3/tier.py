@@ -184,7 +184,8 @@ class L3Tier:
         out.update({"l3_pages_written": s["pages_written"], "l3_pages_read": s["pages_read"],
                     "l3_pages_written_in_place": s["pages_written_in_place"],
                     "l3_pages_read_in_place": s["pages_read_in_place"],
-                    "l3_corrupt_dropped": s["corrupt_dropped"], "l3_recovery_s": s["recovery_s"],
+                    "l3_corrupt_dropped": s["corrupt_dropped"], "l3_pages_superseded": s["pages_superseded"],
+                    "l3_recovery_s": s["recovery_s"],
                     "l3_recovered_pages": s["recovered_pages"], "l3_disk_bytes": s["disk_bytes"],
                     "l3_cap_bytes": s["cap_bytes"], "l3_slots": s["slots"], "l3_mode": s["mode"],
                     "l3_digest": self.digest()})
