@@ -478,6 +478,101 @@ def l3(r: Rank, phase: str, requests: int = 24, seed: int = 5, lag: int = 0, lat
     return out
 
 
+def l3_skew(r: Rank, root: str, lags: list[int], requests: int = 16, seed: int = 9) -> dict:
+    """Per lag, on a fresh directory ``root/lag<k>`` under the given tiny ``l3_bytes``: SGLang's
+    prefetch of each request (reads, hits loaded and checked), then its store, rank 1's backup thread
+    ``k`` requests late (its spills, and so its L3 writes, behind rank 0's: rank 0 reads records rank
+    1 has not written yet, and rank 1 writes into slots rank 0 has already reused). Once rank 1 has
+    caught up (barrier), every page every pool's L3 index holds is read back through the backend's own
+    batch_get_v1 / batch_get_v2 on every rank: none may be refused, none wrong. Then a clean stop
+    (the slab's pages spill to L3 too); the test reads the directory's records."""
+    out: dict = {}
+    for lag in lags:
+        r.options["l3_dir"] = f"{root}/lag{lag}"
+        if r.rank == 0:
+            Path(r.options["l3_dir"]).mkdir()
+        r.barrier()
+        r.controller("dynamic", _l3_extra(r))
+        reqs = shared_prefix_requests(requests, seed + lag, r.page_size, prefixes=4, max_pages=12)  # fit the slab
+        fetched, pending = [], []
+        my_lag = lag if r.rank == 1 else 0
+        for i, tokens in enumerate(reqs):
+            fetched.append(r.prefetch(f"lag{lag}-req{i}", tokens))
+            pending.append(tokens)
+            while len(pending) > my_lag:
+                idx, _ = r.write(pending.pop(0))
+                r.wait_backup(idx)
+        for tokens in pending:
+            idx, _ = r.write(tokens)
+            r.wait_backup(idx)
+        r.backend.wait_checks(WAIT_S)
+        r.barrier()  # every rank's spills written
+        tier = r.backend.l3
+        assert tier is not None
+        held = _l3_held(r, reqs)
+        back = _read_back(r, held)
+        stats = r.backend.stats()
+        logged_open = lost_open = 0
+        if r.rank == 0:  # every record the logs name, checked on disk while the stores are open
+            from l3_files import lost_records
+
+            for name, l3 in tier.pools.items():
+                n, bad = lost_records(l3.path, r.world, r.backend.pools[name].page_bytes)
+                logged_open, lost_open = logged_open + n, lost_open + bad
+        r.barrier()  # every rank read back before any closes
+        r.backend.close()
+        closed = tier.stats()
+        out[str(lag)] = {"held": len(held), "logged_open": logged_open, "lost_open": lost_open, "refused": sum(not ok for ok in back["served"].values()),
+                         "wrong": len(back["wrong"]) + sum(f["wrong"] + f.get("sidecar_wrong", 0) for f in fetched),
+                         "loaded": sum(f["loaded"] for f in fetched), "dir": closed["l3_dir"],
+                         "slots": closed["l3_slots"], "pools": list(tier.pools),
+                         "page_bytes": {name: p.page_bytes for name, p in r.backend.pools.items()},
+                         "not_written": sum(s.get("l3_reads_not_written", 0) for s in stats["l3_pools"].values()),
+                         "superseded": sum(l3.store.counters.get("pages_superseded", 0) for l3 in tier.pools.values())}
+        r.barrier()
+    return out
+
+
+def l3_read_before_write(r: Rank, requests: int = 16, seed: int = 9) -> dict:
+    """Rank 0 stores every request (spilling to L3, writing its share) and reads back every page L3
+    holds before rank 1, the writer of the rest, has stored anything; then rank 1 catches up, and
+    both ranks read back every page L3 holds. (Run with a long digest-check period: rank 0's checks
+    would otherwise wait on rank 1's for longer than their timeout.)"""
+    r.controller("dynamic", _l3_extra(r))
+    reqs = shared_prefix_requests(requests, seed, r.page_size, prefixes=4, max_pages=12)
+
+    def store_all() -> None:
+        for tokens in reqs:
+            idx, _ = r.write(tokens)
+            r.wait_backup(idx)
+
+    early = None
+    if r.rank == 0:
+        store_all()
+        early = _read_back(r, _l3_held(r, reqs))
+    r.barrier()
+    if r.rank != 0:
+        store_all()
+    r.barrier()  # every rank's spills written
+    held = _l3_held(r, reqs)
+    late = _read_back(r, held)
+    r.backend.wait_checks(WAIT_S)
+    early_out = None if early is None else {"served": sum(early["served"].values()), "wrong": len(early["wrong"])}
+    return _finish(r, {"held": len(held), "early": early_out, "served": sum(late["served"].values()),
+                       "wrong": len(late["wrong"]), "stats": r.backend.stats()})
+
+
+def _l3_held(r: Rank, reqs: list[list[int]]) -> list[str]:
+    """The requests' distinct pages that every pool's L3 index holds (its index, not the backend's
+    answer: a page this rank refused is still held)."""
+    from cpkv.integrations.sglang.l3 import l3_key
+
+    assert r.backend.l3 is not None
+    pools = r.backend.l3.pools.values()
+    return [h for h in dict.fromkeys(h for t in reqs for h in r.hashes(t))
+            if all(l3.store.index.peek(l3_key(h)) is not None for l3 in pools)]
+
+
 def _read_back(r: Rank, keys: list[str]) -> dict:
     """Reads ``keys`` through the backend's own batch_get_v1 (KV) and batch_get_v2 (the DSA indexer)
     into host pages, a few at a time; per key whether every pool served it, and the keys served with
@@ -839,4 +934,5 @@ def bad_indices(r: Rank) -> dict:
 SCENARIOS = {"roundtrip": roundtrip, "pressure": pressure, "killed": killed, "diverged": diverged,
              "missed_store": missed_store, "bad_indices": bad_indices, "l3": l3, "l3_crash": l3_crash,
              "l3_diverged": l3_diverged, "l3_late_pool": l3_late_pool,
-             "l3_killed_claimant": l3_killed_claimant}
+             "l3_killed_claimant": l3_killed_claimant, "l3_skew": l3_skew,
+             "l3_read_before_write": l3_read_before_write}

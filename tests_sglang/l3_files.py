@@ -36,6 +36,23 @@ def live_records(pool_dir: Path, ranks: int, log_ranks: int | None = None) -> tu
     return namespace, sorted(index.entries()), slot_bytes
 
 
+def lost_records(pool_dir: Path, ranks: int, page_bytes: int) -> tuple[int, int]:
+    """(records one pool's logs name, how many of them fail their check on disk): every record named
+    by the node's logs (recovered as a restart would) is read and checked."""
+    import numpy as np
+
+    from cpkv import _cpkv
+
+    namespace, entries, slot_bytes = live_records(pool_dir, ranks)
+    lost = 0
+    with open(pool_dir / "data-0.bin", "rb") as f:
+        for key, slot, sequence in entries:
+            f.seek(slot * slot_bytes)  # one data file: the stores are tiny
+            record = np.frombuffer(f.read(slot_bytes), dtype=np.uint8)
+            lost += _cpkv.l3_check(record, namespace, key, sequence, page_bytes) is not None
+    return len(entries), lost
+
+
 def damage(pool_dir: Path, records: int, ranks: int = 2) -> int:
     """Flips one payload byte in each of the first ``records`` of rank 0's live records in one pool's
     store (a store of ``ranks`` ranks, one data file); returns how many."""

@@ -30,7 +30,9 @@ key and placement stream (:class:`SglangL3Tier`).
   not hold from that pool's record into SGLang's host pool, its header, key, sequence, namespace
   and CRC32C checked first. A record that fails is a miss, counted, never served, and this rank
   stops reporting it (nor the page: an L3 hit is whole); every rank of the node learns the same failure, and SGLang's MIN over the completed tokens (the least of a batch's
-  KV and indexer hits) makes the load common. L3 pages are not promoted into slab rows: a slab placement must come from
+  KV and indexer hits) makes the load common. A record its writer rank has not written yet (that
+  rank is behind this one) is only this read's miss (``l3_not_written``): the page stays reported
+  and is served once written. L3 pages are not promoted into slab rows: a slab placement must come from
   the replicated store stream, and prefetch calls fall between the stores at a different point on
   each rank.
 - **Once per node** (:mod:`cpkv.tier.l3.staging`): every rank needs every hit (SGLang holds the KV
@@ -57,6 +59,7 @@ import numpy as np
 from cpkv import _cpkv
 from cpkv.errors import InvalidArgumentError
 from cpkv.runtime.agree import agree
+from cpkv.tier.l3.order import NOT_WRITTEN
 from cpkv.tier.l3.staging import L3ReadStaging, default_entries
 from cpkv.tier.l3.store import L3Namespace, L3Store, disk_bytes, slots_for
 
@@ -145,7 +148,8 @@ class SglangL3:
         self._lock = threading.Lock()  # the store is one object; the backup and prefetch threads share it
         self._rejected: set[tuple[int, int]] = set()  # (key, sequence) whose record failed here
         self.counters = {"l3_pages_spilled": 0, "l3_pages_written": 0, "l3_pages_not_copied": 0,
-                         "l3_exists_hit_pages": 0, "l3_pages_read": 0, "l3_read_failures": 0}
+                         "l3_exists_hit_pages": 0, "l3_pages_read": 0, "l3_read_failures": 0,
+                         "l3_reads_not_written": 0}
         # Every rank of the node has recovered (read every rank's log) before any rank writes, and
         # they recovered the same index.
         if topology.node_group is not None and topology.node_size > 1:
@@ -211,11 +215,13 @@ class SglangL3:
         good = [j for j, reason in enumerate(reasons) if reason is None]
         with self._lock:
             for j, reason in enumerate(reasons):
-                if reason is not None:
+                if reason is not None and reason != NOT_WRITTEN:  # not written yet: a miss this time only
                     key, _, sequence = found[j][1]
                     self._rejected.add((key, sequence))
                     self.store.rejects[reason] = self.store.rejects.get(reason, 0) + 1
-            self.counters["l3_read_failures"] += len(found) - len(good)
+            unwritten = reasons.count(NOT_WRITTEN)
+            self.counters["l3_read_failures"] += len(found) - len(good) - unwritten
+            self.counters["l3_reads_not_written"] += unwritten
             self.counters["l3_pages_read"] += len(good)
         if good:
             pool.fill_host(host_indices, len(keys), [found[j][0] for j in good], np.ascontiguousarray(out[good]))
@@ -234,7 +240,8 @@ class SglangL3:
                     "l3_evicted": s.get("index_evicted"),
                     "l3_recovery_s": s["recovery_s"], "l3_pages": s["index_pages"], "l3_slots": s["slots"],
                     "l3_disk_bytes": s["disk_bytes"], "l3_cap_bytes": s["cap_bytes"], "l3_mode": s["mode"],
-                    "l3_rejects": s["rejects"], "l3_digest": self.digest()})
+                    "l3_rejects": s["rejects"], "l3_pages_superseded": s["pages_superseded"],
+                    "l3_digest": self.digest()})
         out.update(self.staging.stats())
         return out
 

@@ -24,6 +24,10 @@ saves disk reads, so it can serve ranks whose calls are not synchronized at all.
   mid-read costs the others one ``wait_s`` (the backend's ``cpkv_timeout_s``), never a hang, and every
   answer is still the record's bytes or a counted miss. A claimant whose own disk read raises gives
   its claims up (the entries go back to empty) before the error propagates.
+- **A record not written yet** (its writer rank is behind the reader: the store's
+  :data:`~cpkv.tier.l3.order.NOT_WRITTEN`) is a transient miss: the claimant gives its claim up
+  instead of publishing a failure, so the next rank that needs the record (this one included) reads
+  it again, and it is served once its writer has written it (``l3_not_written``).
 - **Sequences**: a state word names sequences below 2**44; a record past that is read by every rank
   (``l3_staging_bypassed``), as without the area.
 """
@@ -37,6 +41,7 @@ import numpy as np
 
 from cpkv._cpkv import L3_HEADER_BYTES, L3Staging
 from cpkv.errors import InvalidArgumentError
+from cpkv.tier.l3.order import NOT_WRITTEN
 from cpkv.tier.l3.store import L3Store
 
 __all__ = ["L3ReadStaging", "default_entries", "DEFAULT_STAGING_BYTES"]
@@ -80,7 +85,7 @@ class L3ReadStaging:
                                     timeout_s=timeout_s, pin=False)
         self.native = L3Staging(self.slab.rows("record")[0], self.slab.view("word")[0], store.page_bytes,
                                 store.namespace_id)
-        self.counters = {"l3_disk_reads": 0, "l3_disk_read_failures": 0, "l3_staging_hits": 0,
+        self.counters = {"l3_disk_reads": 0, "l3_disk_read_failures": 0, "l3_not_written": 0, "l3_staging_hits": 0,
                          "l3_staging_failures_seen": 0, "l3_staging_claims": 0, "l3_staging_waits": 0,
                          "l3_staging_takeovers": 0, "l3_staging_lost_claims": 0, "l3_staging_busy": 0,
                          "l3_staging_reused": 0, "l3_staging_torn": 0, "l3_staging_bypassed": 0}
@@ -106,7 +111,8 @@ class L3ReadStaging:
     def read(self, found: Sequence[tuple[int, int, int]], out: np.ndarray) -> list[str | None]:
         """Pages ``(key, slot, sequence)`` (from the L3 index) into ``out[i]`` (uint8 ``[n, page_bytes]``),
         from the staging area or, once per node, from disk; per page None when served, else the reason
-        its record failed its check (the same on every rank)."""
+        its record failed its check (the same on every rank), or :data:`~cpkv.tier.l3.order.NOT_WRITTEN`
+        where its writer had not written it yet (this rank's transient miss, published to no one)."""
         n = len(found)
         if out.shape != (n, self.page_bytes) or out.dtype != np.uint8:
             raise InvalidArgumentError(f"out must be uint8 [{n}, {self.page_bytes}], got {out.dtype} {out.shape}")
@@ -163,16 +169,21 @@ class L3ReadStaging:
 
     def _from_disk(self, at: list[int], claims: dict[int, int], reasons: list[str | None], out: np.ndarray,
                    found: Sequence[tuple[int, int, int]]) -> None:
-        """Reads pages ``at`` from disk into ``out`` and publishes the ones this rank claimed; claims it
-        cannot complete are given up before any error propagates."""
+        """Reads pages ``at`` from disk into ``out`` and publishes the ones this rank claimed (a record
+        not written yet: its claim given up, not published); claims it cannot complete are given up
+        before any error propagates."""
         whole = at == list(range(len(found)))
         sub = out if whole else np.empty((len(at), self.page_bytes), dtype=np.uint8)
         try:
             with self.lock:
                 got = self.store.read_many([found[i] for i in at], sub, keep_records=True)
-                if claims:
+                published: list[bool] = []
+                unwritten = [i for j, i in enumerate(at) if i in claims and got[j] == NOT_WRITTEN]
+                if unwritten:
+                    self.native.abandon([found[i][1] for i in unwritten], [claims[i] for i in unwritten])
+                mine = [j for j, i in enumerate(at) if i in claims and got[j] != NOT_WRITTEN]
+                if mine:
                     records, rows = self.store.last_records
-                    mine = [j for j, i in enumerate(at) if i in claims]
                     published = self.native.publish(
                         [found[at[j]][1] for j in mine], [claims[at[j]] for j in mine], records,
                         [rows[j] * self.store.slot_bytes for j in mine], [got[j] for j in mine])
@@ -184,9 +195,10 @@ class L3ReadStaging:
             out[at] = sub
         for j, i in enumerate(at):
             reasons[i] = got[j]
-        self._count(l3_disk_reads=len(at), l3_disk_read_failures=sum(r is not None for r in got),
-                    l3_staging_claims=len(claims),
-                    l3_staging_lost_claims=sum(not p for p in published) if claims else 0)
+        unwritten_reads = sum(r == NOT_WRITTEN for r in got)
+        self._count(l3_disk_reads=len(at), l3_not_written=unwritten_reads,
+                    l3_disk_read_failures=sum(r is not None for r in got) - unwritten_reads,
+                    l3_staging_claims=len(claims), l3_staging_lost_claims=sum(not p for p in published))
 
     def stats(self) -> dict[str, Any]:
         with self.counters_lock:

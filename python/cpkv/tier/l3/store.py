@@ -8,6 +8,9 @@ Files in the directory (shared by the node's ranks):
   node.
 - ``index-rR.log``: rank R's log: a checksummed header (namespace, slot bytes, slots) and one
   32-byte checksummed entry per page R wrote (or dropped, a tombstone).
+- ``slot-order.bin``: per slot the newest sequence written into it (:mod:`cpkv.tier.l3.order`): the
+  ranks' writes into a slot are ordered by placement sequence (an older record never overwrites a
+  newer one), and a read of a record not written yet is a transient miss, not a rejection.
 
 **Acknowledged durable** means: the record was written and its data file ``fdatasync``'d, then its
 log entry appended and the log ``fdatasync``'d; only then does :meth:`L3Store.put` return it. A
@@ -37,6 +40,7 @@ import numpy as np
 from cpkv import _cpkv
 from cpkv.errors import InvalidArgumentError
 from cpkv.tier.l3.direct import AlignedScratch, probe_direct, slot_runs, write_fully
+from cpkv.tier.l3.order import BYTES_PER_SLOT, NOT_WRITTEN, SlotOrder
 
 ALIGN = _cpkv.L3_RECORD_ALIGN
 HEADER = _cpkv.L3_HEADER_BYTES
@@ -80,9 +84,10 @@ def disk_bytes(directory: str | os.PathLike) -> int:
 
 def slots_for(cap_bytes: int, slot_bytes: int, ranks_on_node: int) -> int:
     """The most slots whose data files, logs (each up to its compaction point plus one page) and one
-    compaction's temporary file fit in ``cap_bytes``, blocks rounded up."""
-    per_slot = slot_bytes + ranks_on_node * COMPACT_ENTRIES_PER_SLOT * LOG_ENTRY + LOG_ENTRY
-    fixed = (ranks_on_node + 1) * 2 * ALIGN + ALIGN * (cap_bytes // DATA_FILE_BYTES + 2)
+    compaction's temporary file fit in ``cap_bytes`` with the slot order's table
+    (:mod:`cpkv.tier.l3.order`), blocks rounded up."""
+    per_slot = slot_bytes + ranks_on_node * COMPACT_ENTRIES_PER_SLOT * LOG_ENTRY + LOG_ENTRY + BYTES_PER_SLOT
+    fixed = (ranks_on_node + 1) * 2 * ALIGN + ALIGN * (cap_bytes // DATA_FILE_BYTES + 3)  # + the slot order's block
     return max(0, (cap_bytes - fixed) // per_slot)
 
 
@@ -124,11 +129,13 @@ class L3Store:
         # *_in_place: pages moved straight between their own memory and the disk (no copy through scratch).
         self.counters = {"pages_written": 0, "bytes_written": 0, "pages_read": 0, "bytes_read": 0,
                          "pages_written_in_place": 0, "pages_read_in_place": 0,
-                         "lookups": 0, "hits": 0, "corrupt_dropped": 0, "compactions": 0}
+                         "lookups": 0, "hits": 0, "corrupt_dropped": 0, "compactions": 0,
+                         "pages_superseded": 0, "reads_not_written": 0}
         self.rejects: dict[str, int] = {}
         self._scratch = AlignedScratch()
         self._fds: list[int] = []
         self._log_fd = -1
+        self.order: SlotOrder | None = None
         self._log_entries = 0
         self._pending: list[tuple[int, int, int, int]] = []  # log entries of records not yet synced
         self._own: set[tuple[int, int]] = set()  # (key, sequence) of the records this rank wrote
@@ -192,6 +199,8 @@ class L3Store:
             if os.fstat(self._log_fd).st_size != valid[self.rank]:
                 os.ftruncate(self._log_fd, valid[self.rank])  # a torn tail: cut at the last whole entry
             self._log_entries = (valid[self.rank] - LOG_HEADER) // LOG_ENTRY
+        # Rank 0 rewrites the node's slot order from the recovered index (before any rank writes).
+        self.order = SlotOrder(self.directory, self.slots, self.index.entries() if self.rank == 0 else None)
         self.recovery["recovery_s"] = time.perf_counter() - started
 
     def _probe_direct(self) -> tuple[str, str]:
@@ -208,6 +217,9 @@ class L3Store:
         if self._log_fd >= 0:
             os.close(self._log_fd)
             self._log_fd = -1
+        if self.order is not None:
+            self.order.close()
+            self.order = None
 
     def __enter__(self) -> L3Store:
         return self
@@ -256,7 +268,11 @@ class L3Store:
         (:meth:`cpkv._cpkv.L3Index.writer`) for this batch: a caller whose bytes are only on one rank
         (the SGLang backend: a slab row's only writer copies its victim out) names that rank. A page
         given as None is placed but not written (its writer has no bytes for it): its slot keeps an
-        older record, which fails the key and sequence check, a counted miss."""
+        older record, which fails the key and sequence check, a counted miss.
+
+        Writes into a slot are ordered by sequence (:mod:`cpkv.tier.l3.order`): a record of this rank
+        whose slot another rank has already written a newer placement into is discarded, not logged
+        (``pages_superseded``); the index evicted it at that newer placement."""
         keys = [k for k, _ in pages]
         payloads: dict[int, np.ndarray | None] = {}
         for key, data in pages:
@@ -278,6 +294,10 @@ class L3Store:
         if writers is not None:
             placed = [(k, slot, seq, evicted, chosen[k]) for k, slot, seq, evicted, _ in placed]
         mine = sorted((p for p in placed if p[4] == self.rank and payloads[p[0]] is not None), key=lambda p: p[1])
+        assert self.order is not None, "the store is closed"
+        for key, slot, sequence, _, writer in placed:
+            if writer == self.rank and payloads[key] is None:
+                self.order.give_up(slot, sequence)
         if mine:
             self._write_records(mine, payloads)
         if durable:
@@ -291,37 +311,50 @@ class L3Store:
 
     def _write_records(self, mine: list, payloads: dict) -> None:
         sources = [payloads[key] for key, *_ in mine]
-        if all(self._in_place(page) for page in sources):
-            self._write_split(mine, sources)
-            self.counters["pages_written_in_place"] += len(mine)
-        else:
-            self._write_whole(mine, sources)
+        in_place = all(self._in_place(page) for page in sources)
+        kept = self._write_split(mine, sources) if in_place else self._write_whole(mine, sources)
+        if not all(kept):
+            self.counters["pages_superseded"] += kept.count(False)
+            mine = [p for p, k in zip(mine, kept) if k]
+        self.counters["pages_written_in_place"] += len(mine) if in_place else 0
         self._pending.extend((key, sequence, slot, self.page_bytes) for key, slot, sequence, _, _ in mine)
         self._own.update((key, sequence) for key, _, sequence, _, _ in mine)
         self.counters["pages_written"] += len(mine)
         self.counters["bytes_written"] += len(mine) * self.page_bytes
 
-    def _write_whole(self, mine: list, sources: list[np.ndarray]) -> None:
+    def _write_whole(self, mine: list, sources: list[np.ndarray]) -> list[bool]:
         """Records built whole in aligned scratch (a payload copied in), one write per run of
-        consecutive slots."""
+        consecutive slots, in slot order (:meth:`SlotOrder.write_runs`); per record whether written."""
         _cpkv.l3_seal_records(self._scratch.take(len(mine) * self.slot_bytes), sources, self.namespace_id,
                               [p[0] for p in mine], [p[2] for p in mine], self.page_bytes)
-        for start, stop in slot_runs([p[1] for p in mine], self.slots_per_file):
-            fd, offset = self._where(mine[start][1])
+        slots = [p[1] for p in mine]
+
+        def write(start: int, stop: int) -> None:
+            fd, offset = self._where(slots[start])
             self._write_at(fd, [self._scratch.view(start * self.slot_bytes, stop * self.slot_bytes)], offset)
 
-    def _write_split(self, mine: list, sources: list[np.ndarray]) -> None:
+        assert self.order is not None
+        return self.order.write_runs(slots, [p[2] for p in mine], slot_runs(slots, self.slots_per_file), write)
+
+    def _write_split(self, mine: list, sources: list[np.ndarray]) -> list[bool]:
         """Records written from the pages' own memory: each payload goes to disk from where it lies,
-        only its tail (padding and header) is built in scratch; one write per run of consecutive slots."""
+        only its tail (padding and header) is built in scratch; one write per run of consecutive slots,
+        in slot order (:meth:`SlotOrder.write_runs`); per record whether written."""
         tail = self.slot_bytes - self.page_bytes
         _cpkv.l3_seal_tails(self._scratch.take(len(mine) * tail), sources, self.namespace_id,
                             [p[0] for p in mine], [p[2] for p in mine], self.page_bytes)
-        for start, stop in slot_runs([p[1] for p in mine], self.slots_per_file, SPLIT_RECORDS_PER_CALL):
-            fd, offset = self._where(mine[start][1])
+        slots = [p[1] for p in mine]
+
+        def write(start: int, stop: int) -> None:
+            fd, offset = self._where(slots[start])
             buffers: list = []
             for i in range(start, stop):
                 buffers += (sources[i], self._scratch.view(i * tail, (i + 1) * tail))
             self._write_at(fd, buffers, offset)
+
+        assert self.order is not None
+        return self.order.write_runs(slots, [p[2] for p in mine],
+                                     slot_runs(slots, self.slots_per_file, SPLIT_RECORDS_PER_CALL), write)
 
     def _write_at(self, fd: int, buffers: list, offset: int) -> None:
         write_fully(fd, buffers, offset)
@@ -348,7 +381,9 @@ class L3Store:
                   keep_records: bool = False) -> list[str | None]:
         """Reads pages ``(key, slot, sequence)`` (from :meth:`lookup`) into ``out[i]``, one read per run
         of consecutive slots; per page ``None`` when served, else the reason its record failed (its row
-        then holds whatever was read). A payload is read straight into its row where the row allows
+        then holds whatever was read): :data:`~cpkv.tier.l3.order.NOT_WRITTEN` when its writer rank had
+        not written it yet when the read began (a transient miss: never drop it for that), else a
+        rejection. A payload is read straight into its row where the row allows
         (:meth:`_in_place`), else the whole record into scratch and the payload copied out; with
         ``keep_records`` always the latter, and the raw records stay in :attr:`last_records` until this
         store's next read or write (a node's read-staging area publishes them from there:
@@ -374,6 +409,8 @@ class L3Store:
             fd, offset = self._where(slots[start])
             members = order[start:stop]
             keys, sequences = [found[i][0] for i in members], [found[i][2] for i in members]
+            assert self.order is not None, "the store is closed"
+            known = self.order.written(slots[start:stop])  # before the read: what was written by then
             if split:
                 buffers: list = []
                 for k, i in enumerate(members, start):
@@ -386,8 +423,9 @@ class L3Store:
                 got = os.preadv(fd, [self._scratch.view(start * tail, stop * tail)], offset)
                 run = _cpkv.l3_check_into(buf[start * tail:start * tail + got], self.slot_bytes, self.namespace_id,
                                           keys, sequences, self.page_bytes, flat, members)
-            for i, reason in zip(members, run):
-                reasons[i] = reason
+            for i, reason, written, sequence in zip(members, run, known, sequences):
+                reasons[i] = reason if reason is None or written >= sequence else NOT_WRITTEN
+            self.counters["reads_not_written"] += sum(reasons[i] == NOT_WRITTEN for i in members)
             served = run.count(None)
             self.counters["pages_read_in_place"] += served if split else 0
             self.counters["pages_read"] += served
@@ -397,12 +435,18 @@ class L3Store:
     def read(self, key: int, slot: int, sequence: int, out: np.ndarray | None = None) -> np.ndarray | None:
         """The page of ``key`` found at (slot, sequence) by :meth:`lookup`, or None when the record fails
         its check (the reason is returned by :meth:`last_reject` and counted; call :meth:`drop` on every
-        rank to forget it). I/O only: no decision changes."""
+        rank to forget it, unless it is :data:`~cpkv.tier.l3.order.NOT_WRITTEN`: a transient miss). I/O
+        only: no decision changes."""
         fd, offset = self._where(slot)
         buf = self._scratch.take(self.slot_bytes)
+        assert self.order is not None, "the store is closed"
+        written = int(self.order.written([slot])[0])  # before the read: what was written by then
         got = os.preadv(fd, [self._scratch.view(0, self.slot_bytes)], offset)
         self.last_reject = _cpkv.l3_check(buf[:got], self.namespace_id, key, sequence, self.page_bytes)
         if self.last_reject is not None:
+            if written < sequence:
+                self.last_reject = NOT_WRITTEN
+                self.counters["reads_not_written"] += 1
             return None
         self.counters["pages_read"] += 1
         self.counters["bytes_read"] += self.page_bytes
@@ -418,7 +462,7 @@ class L3Store:
         if found is None:
             return None
         page = self.read(key, *found)
-        if page is None:
+        if page is None and self.last_reject != NOT_WRITTEN:
             self.drop(key, self.last_reject or "dropped")
         return page
 

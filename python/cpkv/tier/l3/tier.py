@@ -3,7 +3,8 @@ and reads for the pages a request misses in device and slab.
 
 Every decision is replicated: which pages leave the slab (``TierCache.take_spills``), where they
 go (the store's index), which pages a request finds (``lookup_run``), and which records failed
-their check (agreed by one MIN all-reduce, :meth:`L3Tier.settle`). The I/O is split by rank: a
+their check (agreed by one MIN all-reduce of three outcomes, :meth:`L3Tier.settle`: failed, not
+written yet, served). The I/O is split by rank: a
 spilled page is written by its writer rank (``L3Index.writer``), a page found for a request is
 read by the rank that owns its device page (logical page ``p`` is rank ``p % cp``'s), so each is
 written and read once per node.
@@ -23,7 +24,13 @@ import numpy as np
 
 from cpkv.errors import InvalidArgumentError
 from cpkv.tier.l3.direct import aligned_empty
+from cpkv.tier.l3.order import NOT_WRITTEN
 from cpkv.tier.l3.store import L3Namespace, L3Store
+
+# A hit's outcome on one rank, ordered so that one MIN over the ranks gives the node's: a record that
+# failed its check on its reader (dropped everywhere), one its writer had not written yet (a miss this
+# time, kept), one served (or not this rank's to read).
+FAILED, NOT_YET, SERVED = 0, 1, 2
 
 
 @dataclass(frozen=True)
@@ -67,8 +74,9 @@ class L3Tier:
         namespace = L3Namespace(model=model, dtype=described, kv_layout=f"slab row: payload-major, {num_layers} layers",
                                 page_size=page_size, cp_size=cp_size, tp_size=1, page_bytes=self.page_bytes)
         self.store = L3Store(directory, cap_bytes, namespace, rank=rank, ranks_on_node=cp_size)
-        self.counters = {"l3_pages_spilled": 0, "l3_hit_pages": 0, "l3_lookups": 0, "l3_read_failures": 0}
-        self._unsettled: list[tuple[int, int]] = []  # (key, ok on this rank) of this forward's hits, in order
+        self.counters = {"l3_pages_spilled": 0, "l3_hit_pages": 0, "l3_lookups": 0, "l3_read_failures": 0,
+                         "l3_not_written_misses": 0}
+        self._unsettled: list[tuple[int, int]] = []  # (key, outcome on this rank) of this forward's hits, in order
         self._all_reduce_min([1], "L3 open")  # every rank recovered before any writes
 
     # -- spills (host slab -> L3) -------------------------------------------------------------
@@ -136,31 +144,33 @@ class L3Tier:
     def read(self, found: L3Found, device_pages: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Reads the found pages whose device page this rank owns. Returns (their positions in
         ``found`` that read back whole, uint8 ``[n, page_bytes]`` of those pages); a failed record is
-        left out here and dropped on every rank at :meth:`settle`."""
+        left out here and dropped on every rank at :meth:`settle`, one not written yet left out and kept."""
         owned = [i for i, page in enumerate(device_pages[:len(found)].tolist()) if page % self.cp_size == self.rank]
         out = aligned_empty(len(owned), self.page_bytes)  # read in place where the page is whole blocks
         reasons = self.store.read_many([(found.keys[i], found.slots[i], found.sequences[i]) for i in owned], out) \
             if owned else []
         ok = [j for j, reason in enumerate(reasons) if reason is None]
         failed = {found.keys[owned[j]]: reason for j, reason in enumerate(reasons) if reason is not None}
-        self._unsettled.extend((key, 0 if key in failed else 1) for key in found.keys)
-        self.counters["l3_read_failures"] += len(failed)
+        self._unsettled.extend((key, SERVED if key not in failed else NOT_YET if failed[key] == NOT_WRITTEN
+                                else FAILED) for key in found.keys)
+        self.counters["l3_read_failures"] += sum(reason != NOT_WRITTEN for reason in failed.values())
         return np.asarray([owned[j] for j in ok], dtype=np.int64), out[ok]
 
     def settle(self) -> int:
-        """C (only on a forward with L3 hits, on every rank alike): one MIN all-reduce of which hits
-        read back whole; a record that failed on its reader is dropped from every rank's index.
-        Returns the pages served."""
+        """C (only on a forward with L3 hits, on every rank alike): one MIN all-reduce of the hits'
+        outcomes; a record that failed on its reader is dropped from every rank's index, one not
+        written yet is a miss on every rank and stays. Returns the pages served."""
         if not self._unsettled:
             return 0
-        flags = self._all_reduce_min([ok for _, ok in self._unsettled], "L3 read check")
+        outcomes = self._all_reduce_min([outcome for _, outcome in self._unsettled], "L3 read check")
         keys = [key for key, _ in self._unsettled]
         self._unsettled = []
-        for key, ok in zip(keys, flags):
-            if not ok:
+        for key, outcome in zip(keys, outcomes):
+            if outcome == FAILED:
                 self.store.drop(key, "failed its check on its reader")
-        served = sum(1 for ok in flags if ok)
+        served = sum(1 for outcome in outcomes if outcome == SERVED)
         self.counters["l3_hit_pages"] += served
+        self.counters["l3_not_written_misses"] += sum(1 for outcome in outcomes if outcome == NOT_YET)
         return served
 
     # -- agreement, stats, close ----------------------------------------------------------------
@@ -174,7 +184,8 @@ class L3Tier:
         out.update({"l3_pages_written": s["pages_written"], "l3_pages_read": s["pages_read"],
                     "l3_pages_written_in_place": s["pages_written_in_place"],
                     "l3_pages_read_in_place": s["pages_read_in_place"],
-                    "l3_corrupt_dropped": s["corrupt_dropped"], "l3_recovery_s": s["recovery_s"],
+                    "l3_corrupt_dropped": s["corrupt_dropped"], "l3_pages_superseded": s["pages_superseded"],
+                    "l3_recovery_s": s["recovery_s"],
                     "l3_recovered_pages": s["recovered_pages"], "l3_disk_bytes": s["disk_bytes"],
                     "l3_cap_bytes": s["cap_bytes"], "l3_slots": s["slots"], "l3_mode": s["mode"],
                     "l3_digest": self.digest()})
