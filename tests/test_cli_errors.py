@@ -61,6 +61,30 @@ IN_PROCESS += [
     ("sweep: negative seed", ["sweep", "--generate", "10", "--seed=-1"], "--seed"),
     ("sweep: a capacity list with junk", ["sweep", "--generate", "10", "--capacities", "10,x"], "'x'"),
 ]
+# hitrate's multi-instance simulation: every value checked, and the options that need --instances
+_SIM = ["hitrate", "{d}/good.jsonl"]
+IN_PROCESS += [
+    ("hitrate: instances 0", [*_SIM, "--instances", "0"], "--instances: 0 is out of range"),
+    ("hitrate: instances -2", [*_SIM, "--instances=-2"], "--instances: -2 is out of range"),
+    ("hitrate: instances above the limit", [*_SIM, "--instances", "1,100000"], "100000 is out of range"),
+    ("hitrate: instances junk", [*_SIM, "--instances", "2,x"], "'x' is not an integer"),
+    ("hitrate: instances nan", [*_SIM, "--instances", "nan"], "'nan' is not an integer"),
+    ("hitrate: instances empty", [*_SIM, "--instances", ","], "has no value"),
+    ("hitrate: cluster pages -1", [*_SIM, "--instances", "2", "--cluster-pages=-1"], "--cluster-pages: -1"),
+    ("hitrate: cluster pages 1.5", [*_SIM, "--instances", "2", "--cluster-pages", "1.5"], "--cluster-pages: '1.5'"),
+    ("hitrate: cluster pages inf", [*_SIM, "--instances", "2", "--cluster-pages", "inf"], "--cluster-pages: 'inf'"),
+    ("hitrate: cluster pages above MAX_PAGES", [*_SIM, "--instances", "2", "--cluster-pages", str(1 << 62)],
+     f"--cluster-pages: {1 << 62} is out of range"),
+    ("hitrate: host pages -3", [*_SIM, "--instances", "2", "--host-pages=-3"], "--host-pages: -3"),
+    ("hitrate: unknown split", [*_SIM, "--instances", "2", "--split", "session"], "'session'"),
+    ("hitrate: root blocks 0", [*_SIM, "--instances", "2", "--root-blocks", "0"], "--root-blocks: 0"),
+    ("hitrate: cluster pages without instances", [*_SIM, "--cluster-pages", "10"], "--cluster-pages needs --instances"),
+    ("hitrate: split without instances", [*_SIM, "--split", "request"], "--split needs --instances"),
+    ("hitrate: instances with grid", ["hitrate", "--generate", "10", "--grid", "--instances", "2"],
+     "exclude each other"),
+    ("hitrate: root blocks with round robin", [*_SIM, "--instances", "2", "--split", "request", "--root-blocks", "3"],
+     "--root-blocks applies to --split prefix only"),
+]
 
 
 def cpkv(*argv: str, **kw) -> subprocess.Popen:

@@ -23,6 +23,9 @@ recency; where it closes little of the gap, Belady's lead comes from knowing
 when blocks return.
 ``--generate N`` replays N requests of a generated workload
 (``cpkv.workload``, ``--mix``, ``--seed``) instead of a trace file.
+``--instances N[,N...]`` splits the requests over N instances sharing one cluster tier of
+``--cluster-pages`` pages, each with the device tier above and a host tier of ``--host-pages``
+(``cpkv.cluster_sim``): hit rates per tier instead of per policy against Belady.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 DEFAULT_CAPACITIES = (1000, 5859, 10000, 30000)
 GRID_POINTS = 12
@@ -104,6 +107,28 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
     parser.add_argument("--no-belady", action="store_true", help="skip the offline optimum")
     parser.add_argument("--json", metavar="PATH", help="also write the tables as JSON")
+    _configure_instances(parser)
+
+
+def _configure_instances(parser: argparse.ArgumentParser) -> None:
+    from cpkv import MAX_PAGES
+    from cpkv._args import integer, integer_list
+    from cpkv.cluster_sim import DEFAULT_ROOT_BLOCKS, MAX_INSTANCES, SPLITS
+
+    group = parser.add_argument_group("past one machine (cpkv.cluster_sim)")
+    group.add_argument(
+        "--instances", type=integer_list(1, MAX_INSTANCES), metavar="N[,N...]",
+        help="split the trace over N instances, each with the device tier of --capacity and a host tier of "
+        "--host-pages, sharing one cluster tier of --cluster-pages; per-tier hit rates per N",
+    )
+    group.add_argument("--cluster-pages", type=integer(0, MAX_PAGES), metavar="P",
+                       help="pages of the cluster tier all instances share, LRU (default 0: none)")
+    group.add_argument("--host-pages", type=integer(0, MAX_PAGES), metavar="H",
+                       help="pages of each instance's host tier, write-through, LRU (default 0: none)")
+    group.add_argument("--split", choices=SPLITS,
+                       help="how requests go to instances: prefix (by prefix root, default) or request (round robin)")
+    group.add_argument("--root-blocks", type=integer(1, MAX_PAGES), metavar="K",
+                       help=f"blocks that make a prefix root for --split prefix (default {DEFAULT_ROOT_BLOCKS})")
 
 
 def replay(requests: list[tuple[int, ...]], capacity: int, policy: str) -> tuple[int, int]:
@@ -113,26 +138,44 @@ def replay(requests: list[tuple[int, ...]], capacity: int, policy: str) -> tuple
     return drive(PrefixTree(1, policy), requests, capacity)
 
 
-def drive(tree: Any, requests: list[tuple[int, ...]], capacity: int) -> tuple[int, int]:
-    """Replays ``requests`` through ``tree`` holding at most ``capacity`` device pages (match, evict
-    what the new blocks need, insert); (hit blocks, total blocks)."""
+class Placed(NamedTuple):
+    """One request on a device tier (:func:`place`)."""
+
+    hit: int  # leading blocks the device already held
+    kept: int  # leading blocks of the request on the device after it (all, unless the rest is locked)
+    victims: list  # the ``DeviceVictim``s evicted to make room
+    next_page: int  # the next fresh device page id
+
+
+def place(tree: Any, blocks: tuple[int, ...], capacity: int, next_page: int) -> Placed:
+    """One request through ``tree`` holding at most ``capacity`` device pages, as an engine does it:
+    match, lock, evict what the new blocks need, insert (truncated only where the rest is locked),
+    unlock. New blocks get device pages ``next_page``, ``next_page + 1``, ..."""
     import numpy as np
 
+    m = tree.match(blocks)
+    tree.lock(m.node)
+    new = len(blocks) - m.length
+    victims = []
+    if new > capacity - tree.device_pages:
+        victims = tree.evict(new - (capacity - tree.device_pages))
+    keep = m.length + min(new, capacity - tree.device_pages)
+    fresh = np.arange(next_page, next_page + keep - m.length, dtype=np.int64)
+    tree.insert(blocks[:keep], np.concatenate([m.device_pages, fresh]))
+    tree.unlock(m.node)
+    return Placed(m.length, keep, victims, next_page + len(fresh))
+
+
+def drive(tree: Any, requests: list[tuple[int, ...]], capacity: int) -> tuple[int, int]:
+    """Replays ``requests`` through ``tree`` holding at most ``capacity`` device pages (:func:`place`
+    per request); (hit blocks, total blocks)."""
     hits = total = 0
     next_page = 0
     for blocks in requests:
-        m = tree.match(blocks)
-        hits += m.length
+        placed = place(tree, blocks, capacity, next_page)
+        next_page = placed.next_page
+        hits += placed.hit
         total += len(blocks)
-        tree.lock(m.node)
-        new = len(blocks) - m.length
-        if new > capacity - tree.device_pages:
-            tree.evict(new - (capacity - tree.device_pages))
-        keep = m.length + min(new, capacity - tree.device_pages)
-        fresh = np.arange(next_page, next_page + keep - m.length, dtype=np.int64)
-        next_page += len(fresh)
-        tree.insert(blocks[:keep], np.concatenate([m.device_pages, fresh]))
-        tree.unlock(m.node)
     return hits, total
 
 
@@ -149,6 +192,7 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidArgumentError("--grid needs Belady (the gap closed is measured against it): drop --no-belady")
     if (args.generate is None) == (not args.trace):
         raise InvalidArgumentError("give trace file(s) or --generate N, not both and not neither")
+    _check_instances(args)
     capacities = positive_ints(args.capacity or ",".join(map(str, DEFAULT_CAPACITIES)), "--capacity")
     policies = policy_list(args.policy, PrefixTree.POLICIES)
     positive_int(args.limit, "--limit")
@@ -164,9 +208,61 @@ def run(args: argparse.Namespace) -> int:
     else:
         # Every trace is read (and checked) before any replay, so a bad last one fails at once.
         loaded = [(path, [r.hash_ids for r in load_trace(path, limit=args.limit)]) for path in args.trace]
+    if args.instances is not None:
+        return _run_instances(loaded, capacities, policies, args)
     if args.grid:
         return _run_grid(loaded, policies, args.json)
     return _run_capacities(loaded, capacities, policies, args)
+
+
+def _check_instances(args: argparse.Namespace) -> None:
+    """The cluster simulation's options: each needs --instances, and none goes with --grid."""
+    from cpkv.errors import InvalidArgumentError
+
+    given = [name for name, value in (("--cluster-pages", args.cluster_pages), ("--host-pages", args.host_pages),
+                                      ("--split", args.split), ("--root-blocks", args.root_blocks))
+             if value is not None]
+    if args.instances is None and given:
+        raise InvalidArgumentError(f"{given[0]} needs --instances (it configures the multi-instance simulation)")
+    if args.instances is not None and args.grid:
+        raise InvalidArgumentError("--grid and --instances exclude each other (the simulation uses --capacity)")
+    if args.root_blocks is not None and args.split == "request":
+        raise InvalidArgumentError("--root-blocks applies to --split prefix only (--split request is round robin)")
+
+
+def _run_instances(loaded, capacities: list[int], policies: list[str], args: argparse.Namespace) -> int:
+    from cpkv._report import Table, emit
+    from cpkv.cluster_sim import DEFAULT_ROOT_BLOCKS, simulate
+
+    cluster, host = args.cluster_pages or 0, args.host_pages or 0
+    split = args.split or "prefix"
+    root = args.root_blocks or DEFAULT_ROOT_BLOCKS
+    how = f"by prefix root ({root} blocks)" if split == "prefix" else "round robin"
+    columns = ["instances", "capacity", "policy", "device", "host", "cluster", "total"]
+    if cluster:
+        columns.append("total, no cluster")
+    tables = []
+    for path, requests in loaded:
+        name = Path(path).name if Path(path).exists() else path
+        table = Table(
+            f"{name}: block prefix hit ratio per tier, {len(requests):,} requests split {how}; per instance: "
+            f"device = capacity, host {host:,} pages; one cluster tier of {cluster:,} pages (LRU)",
+            columns,
+        )
+        started = time.perf_counter()
+        for n in args.instances:
+            for capacity in capacities:
+                for policy in policies:
+                    ratios = simulate(requests, n, capacity, host, cluster, policy, split, root).ratios()
+                    row = [n, capacity, policy, *(ratios[t] for t in ("device", "host", "cluster", "total"))]
+                    if cluster:
+                        row.append(simulate(requests, n, capacity, host, 0, policy, split, root).ratios()["total"])
+                    table.add(*row)
+        tables.append(table)
+        print(f"# {name}: simulated in {time.perf_counter() - started:.1f} s")
+    emit("hitrate", tables, args.json, instances=args.instances, capacities=capacities, policies=policies,
+         cluster_pages=cluster, host_pages=host, split=split, root_blocks=root)
+    return 0
 
 
 def _run_capacities(loaded, capacities: list[int], policies: list[str], args: argparse.Namespace) -> int:
