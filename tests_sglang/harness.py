@@ -91,14 +91,14 @@ def page_bytes(key: str, tag: str, nbytes: int) -> Any:
     return np.random.default_rng(seed).integers(0, 256, nbytes, dtype=np.uint8)
 
 
-def _publish_server_args() -> Any:
+def _publish_server_args(kv_cache_dtype: str = "auto") -> Any:
     import sglang.srt.mem_cache.pool_host.common as host_common
     from sglang.srt import runtime_context
     from sglang.srt.server_args import ServerArgs
 
     host_common._cuda_host_register = lambda *args, **kwargs: None  # no GPU: plain CPU host pools
     args = ServerArgs(model_path="dummy", hicache_mem_layout="page_first_direct", hicache_io_backend="direct",
-                      hicache_ratio=2.0)
+                      hicache_ratio=2.0, kv_cache_dtype=kv_cache_dtype)
     runtime_context.publish(args, role="scheduler")
     return args
 
@@ -109,7 +109,9 @@ class Rank:
 
         self.rank, self.world, self.options = rank, world, options
         self.kind = options.get("kind", "gqa")
-        self.server_args = _publish_server_args()
+        # The device pool's dtype (torch's name): what SGLang's model runner makes of --kv-cache-dtype.
+        self.kv_dtype = options.get("kv_dtype", "float16" if self.kind == "gqa" else "bfloat16")
+        self.server_args = _publish_server_args(options.get("kv_cache_dtype", "auto"))
         from sglang.srt.runtime_context import get_parallel
 
         # TP = world = attention DP x CP x TP, numbered as SGLang does:
@@ -165,12 +167,12 @@ class Rank:
         if self.kind == "mla":  # plain MLA (DeepSeek-V3 without the indexer): the latent only
             from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
 
-            return MLATokenToKVPool(tokens, ps, torch.bfloat16, geo.get("kv_lora_rank", 16),
+            return MLATokenToKVPool(tokens, ps, getattr(torch, self.kv_dtype), geo.get("kv_lora_rank", 16),
                                     geo.get("qk_rope_head_dim", 8), geo.get("layers", layers), "cpu", False,
                                     start_layer=0, end_layer=geo.get("layers", layers) - 1)
         from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
-        return MHATokenToKVPool(tokens, ps, torch.float16, geo.get("heads", 2), geo.get("head_dim", 8),
+        return MHATokenToKVPool(tokens, ps, getattr(torch, self.kv_dtype), geo.get("heads", 2), geo.get("head_dim", 8),
                                 geo.get("layers", layers), "cpu", False, start_layer=0,
                                 end_layer=geo.get("layers", layers) - 1)
 
@@ -183,8 +185,8 @@ class Rank:
         from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
 
         self.kv = self.device_pool()
-        dtype = torch.float16 if self.kind == "gqa" else torch.bfloat16
-        self.alloc = PagedTokenToKVPoolAllocator(self.kv.size, self.page_size, dtype, "cpu", self.kv, False)
+        self.alloc = PagedTokenToKVPoolAllocator(self.kv.size, self.page_size, getattr(torch, self.kv_dtype), "cpu",
+                                                 self.kv, False)
         params = CacheInitParams(disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=self.alloc,
                                  page_size=self.page_size, tp_cache_group=self.test_group,
                                  attn_cp_cache_group=self.cp_group, attn_tp_cache_group=self.tp_group)
@@ -476,6 +478,46 @@ def l3(r: Rank, phase: str, requests: int = 24, seed: int = 5, lag: int = 0, lat
         out["closed"]["pools"] = {pool: {k: s[k] for k in names} for pool, s in closed["l3_pools"].items()}
     r.barrier()
     return out
+
+
+def l3_formats(r: Rank, fill: dict, reopen: list[dict], requests: int = 6, seed: int = 9) -> dict:
+    """Server lives one after another, each with its own ``--kv-cache-dtype`` (``kv_cache_dtype``), the
+    device pool dtype SGLang's model runner makes of it (``kv_dtype``, torch's name) and optionally its
+    ``geometry``. ``fill`` stores the requests on ``l3_dir`` and stops as SGLang detaches a backend
+    (every page goes to L3 at the clean stop); each of ``reopen`` runs on its own copy of the filled
+    directory (a namespace that differs starts a store afresh), prefetches every request and checks
+    the bytes of each page it loads. Per life (the fill's, then each reopened one's): the pages its L3
+    recovered, the KV pool's page bytes, the hit tokens after SGLang's MIN, the pages loaded with a
+    byte wrong."""
+    import shutil
+
+    reqs = shared_prefix_requests(requests, seed, r.page_size, prefixes=3, max_pages=8)
+    filled = r.options["l3_dir"]
+    out = []
+    for life, spec in enumerate([fill, *reopen]):
+        r.server_args = _publish_server_args(spec["kv_cache_dtype"])
+        r.kv_dtype = spec["kv_dtype"]
+        r.options["geometry"] = spec.get("geometry", {})
+        if life:
+            r.options["l3_dir"] = f"{filled}-{life}"
+            if r.rank == 0:
+                shutil.copytree(filled, r.options["l3_dir"])
+            r.barrier()
+        r.controller("dynamic", _l3_extra(r))
+        fetched = []
+        if life == 0:
+            for tokens in reqs:
+                idx, _ = r.write(tokens)
+                r.wait_backup(idx)
+        else:
+            fetched = [r.prefetch(f"life{life}-req{i}", tokens) for i, tokens in enumerate(reqs)]
+        stats, page_bytes = r.backend.stats(), r.backend.pools["kv"].page_bytes
+        r.barrier()
+        r.ctl.detach_storage_backend()  # stops SGLang's storage threads and closes the backend
+        r.barrier()
+        out.append({**spec, "recovered": stats["l3_recovered_pages"], "page_bytes": page_bytes,
+                    "hit_tokens": sum(f["post"] for f in fetched), "wrong": sum(f["wrong"] for f in fetched)})
+    return {"filled": out[0], "reopened": out[1:]}
 
 
 def _read_back(r: Rank, keys: list[str]) -> dict:
@@ -839,4 +881,4 @@ def bad_indices(r: Rank) -> dict:
 SCENARIOS = {"roundtrip": roundtrip, "pressure": pressure, "killed": killed, "diverged": diverged,
              "missed_store": missed_store, "bad_indices": bad_indices, "l3": l3, "l3_crash": l3_crash,
              "l3_diverged": l3_diverged, "l3_late_pool": l3_late_pool,
-             "l3_killed_claimant": l3_killed_claimant}
+             "l3_killed_claimant": l3_killed_claimant, "l3_formats": l3_formats}
