@@ -33,7 +33,6 @@ import hashlib
 import json
 import os
 import signal
-import sys
 import threading
 import time
 import traceback
@@ -51,13 +50,12 @@ SGLANG_MODULES = ("sglang.srt.server_args", "sglang.srt.mem_cache.hybrid_cache.h
 def launch(world: int, scenario: str, wall_s: float = 300.0, **options: Any) -> list[dict]:
     """Runs ``scenario`` on ``world`` ranks through cpkv's launcher; returns each rank's result (None
     for a rank that died)."""
+    from cpkv.integrations.sglang.toolchain import interpreter_tools_env
     from cpkv.runtime.launch import preload, run_ranks
 
     preload(*SGLANG_MODULES)  # imported once by the forkserver, not by every rank of every launch
-    # SGLang builds its kernels with tools next to this interpreter.
-    path = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
     results = run_ranks(_rank_entry, world, scenario, options, timeout_s=wall_s, collective_timeout_s=WAIT_S,
-                        env={"PATH": path}, expect_failures=True, deaths_as_text=True)
+                        env=interpreter_tools_env(), expect_failures=True, deaths_as_text=True)
     errors = [(r, res["error"]) for r, res in enumerate(results) if isinstance(res, dict) and res.get("error")]
     if errors:
         raise AssertionError("rank failed: " + "\n".join(f"rank {r}: {e}" for r, e in errors))
