@@ -107,9 +107,9 @@ class Rank:
 
         self.rank, self.world, self.options = rank, world, options
         self.kind = options.get("kind", "gqa")
-        # The device pool's dtype (torch's name): what SGLang's model runner makes of --kv-cache-dtype.
-        self.kv_dtype = options.get("kv_dtype", "float16" if self.kind == "gqa" else "bfloat16")
-        self.server_args = _publish_server_args(options.get("kv_cache_dtype", "auto"))
+        # The device pool's dtype (torch's name): what SGLang's model runner makes of --kv-cache-dtype auto.
+        self.kv_dtype = "float16" if self.kind == "gqa" else "bfloat16"
+        self.server_args = _publish_server_args()
         from sglang.srt.runtime_context import get_parallel
 
         # TP = world = attention DP x CP x TP, numbered as SGLang does:
