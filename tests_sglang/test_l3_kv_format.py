@@ -68,7 +68,7 @@ def test_auto_on_an_fp8_checkpoint_is_fp8_e4m3(tmp_path: Path) -> None:
 @pytest.mark.timeout(900)
 def test_fp8_pages_are_never_served_under_the_16_bit_dtype(tmp_path: Path) -> None:
     """fp8 with head_dim 16 and the model's float16 with head_dim 8: the same bytes per page, other
-    formats. ``auto`` on a float16 model is float16, whichever way it is spelled."""
+    formats (the host pools' store dtypes, uint8 and float16, told these two apart before too)."""
     same, other = _run(tmp_path, "gqa", _life("fp8_e4m3", "float8_e4m3fn", head_dim=16),
                        [_life("fp8_e4m3", "float8_e4m3fn", head_dim=16), _life("auto", "float16", head_dim=8)])
     _served(same)
