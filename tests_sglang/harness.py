@@ -33,7 +33,6 @@ import hashlib
 import json
 import os
 import signal
-import sys
 import threading
 import time
 import traceback
@@ -51,13 +50,12 @@ SGLANG_MODULES = ("sglang.srt.server_args", "sglang.srt.mem_cache.hybrid_cache.h
 def launch(world: int, scenario: str, wall_s: float = 300.0, **options: Any) -> list[dict]:
     """Runs ``scenario`` on ``world`` ranks through cpkv's launcher; returns each rank's result (None
     for a rank that died)."""
+    from cpkv.integrations.sglang.toolchain import interpreter_tools_env
     from cpkv.runtime.launch import preload, run_ranks
 
     preload(*SGLANG_MODULES)  # imported once by the forkserver, not by every rank of every launch
-    # SGLang builds its kernels with tools next to this interpreter.
-    path = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
     results = run_ranks(_rank_entry, world, scenario, options, timeout_s=wall_s, collective_timeout_s=WAIT_S,
-                        env={"PATH": path}, expect_failures=True, deaths_as_text=True)
+                        env=interpreter_tools_env(), expect_failures=True, deaths_as_text=True)
     errors = [(r, res["error"]) for r, res in enumerate(results) if isinstance(res, dict) and res.get("error")]
     if errors:
         raise AssertionError("rank failed: " + "\n".join(f"rank {r}: {e}" for r, e in errors))
@@ -91,14 +89,14 @@ def page_bytes(key: str, tag: str, nbytes: int) -> Any:
     return np.random.default_rng(seed).integers(0, 256, nbytes, dtype=np.uint8)
 
 
-def _publish_server_args() -> Any:
+def _publish_server_args(kv_cache_dtype: str = "auto") -> Any:
     import sglang.srt.mem_cache.pool_host.common as host_common
     from sglang.srt import runtime_context
     from sglang.srt.server_args import ServerArgs
 
     host_common._cuda_host_register = lambda *args, **kwargs: None  # no GPU: plain CPU host pools
     args = ServerArgs(model_path="dummy", hicache_mem_layout="page_first_direct", hicache_io_backend="direct",
-                      hicache_ratio=2.0)
+                      hicache_ratio=2.0, kv_cache_dtype=kv_cache_dtype)
     runtime_context.publish(args, role="scheduler")
     return args
 
@@ -109,6 +107,8 @@ class Rank:
 
         self.rank, self.world, self.options = rank, world, options
         self.kind = options.get("kind", "gqa")
+        # The device pool's dtype (torch's name): what SGLang's model runner makes of --kv-cache-dtype auto.
+        self.kv_dtype = "float16" if self.kind == "gqa" else "bfloat16"
         self.server_args = _publish_server_args()
         from sglang.srt.runtime_context import get_parallel
 
@@ -165,12 +165,12 @@ class Rank:
         if self.kind == "mla":  # plain MLA (DeepSeek-V3 without the indexer): the latent only
             from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
 
-            return MLATokenToKVPool(tokens, ps, torch.bfloat16, geo.get("kv_lora_rank", 16),
+            return MLATokenToKVPool(tokens, ps, getattr(torch, self.kv_dtype), geo.get("kv_lora_rank", 16),
                                     geo.get("qk_rope_head_dim", 8), geo.get("layers", layers), "cpu", False,
                                     start_layer=0, end_layer=geo.get("layers", layers) - 1)
         from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
-        return MHATokenToKVPool(tokens, ps, torch.float16, geo.get("heads", 2), geo.get("head_dim", 8),
+        return MHATokenToKVPool(tokens, ps, getattr(torch, self.kv_dtype), geo.get("heads", 2), geo.get("head_dim", 8),
                                 geo.get("layers", layers), "cpu", False, start_layer=0,
                                 end_layer=geo.get("layers", layers) - 1)
 
@@ -183,8 +183,8 @@ class Rank:
         from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
 
         self.kv = self.device_pool()
-        dtype = torch.float16 if self.kind == "gqa" else torch.bfloat16
-        self.alloc = PagedTokenToKVPoolAllocator(self.kv.size, self.page_size, dtype, "cpu", self.kv, False)
+        self.alloc = PagedTokenToKVPoolAllocator(self.kv.size, self.page_size, getattr(torch, self.kv_dtype), "cpu",
+                                                 self.kv, False)
         params = CacheInitParams(disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=self.alloc,
                                  page_size=self.page_size, tp_cache_group=self.test_group,
                                  attn_cp_cache_group=self.cp_group, attn_tp_cache_group=self.tp_group)
@@ -573,6 +573,46 @@ def _l3_held(r: Rank, reqs: list[list[int]]) -> list[str]:
             if all(l3.store.index.peek(l3_key(h)) is not None for l3 in pools)]
 
 
+def l3_formats(r: Rank, fill: dict, reopen: list[dict], requests: int = 6, seed: int = 9) -> dict:
+    """Server lives one after another, each with its own ``--kv-cache-dtype`` (``kv_cache_dtype``), the
+    device pool dtype SGLang's model runner makes of it (``kv_dtype``, torch's name) and optionally its
+    ``geometry``. ``fill`` stores the requests on ``l3_dir`` and stops as SGLang detaches a backend
+    (every page goes to L3 at the clean stop); each of ``reopen`` runs on its own copy of the filled
+    directory (a namespace that differs starts a store afresh), prefetches every request and checks
+    the bytes of each page it loads. Per life (the fill's, then each reopened one's): the pages its L3
+    recovered, the KV pool's page bytes, the hit tokens after SGLang's MIN, the pages loaded with a
+    byte wrong."""
+    import shutil
+
+    reqs = shared_prefix_requests(requests, seed, r.page_size, prefixes=3, max_pages=8)
+    filled = r.options["l3_dir"]
+    out = []
+    for life, spec in enumerate([fill, *reopen]):
+        r.server_args = _publish_server_args(spec["kv_cache_dtype"])
+        r.kv_dtype = spec["kv_dtype"]
+        r.options["geometry"] = spec.get("geometry", {})
+        if life:
+            r.options["l3_dir"] = f"{filled}-{life}"
+            if r.rank == 0:
+                shutil.copytree(filled, r.options["l3_dir"])
+            r.barrier()
+        r.controller("dynamic", _l3_extra(r))
+        fetched = []
+        if life == 0:
+            for tokens in reqs:
+                idx, _ = r.write(tokens)
+                r.wait_backup(idx)
+        else:
+            fetched = [r.prefetch(f"life{life}-req{i}", tokens) for i, tokens in enumerate(reqs)]
+        stats, page_bytes = r.backend.stats(), r.backend.pools["kv"].page_bytes
+        r.barrier()
+        r.ctl.detach_storage_backend()  # stops SGLang's storage threads and closes the backend
+        r.barrier()
+        out.append({**spec, "recovered": stats["l3_recovered_pages"], "page_bytes": page_bytes,
+                    "hit_tokens": sum(f["post"] for f in fetched), "wrong": sum(f["wrong"] for f in fetched)})
+    return {"filled": out[0], "reopened": out[1:]}
+
+
 def _read_back(r: Rank, keys: list[str]) -> dict:
     """Reads ``keys`` through the backend's own batch_get_v1 (KV) and batch_get_v2 (the DSA indexer)
     into host pages, a few at a time; per key whether every pool served it, and the keys served with
@@ -935,4 +975,4 @@ SCENARIOS = {"roundtrip": roundtrip, "pressure": pressure, "killed": killed, "di
              "missed_store": missed_store, "bad_indices": bad_indices, "l3": l3, "l3_crash": l3_crash,
              "l3_diverged": l3_diverged, "l3_late_pool": l3_late_pool,
              "l3_killed_claimant": l3_killed_claimant, "l3_skew": l3_skew,
-             "l3_read_before_write": l3_read_before_write}
+             "l3_read_before_write": l3_read_before_write, "l3_formats": l3_formats}

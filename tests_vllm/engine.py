@@ -32,6 +32,7 @@ from vllm.config import (  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import OffloadingConnector  # noqa: E402
 from vllm.utils.hashing import sha256  # noqa: E402
+from vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype  # noqa: E402
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec  # noqa: E402
@@ -46,16 +47,15 @@ KV_HEADS = 2
 HEAD_SIZE = 16
 EOS = 2
 
-_model_config: ModelConfig | None = None
+_model_configs: dict[str, ModelConfig] = {}
 
 
-def model_config() -> ModelConfig:
-    """Built once per process (vLLM inspects the architecture in a subprocess the first time)."""
-    global _model_config
-    if _model_config is None:
-        _model_config = ModelConfig(model=str(TINY_MODEL), skip_tokenizer_init=True, dtype="float32",
-                                    max_model_len=2048)
-    return _model_config
+def model_config(dtype: str = "float32") -> ModelConfig:
+    """Built once per process and dtype (vLLM inspects the architecture in a subprocess the first time)."""
+    if dtype not in _model_configs:
+        _model_configs[dtype] = ModelConfig(model=str(TINY_MODEL), skip_tokenizer_init=True, dtype=dtype,
+                                            max_model_len=2048)
+    return _model_configs[dtype]
 
 
 def cpkv_extra(**overrides: Any) -> dict[str, Any]:
@@ -82,6 +82,10 @@ class Engine:
     num_gpu_blocks: int = 64
     load_failure_policy: str = "fail"
     hash_algo: str = "sha256"
+    # vLLM's --dtype and --kv-cache-dtype; the KV tensors take the dtype vLLM makes of them, with as
+    # many head elements as keep a block's bytes those of float32 heads (only the format differs).
+    model_dtype: str = "float32"
+    cache_dtype: str = "auto"
     scheduler: Scheduler = field(init=False)
     worker: OffloadingConnector = field(init=False)
     kv: dict[str, torch.Tensor] = field(init=False)
@@ -93,8 +97,9 @@ class Engine:
 
     def __post_init__(self) -> None:
         self.config = VllmConfig(
-            model_config=model_config(),
-            cache_config=CacheConfig(block_size=BLOCK_TOKENS, prefix_caching_hash_algo=self.hash_algo),
+            model_config=model_config(self.model_dtype),
+            cache_config=CacheConfig(block_size=BLOCK_TOKENS, prefix_caching_hash_algo=self.hash_algo,
+                                     cache_dtype=self.cache_dtype),
             scheduler_config=SchedulerConfig(max_model_len=2048, is_encoder_decoder=False,
                                              max_num_batched_tokens=2048, max_num_seqs=8),
             kv_transfer_config=KVTransferConfig(kv_connector="OffloadingConnector", kv_role="kv_both",
@@ -104,8 +109,9 @@ class Engine:
         )
         self.config.cache_config.num_gpu_blocks = self.num_gpu_blocks
         self.layers = [f"model.layers.{i}.self_attn.attn" for i in range(NUM_LAYERS)]
-        spec = FullAttentionSpec(block_size=BLOCK_TOKENS, num_kv_heads=KV_HEADS, head_size=HEAD_SIZE,
-                                 dtype=torch.float32)
+        kv_dtype = kv_cache_dtype_str_to_dtype(self.cache_dtype, self.config.model_config)
+        head_size = HEAD_SIZE * torch.float32.itemsize // kv_dtype.itemsize
+        spec = FullAttentionSpec(block_size=BLOCK_TOKENS, num_kv_heads=KV_HEADS, head_size=head_size, dtype=kv_dtype)
         self.page_bytes = spec.page_size_bytes
         kv_cache_config = KVCacheConfig(num_blocks=self.num_gpu_blocks, kv_cache_tensors=[],
                                         kv_cache_groups=[KVCacheGroupSpec(self.layers, spec)])
@@ -115,7 +121,7 @@ class Engine:
                                        block_size=BLOCK_TOKENS)
             self.worker = OffloadingConnector(self.config, KVConnectorRole.WORKER, kv_cache_config)
             # One [num_blocks, 2 (K, V), block, heads, head] tensor per layer, as an attention backend lays it.
-            self.kv = {name: torch.zeros((self.num_gpu_blocks, 2, BLOCK_TOKENS, KV_HEADS, HEAD_SIZE))
+            self.kv = {name: torch.zeros((self.num_gpu_blocks, 2, BLOCK_TOKENS, KV_HEADS, head_size), dtype=kv_dtype)
                        for name in self.layers}
             self.worker.register_kv_caches(self.kv)
         init_none_hash(sha256)

@@ -125,7 +125,8 @@ class GroupBrokenError(CpkvError, RuntimeError):
 
 
 class EngineVersionError(CpkvError, ImportError):
-    """A serving engine that is missing, or not the exact version an integration was built for."""
+    """A serving engine that is missing, not the exact version an integration was built for, or unable
+    to build the native code it compiles on first use."""
 
 
 class InternalError(CpkvError, RuntimeError):

@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import functools
 import hashlib
+import sys
 import tempfile
 import threading
 import time
@@ -107,6 +108,15 @@ def _requests(args: argparse.Namespace) -> tuple[str, list[list[str]]]:
     return source, chains
 
 
+def _launch(fn: Callable[..., Any], world: int, *args: Any, **kwargs: Any) -> list[Any]:
+    """``run_ranks`` with the interpreter's tools on the ranks' PATH (SGLang builds native code with
+    them, :mod:`cpkv.integrations.sglang.toolchain`)."""
+    from cpkv.integrations.sglang.toolchain import interpreter_tools_env
+    from cpkv.runtime.launch import run_ranks
+
+    return run_ranks(fn, world, *args, env=interpreter_tools_env(), **kwargs)
+
+
 def run(args: argparse.Namespace) -> int:
     from cpkv._args import output_file
 
@@ -119,6 +129,21 @@ def run(args: argparse.Namespace) -> int:
 
     version = check_sglang_version()
     source, chains = _requests(args)
+    if dsa_cps:  # part 3 hashes pages as SGLang does: its native hash is built (or found built) here, once
+        from cpkv.integrations.sglang.toolchain import build_native_hash
+
+        build_native_hash()
+    from cpkv.runtime.launch import LaunchError
+
+    try:
+        return _run(args, version, source, chains, cps, page_kbs, dsa_cps)
+    except LaunchError as err:  # a rank failed: the cause in one line (the ranks' tracebacks are not for users)
+        print(f"cpkv: bench sglang failed: {str(err).splitlines()[0]}", file=sys.stderr)
+        return 1
+
+
+def _run(args: argparse.Namespace, version: str, source: str, chains: list[list[str]], cps: list[int],
+         page_kbs: list[int], dsa_cps: list[int]) -> int:
     from cpkv._report import Table, emit
 
     distinct = len({k for c in chains for k in c})
@@ -166,9 +191,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _part1(cp: int, chains: list[list[str]], slab_pages: int, lag: int) -> list[list[Any]]:
-    from cpkv.runtime.launch import run_ranks
-
-    return run_ranks(_hits_rank, cp, chains, slab_pages, lag, timeout_s=900, collective_timeout_s=300)[0]
+    return _launch(_hits_rank, cp, chains, slab_pages, lag, timeout_s=900, collective_timeout_s=300)[0]
 
 
 def _quiet() -> None:
@@ -325,9 +348,7 @@ def _resident_tokens(backend: Any, stored: set[str]) -> int:
 
 def _part2(pool: str, page_kb: int, reps: int) -> list[list[Any]]:
     """In a child process: the backend needs torch.distributed initialised, once."""
-    from cpkv.runtime.launch import run_ranks
-
-    return run_ranks(_speed, 1, pool, page_kb, reps, timeout_s=900, collective_timeout_s=60)[0]
+    return _launch(_speed, 1, pool, page_kb, reps, timeout_s=900, collective_timeout_s=60)[0]
 
 
 def _gqa_speed_pool(page_kb: int) -> tuple[Any, int]:
@@ -504,9 +525,7 @@ DSA_PAGE = 64
 
 
 def _part3(cp: int, chains: list[list[str]], slab_pages: int, lag: int) -> list[list[Any]]:
-    from cpkv.runtime.launch import run_ranks
-
-    return run_ranks(_dsa_rank, cp, chains, slab_pages, lag, timeout_s=1800, collective_timeout_s=600)[0]
+    return _launch(_dsa_rank, cp, chains, slab_pages, lag, timeout_s=1800, collective_timeout_s=600)[0]
 
 
 def _dsa_tokens(keys: list[str]) -> list[int]:

@@ -62,6 +62,7 @@ from cpkv.runtime.agree import agree, all_reduce_min, decode, encode
 
 from .config import CpkvStorageSettings
 from .index import ReplicatedIndex
+from .kv_format import stated_kv_cache_dtype
 from .l3 import SglangL3Tier
 from .pool import PoolSlab
 from .topology import build_topology
@@ -145,8 +146,9 @@ class CpkvHiCacheStorage(HiCacheStorage):
         if self.settings.l3_dir is None or self.settings.l3_bytes is None or self.l3 is not None:
             return
         self.l3 = SglangL3Tier(self.settings.l3_dir, self.settings.l3_bytes, self.pools,
-                               model=self.storage_config.model_name, topology=self.topology,
-                               tp_size=int(self.storage_config.tp_size), timeout_s=self.settings.timeout_s,
+                               model=self.storage_config.model_name, kv_cache_dtype=stated_kv_cache_dtype(),
+                               topology=self.topology, tp_size=int(self.storage_config.tp_size),
+                               timeout_s=self.settings.timeout_s,
                                staging_entries=self.settings.l3_staging_pages)
 
     def _pool(self, name: Any) -> PoolSlab:

@@ -63,6 +63,8 @@ from cpkv.tier.l3.order import NOT_WRITTEN
 from cpkv.tier.l3.staging import L3ReadStaging, default_entries
 from cpkv.tier.l3.store import L3Namespace, L3Store, disk_bytes, slots_for
 
+from .kv_format import kv_cache_format
+
 __all__ = ["SglangL3", "SglangL3Tier", "l3_key", "split_cap"]
 
 GROUP0 = b"\0\0\0\0"
@@ -124,8 +126,10 @@ class SglangL3:
     ``directory/group-<group>-node<node>/<pool_name>/``."""
 
     def __init__(self, directory: str, cap_bytes: int, *, pool_name: str, host_pool: Any, page_bytes: int,
-                 page_size: int, model: str | None, topology: Any, tp_size: int, timeout_s: float,
+                 page_size: int, model: str | None, kv_format: str, topology: Any, tp_size: int, timeout_s: float,
                  staging_entries: int | None = None) -> None:
+        """``kv_format``: the format the model computes its KV in (:func:`kv_cache_format`), named by
+        every pool's namespace: the host pools store every FP8 format as ``uint8``."""
         if not model:
             raise InvalidArgumentError("extra config key 'cpkv_l3_dir': SGLang's storage config names no model "
                                        "(model_name), and an L3 page is served only to the model that wrote it")
@@ -134,9 +138,9 @@ class SglangL3:
         if not pool_name or "/" in pool_name or pool_name.startswith("."):
             raise InvalidArgumentError(f"host pool name {pool_name!r} cannot name an L3 subdirectory")
         self.pool_name = pool_name
-        namespace = L3Namespace(  # names the pool: one pool's record is never another's page
+        namespace = L3Namespace(  # names the KV format and the pool: one pool's record is never another's page
             model=model,
-            dtype=f"{type(host_pool).__name__}:{getattr(host_pool, 'dtype', '?')}",
+            dtype=f"KV cache {kv_format}; {type(host_pool).__name__}:{getattr(host_pool, 'dtype', '?')}",
             kv_layout=f"pool {pool_name}: {layout}; store group {tuple(topology.store_key)}; "
                       f"slab row of {page_bytes} bytes",
             page_size=page_size, cp_size=topology.size, tp_size=tp_size, page_bytes=page_bytes)
@@ -257,11 +261,15 @@ class SglangL3Tier:
     on every rank: collective), with :func:`split_cap`'s share of the cap each."""
 
     def __init__(self, directory: str, cap_bytes: int, pools: Mapping[str, Any], *, model: str | None,
-                 topology: Any, tp_size: int, timeout_s: float, staging_entries: int | None = None) -> None:
-        """``pools``: name -> the backend's ``PoolSlab`` (its ``host_pool``, ``page_bytes``, ``page_size``);
-        ``staging_entries``: each pool's read-staging entries (``cpkv_l3_staging_pages``; None: the default)."""
+                 kv_cache_dtype: str, topology: Any, tp_size: int, timeout_s: float,
+                 staging_entries: int | None = None) -> None:
+        """``pools``: name -> the backend's ``PoolSlab`` (its ``host_pool``, ``page_bytes``, ``page_size``),
+        the KV pool first; ``kv_cache_dtype``: the server's ``--kv-cache-dtype`` (``auto`` resolved from
+        the KV pool, :func:`kv_cache_format`); ``staging_entries``: each pool's read-staging entries
+        (``cpkv_l3_staging_pages``; None: the default)."""
         if not pools:
             raise InvalidArgumentError("extra config key 'cpkv_l3_dir': no host pool was registered")
+        kv_format = kv_cache_format(kv_cache_dtype, getattr(next(iter(pools.values())).host_pool, "dtype", None))
         caps = split_cap(cap_bytes, {name: p.page_bytes for name, p in pools.items()}, topology.node_size)
         self.cap_bytes = cap_bytes
         self.path = Path(directory) / group_dir_name(topology.store_key, topology.node)
@@ -269,7 +277,7 @@ class SglangL3Tier:
         for name, p in pools.items():
             self.pools[name] = SglangL3(directory, caps[name], pool_name=name, host_pool=p.host_pool,
                                         page_bytes=p.page_bytes, page_size=p.page_size, model=model,
-                                        topology=topology, tp_size=tp_size, timeout_s=timeout_s,
+                                        kv_format=kv_format, topology=topology, tp_size=tp_size, timeout_s=timeout_s,
                                         staging_entries=staging_entries)
         self.anchor = next(iter(self.pools.values()))  # the KV pool: SGLang registers it first
 
