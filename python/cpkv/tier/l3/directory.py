@@ -69,6 +69,7 @@ class DirectoryLock:
 
     def __init__(self, directory: str | os.PathLike, setting: str) -> None:
         self.path = Path(directory) / LOCK_FILE
+        self._fd = -1
         try:
             self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as err:
@@ -77,8 +78,7 @@ class DirectoryLock:
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as err:
-            os.close(self._fd)
-            self._fd = -1
+            self.release()
             if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
                 raise InvalidArgumentError(
                     f"{setting} {os.fspath(directory)} is in use by another process (it holds the lock "
