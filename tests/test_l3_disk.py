@@ -10,9 +10,9 @@ import gc
 import json
 import os
 import signal
-import time
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest

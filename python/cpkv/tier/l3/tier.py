@@ -25,7 +25,6 @@ from cpkv.errors import InvalidArgumentError
 from cpkv.tier.l3.direct import aligned_empty, errno_name
 from cpkv.tier.l3.store import L3Namespace, L3Store
 
-
 PEER_REFUSED = "--l3-dir: another rank of this node could not open the L3 store (its error says why)"
 
 
