@@ -624,6 +624,44 @@ def l3_diverged(r: Rank, requests: int = 6, odd: int = -1) -> dict:
             "l3_digest": r.backend.l3.digest()}
 
 
+def l3_full_disk(r: Rank, requests: int = 40, fill_after: int = 2) -> dict:
+    """Every rank stores the same requests with L3 and a digest check after every store; after
+    request ``fill_after`` rank 0 fills the L3 directory's file system (a file of its own, until
+    ENOSPC), so the ranks' next log appends or compactions fail. No rank may see a divergence: the
+    L3 indexes stay replicated, and every rank stops writing pages."""
+    extra = _cpkv_extra(r.options, cpkv_check_every=1)
+    extra.update(cpkv_l3_dir=r.options["l3_dir"], cpkv_l3_bytes=r.options["l3_bytes"])
+    r.controller("dynamic", extra)
+    reqs = shared_prefix_requests(requests, 7, r.page_size, prefixes=8, max_pages=12 if r.kind == "dsa" else 32)
+    for i, tokens in enumerate(reqs):
+        idx, _ = r.write(tokens)
+        r.wait_backup(idx)
+        if i == fill_after:
+            r.backend.wait_checks(WAIT_S)
+            r.barrier()
+            if r.rank == 0:
+                with open(Path(r.options["l3_dir"]) / "filler", "wb") as f:
+                    try:
+                        while True:
+                            f.write(b"\1" * (1 << 16))
+                            f.flush()
+                    except OSError:
+                        pass
+            r.barrier()
+    try:
+        r.backend.wait_checks(WAIT_S)
+        error = None
+    except Exception as err:  # noqa: BLE001
+        error = f"{type(err).__name__}: {err}"
+    stats = r.backend.l3.stats()
+    out = {"error_seen": error, "digest": r.backend.digest(), "l3_digest": r.backend.l3.digest(),
+           "stopped": {name: s.get("l3_stopped") for name, s in stats["l3_pools"].items()},
+           "spilled": stats["l3_pages_spilled"], "checks": r.backend.stats()["digest_checks"]}
+    r.barrier()
+    r.backend.close()
+    return out
+
+
 def l3_late_pool(r: Rank) -> dict:
     """With L3 open (SGLang's registration burst over), a pool registered later (a dynamic sidecar)
     must be refused with a typed error, and the backend keep working with the pools it had."""
@@ -839,4 +877,4 @@ def bad_indices(r: Rank) -> dict:
 SCENARIOS = {"roundtrip": roundtrip, "pressure": pressure, "killed": killed, "diverged": diverged,
              "missed_store": missed_store, "bad_indices": bad_indices, "l3": l3, "l3_crash": l3_crash,
              "l3_diverged": l3_diverged, "l3_late_pool": l3_late_pool,
-             "l3_killed_claimant": l3_killed_claimant}
+             "l3_killed_claimant": l3_killed_claimant, "l3_full_disk": l3_full_disk}

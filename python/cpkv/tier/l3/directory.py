@@ -65,9 +65,10 @@ def check_room(directory: str | os.PathLike, cap_bytes: int, setting: str, reusa
 
 class DirectoryLock:
     """The advisory lock naming this process the holder of L3 ``directory``; ``setting`` names the
-    directory's setting in the refusal (``--l3-dir``, ``extra config key 'cpkv_l3_dir'``)."""
+    directory's setting in the refusal (``--l3-dir``, ``extra config key 'cpkv_l3_dir'``). With
+    ``wait``, until the holder releases it (a lock only ever held briefly)."""
 
-    def __init__(self, directory: str | os.PathLike, setting: str) -> None:
+    def __init__(self, directory: str | os.PathLike, setting: str, *, wait: bool = False) -> None:
         self.path = Path(directory) / LOCK_FILE
         self._fd = -1
         try:
@@ -76,7 +77,7 @@ class DirectoryLock:
             raise InvalidArgumentError(f"{setting} {os.fspath(directory)}: cannot create its lock file "
                                        f"{LOCK_FILE}: {errno_name(err)} ({err.strerror})") from None
         try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(self._fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except OSError as err:
             self.release()
             if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
