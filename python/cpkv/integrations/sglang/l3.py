@@ -133,7 +133,7 @@ def claim_group_dir(directory: Path, group: Path, pools: list[str], cap_bytes: i
     refusal = ""
     if topology.local_rank == 0:
         try:
-            lock = _claim(directory, group, pools, cap_bytes, topology)
+            lock = _claim(directory, group, pools, cap_bytes, topology, timeout_s)
         except InvalidArgumentError as err:
             refusal = str(err)
         except OSError as err:
@@ -157,12 +157,13 @@ def claim_group_dir(directory: Path, group: Path, pools: list[str], cap_bytes: i
     return lock
 
 
-def _claim(directory: Path, group: Path, pools: list[str], cap_bytes: int, topology: Any) -> DirectoryLock:
+def _claim(directory: Path, group: Path, pools: list[str], cap_bytes: int, topology: Any,
+           timeout_s: float) -> DirectoryLock:
     ours = {group.name, *(group_dir_name(key, node) for key, node in topology.machine_nodes)}
     group.mkdir(exist_ok=True)
     # One reclaimer at a time on the directory (the leaders of this server's other groups, another
     # server's): a group directory locked by anyone else is then a live server's.
-    with DirectoryLock(directory, DIR_KEY, wait=True):
+    with DirectoryLock(directory, DIR_KEY, wait_s=timeout_s):
         lock = DirectoryLock(group, DIR_KEY)
         try:
             for entry in sorted(directory.iterdir()):

@@ -17,12 +17,15 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import re
+import time
 from pathlib import Path
 
 from cpkv.errors import InvalidArgumentError
 from cpkv.tier.l3.direct import errno_name
 
 LOCK_FILE = "cpkv-l3.lock"
+LIVE_PREFIX = "cpkv-l3.live-"
 # The room a cap must leave free on the file system: 2 % of it, at most 256 MiB.
 MARGIN_SHARE = 50
 MARGIN_MAX = 256 << 20
@@ -66,9 +69,9 @@ def check_room(directory: str | os.PathLike, cap_bytes: int, setting: str, reusa
 class DirectoryLock:
     """The advisory lock naming this process the holder of L3 ``directory``; ``setting`` names the
     directory's setting in the refusal (``--l3-dir``, ``extra config key 'cpkv_l3_dir'``). With
-    ``wait``, until the holder releases it (a lock only ever held briefly)."""
+    ``wait_s``, the lock is waited for that long (one only ever held briefly: a reclaim, a join)."""
 
-    def __init__(self, directory: str | os.PathLike, setting: str, *, wait: bool = False) -> None:
+    def __init__(self, directory: str | os.PathLike, setting: str, *, wait_s: float = 0.0) -> None:
         self.path = Path(directory) / LOCK_FILE
         self._fd = -1
         try:
@@ -77,7 +80,7 @@ class DirectoryLock:
             raise InvalidArgumentError(f"{setting} {os.fspath(directory)}: cannot create its lock file "
                                        f"{LOCK_FILE}: {errno_name(err)} ({err.strerror})") from None
         try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            _flock_within(self._fd, fcntl.LOCK_EX, wait_s)
         except OSError as err:
             self.release()
             if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
@@ -104,6 +107,65 @@ class DirectoryLock:
 
     def __del__(self) -> None:
         self.release()
+
+
+def _flock_within(fd: int, operation: int, wait_s: float) -> None:
+    """``flock`` without blocking, retried for up to ``wait_s`` (the kernel has no timed flock)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, operation | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.01)
+
+
+class InstanceLock:
+    """One engine instance's hold on an L3 directory, shared by all of that instance's processes
+    (vLLM's scheduler and workers, which open the directory in no fixed order): each holds a shared
+    ``flock`` on ``cpkv-l3.live-<instance>``. A process of another instance finds a live file it
+    cannot lock exclusively (a live holder) and is refused by name; one it can (every holder exited
+    or died) is stale and removed. Joins are serialized by the directory's :class:`DirectoryLock`."""
+
+    def __init__(self, directory: str | os.PathLike, instance: str, setting: str, *, wait_s: float = 30.0) -> None:
+        directory = Path(directory)
+        mine = LIVE_PREFIX + re.sub(r"[^A-Za-z0-9_.-]", "_", instance)
+        self._fd = -1
+        with DirectoryLock(directory, setting, wait_s=wait_s):
+            for other in sorted(directory.glob(LIVE_PREFIX + "*")):
+                if other.name != mine and _held(other):
+                    raise InvalidArgumentError(
+                        f"{setting} {os.fspath(directory)} is in use by another engine (instance "
+                        f"{other.name.removeprefix(LIVE_PREFIX)!r} holds {other.name}): one engine per L3 directory")
+                if other.name != mine:
+                    other.unlink(missing_ok=True)  # every holder of that instance is gone
+            self._fd = os.open(directory / mine, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fcntl.flock(self._fd, fcntl.LOCK_SH)
+
+    def release(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __del__(self) -> None:
+        self.release()
+
+
+def _held(path: Path) -> bool:
+    """Whether a live process holds a lock on ``path``."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
 
 
 def try_lock(directory: str | os.PathLike) -> DirectoryLock | None:
