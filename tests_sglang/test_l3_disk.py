@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import launch
-
 from cpkv.tier.l3.directory import LOCK_FILE, tree_bytes
+from harness import launch
 
 SLAB_PAGES = 32
 
@@ -65,3 +64,16 @@ def test_an_earlier_models_store_groups_are_reclaimed_within_the_cap(small_disk:
     groups = sorted(p.name for p in small_disk.iterdir() if p.is_dir())
     assert not set(dsa_groups) & set(groups), (dsa_groups, groups)
     assert tree_bytes(small_disk) <= cap
+
+
+@pytest.mark.timeout(600)
+def test_a_second_server_on_the_directory_is_refused_by_name_on_every_rank(tmp_path: Path) -> None:
+    results = launch(2, "l3_second_server", **_opts(tmp_path, "gqa", 8 << 20))
+    for r in results:
+        same, other = r["refusals"]["same"], r["refusals"]["other"]
+        assert same is not None and same.startswith("InvalidArgumentError: extra config key 'cpkv_l3_dir'"), same
+        assert "is in use by another process" in same or "another rank" in same, same
+        assert other is not None and other.startswith("InvalidArgumentError: extra config key 'cpkv_l3_dir'"), other
+        assert "group-0-0-0-node0 is in use by another process" in other, other
+        assert r["digest_kept"]
+        assert r["dirs"] == ["group-0-0-0-node0"], "the refused server left nothing behind"

@@ -160,7 +160,18 @@ def claim_group_dir(directory: Path, group: Path, pools: list[str], cap_bytes: i
 def _claim(directory: Path, group: Path, pools: list[str], cap_bytes: int, topology: Any,
            timeout_s: float) -> DirectoryLock:
     ours = {group.name, *(group_dir_name(key, node) for key, node in topology.machine_nodes)}
+    created = not group.exists()
     group.mkdir(exist_ok=True)
+    try:
+        return _claim_made(directory, group, pools, cap_bytes, ours, timeout_s)
+    except BaseException:
+        if created:  # a refused open leaves nothing behind
+            shutil.rmtree(group, ignore_errors=True)
+        raise
+
+
+def _claim_made(directory: Path, group: Path, pools: list[str], cap_bytes: int, ours: set[str],
+                timeout_s: float) -> DirectoryLock:
     # One reclaimer at a time on the directory (the leaders of this server's other groups, another
     # server's): a group directory locked by anyone else is then a live server's.
     with DirectoryLock(directory, DIR_KEY, wait_s=timeout_s):
