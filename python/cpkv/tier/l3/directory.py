@@ -10,6 +10,9 @@
   when the holder exits or dies, so a crashed holder never blocks a restart. The lock file stays
   empty (no block on disk, nothing against the cap). A rank group's leader takes it before any of
   the group's ranks opens a store, and the others learn the outcome from the leader.
+- **An instance's holders** (:class:`InstanceLock`): where an engine's processes open the directory
+  in no fixed order (vLLM's scheduler and workers), each holds a shared lock on a file naming the
+  engine instance; another instance's process is refused while any holder lives.
 """
 
 from __future__ import annotations
