@@ -34,16 +34,18 @@ MARGIN_SHARE = 50
 MARGIN_MAX = 256 << 20
 
 
+def file_bytes(path: str | os.PathLike) -> int:
+    """Bytes on disk (allocated blocks) of one file; 0 once it is gone (another rank removed it)."""
+    try:
+        return os.lstat(os.fspath(path)).st_blocks * 512
+    except FileNotFoundError:
+        return 0
+
+
 def tree_bytes(path: str | os.PathLike) -> int:
     """Bytes on disk (allocated blocks) of every file under ``path``, subdirectories included."""
-    total = 0
-    for root, _dirs, files in os.walk(os.fspath(path)):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(root, name)).st_blocks * 512
-            except FileNotFoundError:  # removed meanwhile (another rank reclaimed it)
-                pass
-    return total
+    return sum(file_bytes(os.path.join(root, name)) for root, _dirs, files in os.walk(os.fspath(path))
+               for name in files)
 
 
 def margin_bytes(directory: str | os.PathLike) -> int:

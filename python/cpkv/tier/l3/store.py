@@ -37,7 +37,7 @@ import numpy as np
 from cpkv import _cpkv
 from cpkv.errors import InvalidArgumentError
 from cpkv.tier.l3.direct import AlignedScratch, probe_direct, slot_runs, write_fully
-from cpkv.tier.l3.directory import check_room
+from cpkv.tier.l3.directory import check_room, file_bytes
 
 ALIGN = _cpkv.L3_RECORD_ALIGN
 HEADER = _cpkv.L3_HEADER_BYTES
@@ -152,7 +152,7 @@ class L3Store:
 
     def _open(self, direct: bool, cap_setting: str) -> None:
         # Nothing is allocated before the cap is known to fit; what a failed open created goes again.
-        reusable = sum(p.lstat().st_blocks * 512 for p in self._own_files() if p.exists())
+        reusable = sum(file_bytes(p) for p in self._own_files())
         check_room(self.directory, self.cap_bytes, cap_setting, reusable)
         created: list[Path] = []
         try:
