@@ -759,6 +759,79 @@ def l3_diverged(r: Rank, requests: int = 6, odd: int = -1) -> dict:
             "l3_digest": r.backend.l3.digest()}
 
 
+def l3_full_disk(r: Rank, requests: int = 40, fill_after: int = 2) -> dict:
+    """Every rank stores the same requests with L3 and a digest check after every store; after
+    request ``fill_after`` rank 0 fills the L3 directory's file system (a file of its own, until
+    ENOSPC), so the ranks' next log appends or compactions fail. No rank may see a divergence: the
+    L3 indexes stay replicated, and every rank stops writing pages."""
+    extra = _cpkv_extra(r.options, cpkv_check_every=1)
+    extra.update(cpkv_l3_dir=r.options["l3_dir"], cpkv_l3_bytes=r.options["l3_bytes"])
+    r.controller("dynamic", extra)
+    reqs = shared_prefix_requests(requests, 7, r.page_size, prefixes=8, max_pages=12 if r.kind == "dsa" else 32)
+    for i, tokens in enumerate(reqs):
+        idx, _ = r.write(tokens)
+        r.wait_backup(idx)
+        if i == fill_after:
+            r.backend.wait_checks(WAIT_S)
+            r.barrier()
+            if r.rank == 0:
+                with open(Path(r.options["l3_dir"]) / "filler", "wb") as f:
+                    try:
+                        while True:
+                            f.write(b"\1" * (1 << 16))
+                            f.flush()
+                    except OSError:
+                        pass
+            r.barrier()
+    try:
+        r.backend.wait_checks(WAIT_S)
+        error = None
+    except Exception as err:  # noqa: BLE001
+        error = f"{type(err).__name__}: {err}"
+    stats = r.backend.l3.stats()
+    out = {"error_seen": error, "digest": r.backend.digest(), "l3_digest": r.backend.l3.digest(),
+           "stopped": {name: s.get("l3_stopped") for name, s in stats["l3_pools"].items()},
+           "spilled": stats["l3_pages_spilled"], "checks": r.backend.stats()["digest_checks"]}
+    r.barrier()
+    r.backend.close()
+    return out
+
+
+def l3_second_server(r: Rank) -> dict:
+    """With L3 open, every rank builds the L3 tier of a second server on the same directory, as that
+    server's ranks would: one of the same layout (the same store group directory), then one of
+    another layout (its own group directory beside the live one). Both must be refused by name on
+    every rank, and the live server's directory be left as it was."""
+    import dataclasses
+
+    from cpkv.integrations.sglang.l3 import SglangL3Tier
+
+    r.controller("dynamic", _l3_extra(r))
+    reqs = shared_prefix_requests(6, 3, r.page_size, max_pages=8)
+    for tokens in reqs:
+        idx, _ = r.write(tokens)
+        r.wait_backup(idx)
+    backend, topo = r.backend, r.backend.topology
+    backend.wait_checks(WAIT_S)  # the checker thread is idle: the node group is free for the second tier's open
+    digest = backend.l3.digest()
+    other_key = (7, 7, 7)
+    layouts = {"same": topo, "other": dataclasses.replace(topo, store_key=other_key, machine_nodes=[(other_key, 0)])}
+    refusals = {}
+    for name, topology in layouts.items():
+        try:
+            second = SglangL3Tier(r.options["l3_dir"], r.options["l3_bytes"], backend.pools, model="second-server",
+                                  topology=topology, tp_size=r.world, timeout_s=WAIT_S)
+            second.close()
+            refusals[name] = None
+        except Exception as err:  # noqa: BLE001
+            refusals[name] = f"{type(err).__name__}: {err}"
+    out = {"refusals": refusals, "digest_kept": backend.l3.digest() == digest,
+           "dirs": sorted(p.name for p in Path(r.options["l3_dir"]).iterdir() if p.is_dir())}
+    r.barrier()
+    backend.close()
+    return out
+
+
 def l3_late_pool(r: Rank) -> dict:
     """With L3 open (SGLang's registration burst over), a pool registered later (a dynamic sidecar)
     must be refused with a typed error, and the backend keep working with the pools it had."""
@@ -975,4 +1048,5 @@ SCENARIOS = {"roundtrip": roundtrip, "pressure": pressure, "killed": killed, "di
              "missed_store": missed_store, "bad_indices": bad_indices, "l3": l3, "l3_crash": l3_crash,
              "l3_diverged": l3_diverged, "l3_late_pool": l3_late_pool,
              "l3_killed_claimant": l3_killed_claimant, "l3_skew": l3_skew,
-             "l3_read_before_write": l3_read_before_write, "l3_formats": l3_formats}
+             "l3_read_before_write": l3_read_before_write, "l3_formats": l3_formats,
+             "l3_full_disk": l3_full_disk, "l3_second_server": l3_second_server}

@@ -101,6 +101,20 @@ def _entry(rank: int, world: int, options: ReplayOptions, workloads: list[list[t
     return replay_rank(rank, world, options, workloads[rank] if len(workloads) > 1 else workloads[0])
 
 
+REFUSED = "InvalidArgumentError: "  # how a rank's refusal of an argument comes back (run_ranks)
+
+
+def _run_holding_l3_dir(options: ReplayOptions, requests: list[tuple[int, ...]]) -> list[Any]:
+    """The ranks' run, this process holding ``--l3-dir``'s lock throughout (one replay per directory;
+    released by the kernel when this process exits or dies, so a killed run never blocks a restart)."""
+    if options.l3_dir is None:
+        return run_replay(options, [requests])
+    from cpkv.tier.l3.directory import DirectoryLock
+
+    with DirectoryLock(options.l3_dir, "--l3-dir"):
+        return run_replay(options, [requests])
+
+
 def run(args: argparse.Namespace) -> int:
     from cpkv.errors import InvalidArgumentError
     from cpkv.replay.options import check
@@ -121,9 +135,16 @@ def run(args: argparse.Namespace) -> int:
         if not torch.cuda.is_available():
             raise InvalidArgumentError("--device cuda: no CUDA device is available here")
     started = time.perf_counter()
-    results = run_replay(options, [requests])
+    results = _run_holding_l3_dir(options, requests)
     wall = time.perf_counter() - started
     failed = [(rank, r) for rank, r in enumerate(results) if not isinstance(r, dict)]
+    refused = [r.splitlines()[0].removeprefix(REFUSED) for _, r in failed if isinstance(r, str) and r.startswith(REFUSED)]
+    if failed and len(refused) == len(failed):
+        # Every rank refused its input alike (an L3 store that cannot open: a full or read-only
+        # directory): a bad argument, one line, exit 2. The refusing rank's reason goes first.
+        from cpkv.tier.l3.tier import PEER_REFUSED
+
+        raise InvalidArgumentError(next((r for r in refused if r != PEER_REFUSED), refused[0]))
     if failed:
         # A death is the cause and goes first; the peers' errors (a lost connection) follow from it.
         died = [r for rank, r in failed if isinstance(r, str) and r.startswith(f"rank {rank} died")]

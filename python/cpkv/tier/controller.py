@@ -455,7 +455,11 @@ class CacheController:
         healthy = 0 if overdue or self._load_failed or any(h.error is not None for h in self._loads) else 1
         if self.l3 is not None:
             self.l3.flush()  # this forward's spills durable before the commit point
-        frontier_min, healthy_min = self._all_reduce_min([frontier, healthy], "commit frontier")
+        # With L3: whether this rank's L3 I/O held up; one rank's failure stops the tier on every rank here.
+        l3_ok = self.l3.healthy() if self.l3 is not None else 1
+        frontier_min, healthy_min, l3_ok_min = self._all_reduce_min([frontier, healthy, l3_ok], "commit frontier")
+        if l3_ok_min == 0:
+            self._stop_l3()
         self._loads = [h for h in self._loads if not self._load_settled(h)]
         if healthy_min == 0:
             aborted = self.core.abort_pending()
@@ -505,7 +509,16 @@ class CacheController:
         self.core.evict_host(self.core.host_pages)
         placed = self.l3.spill(self.core.take_spills())
         self.l3.flush()
+        (l3_ok,) = self._all_reduce_min([self.l3.healthy()], "L3 stop spill")
+        if l3_ok == 0:
+            self._stop_l3()
         return placed
+
+    def _stop_l3(self) -> None:
+        """C (every rank at the same point): one rank's L3 I/O failed, so the tier takes no more pages."""
+        if self.l3.stopped is None:
+            self.l3.stop("another rank's L3 I/O failed")
+            self.warnings.warn("l3_stopped", f"L3 stopped taking pages on every rank: {self.l3.stopped}")
 
     def stats(self) -> dict[str, int]:
         """Replicated decision counters, this rank's byte counters and copy times (``backup_copy_ns``,

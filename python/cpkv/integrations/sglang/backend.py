@@ -243,6 +243,13 @@ class CpkvHiCacheStorage(HiCacheStorage):
                 agree(_combined(digest, node_agrees), group=topo.group, rank=topo.rank, timeout_s=timeout_s,
                       step=f"{step} (slab index, and 1 where every rank of this rank's node holds one L3 index, "
                            f"this rank's: {node_agrees})")
+            if self.l3 is not None and topo.node_group is not None and topo.node_size > 1:
+                # A rank whose L3 write failed stops writing at once (it still places every page, so
+                # the indexes agree); here every rank of its node learns it and stops too.
+                (healthy,) = all_reduce_min([self.l3.healthy()], group=topo.node_group, rank=topo.local_rank,
+                                            step=f"{step} (this node's L3 writes)", timeout_s=timeout_s)
+                if healthy == 0:
+                    self.l3.stop("a rank of this node could not write its L3 pages")
         except CpkvError as err:
             raise self._fail(err) from err
         with self._counters_lock:

@@ -49,6 +49,8 @@ four bytes), the same in every process and after a restart.
 from __future__ import annotations
 
 import hashlib
+import logging
+import shutil
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -59,15 +61,20 @@ import numpy as np
 from cpkv import _cpkv
 from cpkv.errors import InvalidArgumentError
 from cpkv.runtime.agree import agree
+from cpkv.tier.l3.direct import errno_name
+from cpkv.tier.l3.directory import DirectoryLock, check_room, tree_bytes, try_lock
 from cpkv.tier.l3.order import NOT_WRITTEN
 from cpkv.tier.l3.staging import L3ReadStaging, default_entries
-from cpkv.tier.l3.store import L3Namespace, L3Store, disk_bytes, slots_for
+from cpkv.tier.l3.store import L3Namespace, L3Store, slots_for
 
 from .kv_format import kv_cache_format
 
 __all__ = ["SglangL3", "SglangL3Tier", "l3_key", "split_cap"]
 
 GROUP0 = b"\0\0\0\0"
+DIR_KEY = "extra config key 'cpkv_l3_dir'"
+BYTES_KEY = "extra config key 'cpkv_l3_bytes'"
+log = logging.getLogger(__name__)
 
 
 def l3_key(key: str | bytes) -> int:
@@ -121,6 +128,80 @@ def split_cap(cap_bytes: int, page_bytes: Mapping[str, int], ranks_on_node: int)
     return caps(low)
 
 
+def claim_group_dir(directory: Path, group: Path, pools: list[str], cap_bytes: int, topology: Any,
+                    timeout_s: float) -> DirectoryLock | None:
+    """Collective over the node: its leader (local rank 0) locks the group's directory, reclaims
+    what in ``directory`` is not this server's (another model's or layout's group directories, a
+    pool directory no pool of this model has), and checks the cap against the room left; every
+    rank raises the leader's refusal. Returns the leader's lock (None on the other ranks)."""
+    lock: DirectoryLock | None = None
+    refusal = ""
+    if topology.local_rank == 0:
+        try:
+            lock = _claim(directory, group, pools, cap_bytes, topology, timeout_s)
+        except InvalidArgumentError as err:
+            refusal = str(err)
+        except OSError as err:
+            refusal = f"{DIR_KEY} {directory}: cannot prepare {group.name}: {errno_name(err)} ({err.strerror})"
+    if topology.node_group is not None and topology.node_size > 1:
+        import torch.distributed as dist
+
+        heard = [refusal]
+        try:
+            dist.broadcast_object_list(heard, src=dist.get_global_rank(topology.node_group, 0),
+                                       group=topology.node_group)
+        except BaseException:
+            if lock is not None:
+                lock.release()
+            raise
+        refusal = heard[0]
+    if refusal:
+        if lock is not None:
+            lock.release()
+        raise InvalidArgumentError(refusal)
+    return lock
+
+
+def _claim(directory: Path, group: Path, pools: list[str], cap_bytes: int, topology: Any,
+           timeout_s: float) -> DirectoryLock:
+    ours = {group.name, *(group_dir_name(key, node) for key, node in topology.machine_nodes)}
+    created = not group.exists()
+    group.mkdir(exist_ok=True)
+    try:
+        return _claim_made(directory, group, pools, cap_bytes, ours, timeout_s)
+    except BaseException:
+        if created:  # a refused open leaves nothing behind
+            shutil.rmtree(group, ignore_errors=True)
+        raise
+
+
+def _claim_made(directory: Path, group: Path, pools: list[str], cap_bytes: int, ours: set[str],
+                timeout_s: float) -> DirectoryLock:
+    # One reclaimer at a time on the directory (the leaders of this server's other groups, another
+    # server's): a group directory locked by anyone else is then a live server's.
+    with DirectoryLock(directory, DIR_KEY, wait_s=timeout_s):
+        lock = DirectoryLock(group, DIR_KEY)
+        try:
+            for entry in sorted(directory.iterdir()):
+                if entry.name in ours or not entry.name.startswith("group-") or not entry.is_dir():
+                    continue
+                held = try_lock(entry)
+                if held is None:
+                    raise InvalidArgumentError(
+                        f"{DIR_KEY} {directory}: {entry.name} is in use by another process (another server "
+                        f"of another model or layout): one server per L3 directory")
+                shutil.rmtree(entry)
+                held.release()
+            for entry in sorted(group.iterdir()):
+                if entry.is_dir() and entry.name not in pools:  # a pool of an earlier model or layout
+                    shutil.rmtree(entry)
+            check_room(group, cap_bytes, BYTES_KEY, tree_bytes(group))
+        except BaseException:
+            lock.release()
+            raise
+    return lock
+
+
 class SglangL3:
     """One rank's L3 under one pool's slab (opened on every rank of the node: collective), in
     ``directory/group-<group>-node<node>/<pool_name>/``."""
@@ -147,20 +228,23 @@ class SglangL3:
         self.path = Path(directory) / group_dir_name(topology.store_key, topology.node) / pool_name
         self.path.mkdir(parents=True, exist_ok=True)
         self.store = L3Store(self.path, cap_bytes, namespace, rank=topology.local_rank,
-                             ranks_on_node=topology.node_size)
+                             ranks_on_node=topology.node_size, cap_setting=f"{BYTES_KEY} (pool {pool_name!r}'s share)")
         self.page_bytes = page_bytes
         self._lock = threading.Lock()  # the store is one object; the backup and prefetch threads share it
         self._rejected: set[tuple[int, int]] = set()  # (key, sequence) whose record failed here
         self.counters = {"l3_pages_spilled": 0, "l3_pages_written": 0, "l3_pages_not_copied": 0,
                          "l3_exists_hit_pages": 0, "l3_pages_read": 0, "l3_read_failures": 0,
                          "l3_reads_not_written": 0}
-        # Every rank of the node has recovered (read every rank's log) before any rank writes, and
-        # they recovered the same index.
-        if topology.node_group is not None and topology.node_size > 1:
-            agree(self.store.digest(), group=topology.node_group, rank=topology.local_rank,
-                  step=f"pool {pool_name!r}'s L3 index after recovery", timeout_s=timeout_s)
-        entries = staging_entries if staging_entries is not None else default_entries(page_bytes, self.store.slots)
+        # Why this rank writes no more pages (its own I/O error, or a node rank's, learnt at a digest
+        # check): it still places every page as every rank does, so the indexes never diverge.
+        self.stopped: str | None = None
         try:
+            # Every rank of the node has recovered (read every rank's log) before any rank writes,
+            # and they recovered the same index.
+            if topology.node_group is not None and topology.node_size > 1:
+                agree(self.store.digest(), group=topology.node_group, rank=topology.local_rank,
+                      step=f"pool {pool_name!r}'s L3 index after recovery", timeout_s=timeout_s)
+            entries = staging_entries if staging_entries is not None else default_entries(page_bytes, self.store.slots)
             self.staging = L3ReadStaging(self.store, entries, lock=self._lock, process_group=topology.node_group,
                                          wait_s=timeout_s, timeout_s=timeout_s)
         except BaseException:
@@ -180,15 +264,25 @@ class SglangL3:
             batch = max(1, self.store.slots)
             for start in range(0, len(l3_keys), batch):
                 stop = min(len(l3_keys), start + batch)
-                part = [(l3_keys[i], pages[i] if copied[i] else None) for i in range(start, stop)]
+                keep = self.stopped is None
+                part = [(l3_keys[i], pages[i] if copied[i] and keep else None) for i in range(start, stop)]
                 before = self.store.counters["pages_written"]
-                self.store.put(part, writers=writers[start:stop])
+                try:
+                    self.store.put(part, writers=writers[start:stop])
+                except OSError as err:  # placed before the write failed: the index is every rank's
+                    self.stop(f"local rank {self.local_rank}'s L3 write failed: {errno_name(err)} ({err.strerror})")
                 written += self.store.counters["pages_written"] - before
             self.counters["l3_pages_spilled"] += len(l3_keys)
             self.counters["l3_pages_written"] += written
             self.counters["l3_pages_not_copied"] += sum(
                 1 for w, c in zip(writers, copied) if w == self.local_rank and not c)
         return written
+
+    def stop(self, reason: str) -> None:
+        """This rank writes no more pages into this pool's store (it goes on placing them)."""
+        if self.stopped is None:
+            self.stopped = reason
+            log.warning("cpkv L3 pool %r: no more pages written: %s", self.pool_name, reason)
 
     # -- back up (the prefetch threads) -----------------------------------------------------------
 
@@ -245,14 +339,17 @@ class SglangL3:
                     "l3_recovery_s": s["recovery_s"], "l3_pages": s["index_pages"], "l3_slots": s["slots"],
                     "l3_disk_bytes": s["disk_bytes"], "l3_cap_bytes": s["cap_bytes"], "l3_mode": s["mode"],
                     "l3_rejects": s["rejects"], "l3_pages_superseded": s["pages_superseded"],
-                    "l3_digest": self.digest()})
+                    "l3_digest": self.digest(), "l3_stopped": self.stopped})
         out.update(self.staging.stats())
         return out
 
     def close(self) -> None:
         self.staging.close()
         with self._lock:
-            self.store.close()
+            try:
+                self.store.close()
+            except OSError as err:  # descriptors closed; what was not synced is not acknowledged
+                self.stop(f"local rank {self.local_rank}'s L3 sync at close failed: {errno_name(err)}")
 
 
 class SglangL3Tier:
@@ -274,11 +371,18 @@ class SglangL3Tier:
         self.cap_bytes = cap_bytes
         self.path = Path(directory) / group_dir_name(topology.store_key, topology.node)
         self.pools: dict[str, SglangL3] = {}
-        for name, p in pools.items():
-            self.pools[name] = SglangL3(directory, caps[name], pool_name=name, host_pool=p.host_pool,
-                                        page_bytes=p.page_bytes, page_size=p.page_size, model=model,
-                                        kv_format=kv_format, topology=topology, tp_size=tp_size, timeout_s=timeout_s,
-                                        staging_entries=staging_entries)
+        # The node's leader holds the group's directory (and reclaimed what is not this server's)
+        # before any rank opens a store in it; every rank learns the outcome from it.
+        self._lock = claim_group_dir(Path(directory), self.path, list(pools), cap_bytes, topology, timeout_s)
+        try:
+            for name, p in pools.items():
+                self.pools[name] = SglangL3(directory, caps[name], pool_name=name, host_pool=p.host_pool,
+                                            page_bytes=p.page_bytes, page_size=p.page_size, model=model,
+                                            kv_format=kv_format, topology=topology, tp_size=tp_size,
+                                            timeout_s=timeout_s, staging_entries=staging_entries)
+        except BaseException:
+            self.close()
+            raise
         self.anchor = next(iter(self.pools.values()))  # the KV pool: SGLang registers it first
 
     def pool(self, name: str) -> SglangL3 | None:
@@ -298,6 +402,14 @@ class SglangL3Tier:
         for l3, pool_pages in zip(self.pools.values(), pages):
             written = l3.spill(l3_keys, rows, copied, pool_pages)
         return written
+
+    def healthy(self) -> int:
+        """1 while this rank writes every pool's pages (the digest check's MIN over the node carries it)."""
+        return 0 if any(l3.stopped is not None for l3 in self.pools.values()) else 1
+
+    def stop(self, reason: str) -> None:
+        for l3 in self.pools.values():
+            l3.stop(reason)
 
     # -- back up (the prefetch threads) -----------------------------------------------------------
 
@@ -320,11 +432,15 @@ class SglangL3Tier:
         per = {name: l3.stats() for name, l3 in self.pools.items()}
         out = dict(per[self.anchor.pool_name])
         out.update({"l3_dir": str(self.path), "l3_cap_bytes": self.cap_bytes, "l3_digest": self.digest(),
-                    "l3_disk_bytes": sum(disk_bytes(l3.path) for l3 in self.pools.values()),
+                    "l3_disk_bytes": tree_bytes(self.path),
                     "l3_read_failures": sum(s["l3_read_failures"] for s in per.values()),
                     "l3_pools": per})
         return out
 
     def close(self) -> None:
-        for l3 in self.pools.values():
-            l3.close()
+        try:
+            for l3 in self.pools.values():
+                l3.close()
+        finally:
+            if self._lock is not None:
+                self._lock.release()

@@ -41,6 +41,9 @@ class Topology:
     node_group: Any = None  # gloo, the slab's creation
     groups: list[Any] = field(default_factory=list)  # every group this rank created (destroyed on close)
     store_key: tuple = ()  # what names the store group's content: (pp, attention DP[, attention TP]) rank
+    # (store key, node index) of every store group's node with a rank on this machine: the L3
+    # directories this server uses here (any other is an earlier run's, reclaimed at L3's open).
+    machine_nodes: list[tuple[tuple, int]] = field(default_factory=list)
 
 
 def _boot_id() -> str:
@@ -125,6 +128,8 @@ def build_topology(config: Any, settings: CpkvStorageSettings, rank_replicated: 
         for index, rank in enumerate(ranks):
             by_node.setdefault(node_key(rank, index), []).append(rank)
         node_list = sorted(by_node.values())
+        topo.machine_nodes += [(tuple(_key), index) for index, node_ranks in enumerate(node_list)
+                               if any(heard[r][2] == heard[me][2] for r in node_ranks)]
         # A group even for one rank: the slab's creation must not fall back to the default group,
         # which would make ranks of different store groups (different content) share one slab.
         node_groups = [dist.new_group(n, backend="gloo", timeout=timeout) for n in node_list]

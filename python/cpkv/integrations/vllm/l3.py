@@ -68,9 +68,12 @@ import numpy as np
 from cpkv import _cpkv
 from cpkv.errors import InvalidArgumentError
 from cpkv.tier.l3.direct import AlignedScratch, probe_direct, slot_runs, write_fully
+from cpkv.tier.l3.directory import InstanceLock, check_room, tree_bytes
 from cpkv.tier.l3.store import COMPACT_ENTRIES_PER_SLOT, DATA_FILE_BYTES, HEADER, L3Namespace, slots_for
 
 CATALOG_LOG = "catalog.log"
+DIR_SETTING = "kv_connector_extra_config['cpkv_l3_dir']"
+BYTES_SETTING = "kv_connector_extra_config['cpkv_l3_bytes']"
 STOP_COPY = "stop.bin"  # a worker's shard of the host rows, written at its close
 STOP_BATCH = 256  # chunks the catalog takes in from the stop copies per write, sync and log append
 WRITE_GROUP_BYTES = 64 << 20  # records a worker seals in aligned scratch memory per write group
@@ -103,6 +106,7 @@ class L3Geometry:
     tokens_per_chunk: int
     world: int
     page_bytes: int
+    instance: str = ""  # vLLM's instance id: the processes of one engine hold the directory together
 
     @cached_property
     def slot_bytes(self) -> int:
@@ -122,7 +126,7 @@ class L3Geometry:
         slots = slots_for(self.cap_bytes // self.world - self.stop_rows * self.slot_bytes, self.slot_bytes, 1)
         if slots < 1:
             raise InvalidArgumentError(
-                f"kv_connector_extra_config['cpkv_l3_bytes']={self.cap_bytes} holds no chunk: {self.world} "
+                f"{BYTES_SETTING}={self.cap_bytes} holds no chunk: {self.world} "
                 f"worker(s) x {self.slot_bytes} bytes per record plus its log entry")
         return min(slots, int(_cpkv.L3_MAX_SLOTS))
 
@@ -132,6 +136,19 @@ class L3Geometry:
         return L3Namespace(model=self.model, dtype=self.dtype, kv_layout=f"vllm offload chunk, {self.layout}, {part}",
                            page_size=self.tokens_per_chunk, cp_size=1, tp_size=self.world,
                            page_bytes=self.page_bytes).id()
+
+    def hold(self) -> InstanceLock:
+        """This process's share of its engine's hold on the directory, once the cap is known to fit
+        (checked whole by every process: the same answer whichever opened first). Refuses by name."""
+        # Without vLLM's instance id (no config in reach), the catalog's namespace names the group:
+        # an engine of another model or layout is still refused.
+        lock = InstanceLock(self.directory, self.instance or f"namespace-{self.namespace(None):016x}", DIR_SETTING)
+        try:
+            check_room(self.directory, self.cap_bytes, BYTES_SETTING, tree_bytes(self.directory))
+        except BaseException:
+            lock.release()
+            raise
+        return lock
 
     def shard_dir(self, rank: int) -> Path:
         return self.directory / f"shard-{rank}-of-{self.world}"
@@ -179,6 +196,37 @@ class L3Catalog:
         self.namespace = geometry.namespace(None)
         self.slots = geometry.slots
         path = geometry.directory / CATALOG_LOG
+        self._log_fd = -1
+        self._hold = geometry.hold()  # before the log is read or truncated: no other engine's
+        existed = path.exists()
+        try:
+            self._open_log(path)
+        except BaseException:  # what this open created goes again; the directory is free for a retry
+            if self._log_fd >= 0:
+                os.close(self._log_fd)
+                self._log_fd = -1
+            if not existed:
+                path.unlink(missing_ok=True)
+            self._hold.release()
+            raise
+        # What the workers' probe of the same directory finds (their writes' mode), for stats().
+        self.io_mode, self.io_reason = probe_direct(path)
+        self._next_batch = 1
+        self.pending: dict[int, SpillBatch] = {}  # placed, not yet acknowledged by every worker
+        self._uncommitted: set[int] = set()  # keys of pending batches: not readable yet
+        self.counters = {"spilled": 0, "not_spilled": 0, "committed": 0, "lookups": 0, "hits": 0, "verified": 0,
+                         "corrupt_dropped": 0, "promoted": 0, "no_host_room": 0, "compactions": 0,
+                         "stop_spilled": 0, "stop_unproven": 0}
+        self.rejects: dict[str, int] = {}
+        self._inflight = 0  # checks started and not yet finished
+        self._idle = threading.Condition()
+        self._checks: queue.SimpleQueue[tuple[int, int, int] | None] = queue.SimpleQueue()
+        self._results: queue.SimpleQueue[tuple[int, int, str | None]] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._check_loop, name="cpkv-l3-check", daemon=True)
+        self._thread.start()
+
+    def _open_log(self, path: Path) -> None:
+        geometry = self.geometry
         try:
             log = path.read_bytes()
         except FileNotFoundError:
@@ -196,21 +244,6 @@ class L3Catalog:
             if os.fstat(self._log_fd).st_size != valid[0]:
                 os.ftruncate(self._log_fd, valid[0])  # a torn tail: cut at the last whole entry
             self._log_entries = (valid[0] - _cpkv.L3_LOG_HEADER_BYTES) // _cpkv.L3_LOG_ENTRY_BYTES
-        # What the workers' probe of the same directory finds (their writes' mode), for stats().
-        self.io_mode, self.io_reason = probe_direct(path)
-        self._next_batch = 1
-        self.pending: dict[int, SpillBatch] = {}  # placed, not yet acknowledged by every worker
-        self._uncommitted: set[int] = set()  # keys of pending batches: not readable yet
-        self.counters = {"spilled": 0, "not_spilled": 0, "committed": 0, "lookups": 0, "hits": 0, "verified": 0,
-                         "corrupt_dropped": 0, "promoted": 0, "no_host_room": 0, "compactions": 0,
-                         "stop_spilled": 0, "stop_unproven": 0}
-        self.rejects: dict[str, int] = {}
-        self._inflight = 0  # checks started and not yet finished
-        self._idle = threading.Condition()
-        self._checks: queue.SimpleQueue[tuple[int, int, int] | None] = queue.SimpleQueue()
-        self._results: queue.SimpleQueue[tuple[int, int, str | None]] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._check_loop, name="cpkv-l3-check", daemon=True)
-        self._thread.start()
 
     # -- spills ---------------------------------------------------------------------------------
 
@@ -469,6 +502,7 @@ class L3Catalog:
         if self._log_fd >= 0:
             os.close(self._log_fd)
             self._log_fd = -1
+        self._hold.release()
 
 
 class L3Shard:
@@ -480,14 +514,43 @@ class L3Shard:
         self.rank = rank
         self.namespace = geometry.namespace(rank)
         self.directory = geometry.shard_dir(rank)
-        self.directory.mkdir(exist_ok=True)
+        self._fds: list[int] = []
+        self._read_fds: list[int] = []
+        self._hold = geometry.hold()  # before anything in the directory changes: no other engine's
+        created: list[Path] = []
+        try:
+            self._open(created)
+        except BaseException:  # what this open created goes again
+            self.close()
+            for path in reversed(created):
+                if path.is_dir():
+                    path.rmdir()
+                else:
+                    path.unlink(missing_ok=True)
+            raise
+        self.applied_upto = 0  # the last batch id written
+        self.counters = {"pages_written": 0, "pages_read": 0, "stop_copied": 0}
+        # host row -> (the L3 key of the chunk this worker last put there by a store or a fill it
+        # ran, that job's number, the chunk's place in the job): what its stop copy seals each row
+        # with, and the order in which it chooses rows
+        self.held: dict[int, tuple[int, int, int]] = {}
+        self._jobs = 0
+
+    def _open(self, created: list[Path]) -> None:
+        geometry, rank = self.geometry, self.rank
+        if not self.directory.exists():
+            self.directory.mkdir()
+            created.append(self.directory)
         # A stop copy the last life's catalog never took in goes before the data files may grow.
         geometry.stop_copy(rank).unlink(missing_ok=True)
         slots, per = geometry.slots, geometry.slots_per_file()
         files = -(-slots // per)
         for i in range(files):
             size = min(per, slots - i * per) * geometry.slot_bytes
-            fd = os.open(self.directory / f"data-{i}.bin", os.O_RDWR | os.O_CREAT, 0o644)
+            path = self.directory / f"data-{i}.bin"
+            if not path.exists():
+                created.append(path)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
                 if os.fstat(fd).st_size > size:
                     os.ftruncate(fd, size)  # reopened smaller: give the blocks back
@@ -499,19 +562,13 @@ class L3Shard:
         self._scratch = AlignedScratch()
         self.mode, self.mode_reason = probe_direct(self.directory / "data-0.bin", self._scratch)
         direct = os.O_DIRECT if self.mode == "o_direct" else 0
-        self._fds = [os.open(self.directory / f"data-{i}.bin", os.O_RDWR | direct) for i in range(files)]
-        self._read_fds = [_random_reader(self.directory / f"data-{i}.bin") for i in range(files)]
+        for i in range(files):  # one by one: a failure part way closes the ones opened
+            self._fds.append(os.open(self.directory / f"data-{i}.bin", os.O_RDWR | direct))
+            self._read_fds.append(_random_reader(self.directory / f"data-{i}.bin"))
         for stale in self.directory.glob("data-*.bin"):
             index = stale.stem.removeprefix("data-")
             if index.isdigit() and int(index) >= files:
                 stale.unlink(missing_ok=True)
-        self.applied_upto = 0  # the last batch id written
-        self.counters = {"pages_written": 0, "pages_read": 0, "stop_copied": 0}
-        # host row -> (the L3 key of the chunk this worker last put there by a store or a fill it
-        # ran, that job's number, the chunk's place in the job): what its stop copy seals each row
-        # with, and the order in which it chooses rows
-        self.held: dict[int, tuple[int, int, int]] = {}
-        self._jobs = 0
 
     def note_store(self, rows: np.ndarray, keys: Sequence[int], released: np.ndarray) -> None:
         """A store ran: the rows its eviction released hold no chunk of this worker's any more
@@ -612,6 +669,7 @@ class L3Shard:
             os.close(fd)
         self._fds = []
         self._read_fds = []
+        self._hold.release()
 
 
 def _stop_copy_keys(fd: int, g: L3Geometry) -> dict[int, int]:

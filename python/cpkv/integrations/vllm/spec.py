@@ -73,7 +73,17 @@ def _l3_geometry(config: OffloadingConfig, cpkv: CpkvOffloadConfig, tokens_per_c
         directory.mkdir(exist_ok=True)
     return L3Geometry(directory=directory, cap_bytes=cpkv.l3_bytes, model=config.model.name,
                       dtype=str(config.model.dtype), layout=layout, tokens_per_chunk=max(tokens_per_chunk),
-                      world=parallel.world_size, page_bytes=config.worker_kv_bytes_per_block * config.cache.blocks_per_chunk)
+                      world=parallel.world_size, page_bytes=config.worker_kv_bytes_per_block * config.cache.blocks_per_chunk,
+                      instance=_instance_id())
+
+
+def _instance_id() -> str:
+    """vLLM's id of this engine instance (the same in its scheduler and its workers: they get one
+    config), or "" where no config is in reach."""
+    from vllm.config import get_current_vllm_config_or_none
+
+    config = get_current_vllm_config_or_none()
+    return "" if config is None else str(config.instance_id)
 
 
 def _node_group() -> Any:

@@ -40,7 +40,8 @@ import numpy as np
 from cpkv import _cpkv
 from cpkv.errors import InvalidArgumentError
 from cpkv.tier.l3.direct import AlignedScratch, probe_direct, slot_runs, write_fully
-from cpkv.tier.l3.order import BYTES_PER_SLOT, NOT_WRITTEN, SlotOrder
+from cpkv.tier.l3.directory import check_room, file_bytes
+from cpkv.tier.l3.order import BYTES_PER_SLOT, NOT_WRITTEN, TABLE_NAME, SlotOrder
 
 ALIGN = _cpkv.L3_RECORD_ALIGN
 HEADER = _cpkv.L3_HEADER_BYTES
@@ -100,7 +101,7 @@ class L3Store:
     """
 
     def __init__(self, directory: str | os.PathLike, cap_bytes: int, namespace: L3Namespace, *, rank: int = 0,
-                 ranks_on_node: int = 1, direct: bool = True) -> None:
+                 ranks_on_node: int = 1, direct: bool = True, cap_setting: str = "cap_bytes") -> None:
         if not isinstance(namespace, L3Namespace):
             raise InvalidArgumentError(f"namespace must be an L3Namespace, got {type(namespace).__name__}")
         for name, value, low in (("cap_bytes", cap_bytes, 1), ("ranks_on_node", ranks_on_node, 1), ("rank", rank, 0)):
@@ -144,36 +145,56 @@ class L3Store:
         self.last_records: tuple[np.ndarray, list[int]] = (np.empty(0, dtype=np.uint8), [])
         self.mode = "buffered"
         self.mode_reason = ""
-        self._open(direct)
+        self._open(direct, cap_setting)
 
     # --- opening and recovery -------------------------------------------------------------
 
     def _log_path(self, rank: int) -> Path:
         return self.directory / f"index-r{rank}.log"
 
-    def _open(self, direct: bool) -> None:
+    def _own_files(self) -> list[Path]:
+        """The files of an L3 store in the directory (of any rank count and size)."""
+        return [*self.directory.glob("data-*.bin"), *self.directory.glob("index-r*.log"),
+                *self.directory.glob("index-r*.tmp"), *self.directory.glob(TABLE_NAME)]
+
+    def _open(self, direct: bool, cap_setting: str) -> None:
+        # Nothing is allocated before the cap is known to fit; what a failed open created goes again.
+        reusable = sum(file_bytes(p) for p in self._own_files())
+        check_room(self.directory, self.cap_bytes, cap_setting, reusable)
+        created: list[Path] = []
+        try:
+            self._open_files(direct, created)
+        except BaseException:
+            self._release()
+            for path in created:
+                path.unlink(missing_ok=True)
+            raise
+
+    def _open_files(self, direct: bool, created: list[Path]) -> None:
         started = time.perf_counter()
         files = -(-self.slots // self.slots_per_file)
-        flags = os.O_RDWR | os.O_CREAT
+        if self.rank == 0:  # files of a store of more slots or more ranks: given back before allocating
+            for stale in self._own_files():
+                kind, _, index = stale.stem.partition("-")
+                number = index.removeprefix("r")
+                if number.isdigit() and int(number) >= (files if kind == "data" else self.ranks_on_node):
+                    stale.unlink(missing_ok=True)
         for i in range(files):
             size = min(self.slots_per_file, self.slots - i * self.slots_per_file) * self.slot_bytes
             path = self.directory / f"data-{i}.bin"
-            fd = os.open(path, flags, 0o644)
+            fd = self._create(path, created)
             try:
                 if os.fstat(fd).st_size > size:
                     os.ftruncate(fd, size)  # a store reopened smaller: give the blocks back
                 os.posix_fallocate(fd, 0, size)
             finally:
                 os.close(fd)
-        for stale in self.directory.glob("data-*.bin"):
-            index = stale.stem.removeprefix("data-")
-            if index.isdigit() and int(index) >= files and self.rank == 0:
-                stale.unlink(missing_ok=True)
         stale_tmp = self._log_path(self.rank).with_suffix(".tmp")
         stale_tmp.unlink(missing_ok=True)  # a compaction cut short by a crash
         self.mode, self.mode_reason = self._probe_direct() if direct else ("buffered", "O_DIRECT not asked for")
         extra = os.O_DIRECT if self.mode == "o_direct" else 0
-        self._fds = [os.open(self.directory / f"data-{i}.bin", os.O_RDWR | extra) for i in range(files)]
+        for i in range(files):  # one by one: a failure part way closes the ones opened (_release)
+            self._fds.append(os.open(self.directory / f"data-{i}.bin", os.O_RDWR | extra))
         logs = []
         for r in range(self.ranks_on_node):
             try:
@@ -189,7 +210,7 @@ class L3Store:
         self._own = {(key, sequence) for key, _, sequence in own_index.entries()}
         self.recovery: dict[str, float] = dict(report)
         own = self._log_path(self.rank)
-        self._log_fd = os.open(own, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        self._log_fd = self._create(own, created, os.O_APPEND)
         if valid[self.rank] == 0:  # no log, or one of another namespace or shape: start it afresh
             os.ftruncate(self._log_fd, 0)
             os.write(self._log_fd, _cpkv.l3_log_header(self.namespace_id, self.slot_bytes, self.slots))
@@ -200,17 +221,36 @@ class L3Store:
                 os.ftruncate(self._log_fd, valid[self.rank])  # a torn tail: cut at the last whole entry
             self._log_entries = (valid[self.rank] - LOG_HEADER) // LOG_ENTRY
         # Rank 0 rewrites the node's slot order from the recovered index (before any rank writes).
+        if not (self.directory / TABLE_NAME).exists():
+            created.append(self.directory / TABLE_NAME)
         self.order = SlotOrder(self.directory, self.slots, self.index.entries() if self.rank == 0 else None)
         self.recovery["recovery_s"] = time.perf_counter() - started
+
+    @staticmethod
+    def _create(path: Path, created: list[Path], extra: int = 0) -> int:
+        """Opens ``path`` read-write, creating it (then noted in ``created``) when absent."""
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | extra, 0o644)
+        except FileExistsError:
+            return os.open(path, os.O_RDWR | extra)
+        created.append(path)
+        return fd
 
     def _probe_direct(self) -> tuple[str, str]:
         """O_DIRECT when the file system takes an aligned O_DIRECT read; otherwise buffered I/O, and why."""
         return probe_direct(self.directory / "data-0.bin", self._scratch)
 
     def close(self) -> None:
-        """A clean stop: everything written is made durable first."""
-        if self._fds and self._log_fd >= 0:
-            self.flush()
+        """A clean stop: everything written is made durable first (the descriptors are closed
+        whatever that flush raises)."""
+        try:
+            if self._fds and self._log_fd >= 0:
+                self.flush()
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        """Closes the descriptors, nothing made durable (an open that failed, a dropped store)."""
         for fd in self._fds:
             os.close(fd)
         self._fds = []
@@ -220,6 +260,11 @@ class L3Store:
         if self.order is not None:
             self.order.close()
             self.order = None
+
+    def __del__(self) -> None:
+        # Dropped without close(): no descriptor leaks (records not yet logged are not acknowledged).
+        if hasattr(self, "_fds"):
+            self._release()
 
     def __enter__(self) -> L3Store:
         return self

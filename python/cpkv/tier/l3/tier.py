@@ -23,10 +23,11 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from cpkv.errors import InvalidArgumentError
-from cpkv.tier.l3.direct import aligned_empty
+from cpkv.tier.l3.direct import aligned_empty, errno_name
 from cpkv.tier.l3.order import NOT_WRITTEN
 from cpkv.tier.l3.store import L3Namespace, L3Store
 
+PEER_REFUSED = "--l3-dir: another rank of this node could not open the L3 store (its error says why)"
 # A hit's outcome on one rank, ordered so that one MIN over the ranks gives the node's: a record that
 # failed its check on its reader (dropped everywhere), one its writer had not written yet (a miss this
 # time, kept), one served (or not this rank's to read).
@@ -73,11 +74,33 @@ class L3Tier:
                              for name, spec in self.payloads.items())
         namespace = L3Namespace(model=model, dtype=described, kv_layout=f"slab row: payload-major, {num_layers} layers",
                                 page_size=page_size, cp_size=cp_size, tp_size=1, page_bytes=self.page_bytes)
-        self.store = L3Store(directory, cap_bytes, namespace, rank=rank, ranks_on_node=cp_size)
         self.counters = {"l3_pages_spilled": 0, "l3_hit_pages": 0, "l3_lookups": 0, "l3_read_failures": 0,
                          "l3_not_written_misses": 0}
         self._unsettled: list[tuple[int, int]] = []  # (key, outcome on this rank) of this forward's hits, in order
-        self._all_reduce_min([1], "L3 open")  # every rank recovered before any writes
+        self.io_error: str | None = None  # this rank's first L3 I/O error, until every rank has heard of it
+        self.stopped: str | None = None  # why the tier stopped taking pages (the same on every rank)
+        # Every rank recovered before any writes; a refusal on one rank is the same refusal on every rank.
+        opened: L3Store | None = None
+        refusal = ""
+        try:
+            opened = L3Store(directory, cap_bytes, namespace, rank=rank, ranks_on_node=cp_size,
+                             cap_setting="--l3-bytes")
+        except InvalidArgumentError as err:
+            refusal = str(err)
+        except OSError as err:
+            refusal = f"--l3-dir {os.fspath(directory)}: cannot open the L3 store: {errno_name(err)} ({err.strerror})"
+        try:
+            (all_opened,) = self._all_reduce_min([0 if refusal else 1], "L3 open")
+        except BaseException:
+            if opened is not None:
+                opened.close()
+            raise
+        if refusal or not all_opened:
+            if opened is not None:
+                opened.close()
+            raise InvalidArgumentError(refusal or PEER_REFUSED)
+        assert opened is not None
+        self.store = opened
 
     # -- spills (host slab -> L3) -------------------------------------------------------------
 
@@ -105,12 +128,15 @@ class L3Tier:
                     seen.add(key)
                     keys.append(key)
                     rows.append(row)
-        if not keys:
+        if not keys or self.stopped is not None:
             return 0
         index, placed = self.store.index, 0
         batch = max(1, self.store.slots)
         for start in range(0, len(keys), batch):
             part_keys, part_rows = keys[start:start + batch], rows[start:start + batch]
+            if self.io_error is not None:  # placed as on every rank, written nowhere: counted misses
+                placed += len(self.store.put([(key, None) for key in part_keys], durable=False))
+                continue
             mine = [i for i, key in enumerate(part_keys)
                     if index.peek(key) is None and index.writer(key) == self.rank]
             data = self.gather(np.asarray([part_rows[i] for i in mine], dtype=np.int64)) if mine else None
@@ -118,13 +144,40 @@ class L3Tier:
             pages: list[tuple[int, Any]] = [(key, blank) for key in part_keys]
             for j, i in enumerate(mine):
                 pages[i] = (part_keys[i], data[j])  # type: ignore[index]
-            placed += len(self.store.put(pages, durable=False))
+            try:
+                placed += len(self.store.put(pages, durable=False))
+            except OSError as err:  # the index placed them before the write failed (replicated)
+                placed += len(part_keys)
+                self._failed(err, "write")
         self.counters["l3_pages_spilled"] += placed
         return placed
 
     def flush(self) -> None:
         """This rank's spills acknowledged durable (records synced, then their log entries)."""
-        self.store.flush()
+        if self.stopped is not None or self.io_error is not None:
+            return
+        try:
+            self.store.flush()
+        except OSError as err:
+            self._failed(err, "sync")
+
+    # -- an I/O error: the same outcome on every rank ---------------------------------------------
+
+    def _failed(self, err: OSError, what: str) -> None:
+        """This rank's L3 I/O failed: from here it places what every rank places and writes nothing,
+        until the next commit point tells every rank (:meth:`healthy`, :meth:`stop`)."""
+        if self.io_error is None:
+            self.io_error = f"rank {self.rank}'s L3 {what} failed: {errno_name(err)} ({err.strerror})"
+
+    def healthy(self) -> int:
+        """1 while this rank's L3 I/O has not failed: the commit point's MIN all-reduce carries it."""
+        return 0 if self.io_error is not None else 1
+
+    def stop(self, reason: str) -> None:
+        """Every rank, at the same commit point: the tier takes no more pages (its index stays as every
+        rank holds it, so pages already in L3 are still found and read)."""
+        if self.stopped is None:
+            self.stopped = self.io_error or reason
 
     # -- reads (L3 -> a request's device pages) -------------------------------------------------
 
@@ -188,11 +241,14 @@ class L3Tier:
                     "l3_recovery_s": s["recovery_s"],
                     "l3_recovered_pages": s["recovered_pages"], "l3_disk_bytes": s["disk_bytes"],
                     "l3_cap_bytes": s["cap_bytes"], "l3_slots": s["slots"], "l3_mode": s["mode"],
-                    "l3_digest": self.digest()})
+                    "l3_digest": self.digest(), "l3_stopped": self.stopped})
         return out
 
     def close(self) -> None:
-        self.store.close()
+        try:
+            self.store.close()
+        except OSError as err:  # the descriptors are closed; what was not synced is not acknowledged
+            self._failed(err, "sync at close")
 
 
 def combined_digest(tier_digest: int, l3_digest: int) -> int:
