@@ -481,8 +481,9 @@ impl OffloadIndex {
         )?))
     }
 
-    /// Completes stores; with `report`, returns the keys that became
-    /// readable (the offered objects), else None.
+    /// Completes stores; with `report`, returns the keys whose store
+    /// completed (the offered objects): readable now, or, failed, removed.
+    /// Else None.
     #[pyo3(
         signature = (keys, success = Success(true), report = Report(false)),
         text_signature = "(self, /, keys, success=True, report=False)"
@@ -497,7 +498,10 @@ impl OffloadIndex {
         let (success, report) = (success.0, report.0);
         let objects = key_objects(keys, Order::Any)?;
         let keys = slices(&objects);
-        let stored = self.core.with(py, |c| c.complete_store(&keys, success))?;
+        let stored = self
+            .core
+            .with(py, |c| c.complete_store(&keys, success))?
+            .map_err(tier_error)?;
         if !report {
             return Ok(None);
         }
