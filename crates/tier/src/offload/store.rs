@@ -319,8 +319,10 @@ impl OffloadIndex {
                 }
             }
         }
-        // Deepest first, so a failed run leaves whole whatever the keys' order.
-        failed.sort_unstable_by_key(|&s| std::cmp::Reverse(self.depth_of(s)));
+        // Deepest first (then by serial: the order of the keys given never
+        // shows), so a failed run leaves whole.
+        failed
+            .sort_unstable_by_key(|&s| (std::cmp::Reverse(self.depth_of(s)), self.chunk(s).serial));
         for slot in failed {
             self.take_back(slot)?;
         }
