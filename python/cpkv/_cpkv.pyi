@@ -496,27 +496,21 @@ class OffloadIndex:
     def touch(self, keys: Iterable[bytes], request: str, positions: Mapping[bytes, int] | None = None) -> None: ...
     def prepare_store(self, keys: Iterable[bytes], request: str, positions: Mapping[bytes, int] | None = None
                       ) -> tuple[list[bytes], npt.NDArray[np.int32], list[bytes], npt.NDArray[np.int32]] | None:
-        """``None`` when the offered keys do not all fit (after evicting what may go; nothing
-        changed), else (keys to store: the offered objects, their rows, keys evicted to make room
-        in eviction order, the row each evicted key held). An evicted key's bytes are still in its
-        row on return, and the row may be one of the plan's own: a lower tier copies it out before
-        the plan's stores are written."""
-    def prepare_store_fitting(self, keys: Iterable[bytes], request: str, positions: Mapping[bytes, int] | None = None
-                              ) -> tuple[list[bytes], npt.NDArray[np.int32], list[bytes], npt.NDArray[np.int32]] | None:
-        """``prepare_store``, placing the new keys that fit from the head of the offer (what
-        ``store`` does); ``None`` when none fits."""
+        """``None`` when nothing can be placed, else (keys to store: the offered objects, their
+        rows, keys evicted to make room in eviction order, the row each evicted key held). An
+        evicted key's bytes are still in its row on return, and the row may be one of the plan's
+        own: a lower tier copies it out before the plan's stores are written."""
     @overload
     def complete_store(self, keys: Iterable[bytes], success: bool, report: Literal[True]) -> list[bytes]: ...
     @overload
     def complete_store(self, keys: Iterable[bytes], success: bool = True, report: bool = False) -> list[bytes] | None:
         """``success`` and ``report`` are ``bool`` (numpy's too), never an int or ``None``; with ``report``
-        the keys whose store this call completed: readable now, or (failed) removed, their rows free
-        unless chunks placed since continue them."""
+        the keys this call made readable."""
     def request_finished(self, request: str) -> None: ...
     def evict(self, num: int) -> list[bytes]: ...
     def store(self, keys: Iterable[str | bytes], prefix: str | bytes | None = None) -> npt.NDArray[np.int64]:
         """One synchronous store (SGLang's ``batch_set``): exactly ``prepare_load`` of a readable
-        ``prefix``, ``prepare_store_fitting``, ``complete_store``, ``complete_load``, ``request_finished``
+        ``prefix``, ``prepare_store``, ``complete_store``, ``complete_load``, ``request_finished``
         of one request whose keys continue ``prefix`` and each other. int64 ``[n, 2]``: each key's
         (row, serial), (-1, 0) where refused. A ``str`` key is its UTF-8 bytes then group 0's four
         bytes."""

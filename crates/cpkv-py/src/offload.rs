@@ -11,10 +11,7 @@
 //! backend) take `str` keys too, and answer in int64 arrays the backend
 //! indexes its row stamps with directly.
 
-use cpkv_tier::{
-    key_hex, KeyState, OffloadIndex as Core, Placed, StorePlan, TierError, GROUP_BYTES,
-    MAX_OFFLOAD_ROWS,
-};
+use cpkv_tier::{key_hex, KeyState, OffloadIndex as Core, Placed, GROUP_BYTES, MAX_OFFLOAD_ROWS};
 use numpy::{
     PyArray1, PyArray2, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods,
 };
@@ -334,46 +331,6 @@ fn single_key<'a>(key: &'a Bound<'_, PyAny>) -> PyResult<&'a [u8]> {
     Ok(bytes)
 }
 
-/// A store plan's placement call (`prepare_store` or `prepare_store_fitting`).
-type PlanStore =
-    fn(&mut Core, &str, &[&[u8]], &[Option<u64>]) -> Result<Option<StorePlan>, TierError>;
-
-impl OffloadIndex {
-    /// A placement call's Python result: `None`, or `(keys to store, rows,
-    /// evicted keys, the row each evicted key held)`.
-    fn plan_store<'py>(
-        &self,
-        py: Python<'py>,
-        keys: &Bound<'py, PyAny>,
-        request: &Bound<'py, PyAny>,
-        positions: Option<&Bound<'py, PyAny>>,
-        place: PlanStore,
-    ) -> PyResult<Option<Bound<'py, PyTuple>>> {
-        let objects = key_objects(keys, Order::Kept)?;
-        let request = request_id(request)?;
-        let ends = self::positions(&objects, positions)?;
-        let keys = slices(&objects);
-        let plan = self
-            .core
-            .with(py, |c| place(c, &request, &keys, &ends))?
-            .map_err(tier_error)?;
-        let Some(plan) = plan else { return Ok(None) };
-        let store = PyList::new(py, plan.store.iter().map(|&i| &objects[i]))?;
-        let evicted = bytes_list(py, &plan.evicted)?;
-        let rows = rows_array(py, plan.rows);
-        let evicted_rows = rows_array(py, plan.evicted_rows);
-        Ok(Some(PyTuple::new(
-            py,
-            [
-                store.into_any(),
-                rows.into_any(),
-                evicted.into_any(),
-                evicted_rows.into_any(),
-            ],
-        )?))
-    }
-}
-
 #[pymethods]
 impl OffloadIndex {
     /// The most rows (the `capacity`) an index takes: rows are int32.
@@ -487,10 +444,9 @@ impl OffloadIndex {
             .map_err(tier_error)
     }
 
-    /// `None` when the offered keys do not all fit (after evicting what may
-    /// go; nothing changed), else `(keys to store (the offered objects),
-    /// their rows (int32), evicted keys, the row each evicted key held
-    /// (int32))`. An evicted key's bytes are still in its row when this
+    /// `None` when nothing can be placed, else `(keys to store (the offered
+    /// objects), their rows (int32), evicted keys, the row each evicted key
+    /// held (int32))`. An evicted key's bytes are still in its row when this
     /// returns, and that row may be among the plan's own rows: a lower tier
     /// copies it out before the plan's stores are written.
     #[pyo3(signature = (keys, request, positions = None))]
@@ -501,25 +457,32 @@ impl OffloadIndex {
         request: &Bound<'py, PyAny>,
         positions: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Option<Bound<'py, PyTuple>>> {
-        self.plan_store(py, keys, request, positions, Core::prepare_store)
+        let objects = key_objects(keys, Order::Kept)?;
+        let request = request_id(request)?;
+        let ends = self::positions(&objects, positions)?;
+        let keys = slices(&objects);
+        let plan = self
+            .core
+            .with(py, |c| c.prepare_store(&request, &keys, &ends))?
+            .map_err(tier_error)?;
+        let Some(plan) = plan else { return Ok(None) };
+        let store = PyList::new(py, plan.store.iter().map(|&i| &objects[i]))?;
+        let evicted = bytes_list(py, &plan.evicted)?;
+        let rows = rows_array(py, plan.rows);
+        let evicted_rows = rows_array(py, plan.evicted_rows);
+        Ok(Some(PyTuple::new(
+            py,
+            [
+                store.into_any(),
+                rows.into_any(),
+                evicted.into_any(),
+                evicted_rows.into_any(),
+            ],
+        )?))
     }
 
-    /// `prepare_store`, placing the new keys that fit from the head of the
-    /// offer (what `store` does); `None` when none fits.
-    #[pyo3(signature = (keys, request, positions = None))]
-    fn prepare_store_fitting<'py>(
-        &self,
-        py: Python<'py>,
-        keys: &Bound<'py, PyAny>,
-        request: &Bound<'py, PyAny>,
-        positions: Option<&Bound<'py, PyAny>>,
-    ) -> PyResult<Option<Bound<'py, PyTuple>>> {
-        self.plan_store(py, keys, request, positions, Core::prepare_store_fitting)
-    }
-
-    /// Completes stores; with `report`, returns the keys whose store
-    /// completed (the offered objects): readable now, or, failed, removed.
-    /// Else None.
+    /// Completes stores; with `report`, returns the keys that became
+    /// readable (the offered objects), else None.
     #[pyo3(
         signature = (keys, success = Success(true), report = Report(false)),
         text_signature = "(self, /, keys, success=True, report=False)"
@@ -534,10 +497,7 @@ impl OffloadIndex {
         let (success, report) = (success.0, report.0);
         let objects = key_objects(keys, Order::Any)?;
         let keys = slices(&objects);
-        let stored = self
-            .core
-            .with(py, |c| c.complete_store(&keys, success))?
-            .map_err(tier_error)?;
+        let stored = self.core.with(py, |c| c.complete_store(&keys, success))?;
         if !report {
             return Ok(None);
         }

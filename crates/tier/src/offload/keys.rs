@@ -104,7 +104,7 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(plan.store, [0]);
-        index.complete_store(&[&a], true).unwrap();
+        index.complete_store(&[&a], true);
         let before = index.digest();
         let err = index.prepare_store("s", &[&b], &[Some(1)]);
         assert!(matches!(err, Err(TierError::BadKey { .. })), "{err:?}");
