@@ -118,12 +118,13 @@ class L3Geometry:
         the worker's share of the cap would hold as data slots. Not sized by the host: the data
         slots, and so the log's shape, must not change with ``cpkv_host_blocks`` (a log of another
         shape is not recovered: the restart would be cold)."""
-        return slots_for(self.cap_bytes // self.world, self.slot_bytes, 1) // STOP_SHARE
+        return slots_for(self.cap_bytes // self.world, self.slot_bytes, 1, slot_order=False) // STOP_SHARE
 
     @cached_property
     def slots(self) -> int:
         # The cap covers every worker's data files and stop copy (one shard each) and the catalog's log.
-        slots = slots_for(self.cap_bytes // self.world - self.stop_rows * self.slot_bytes, self.slot_bytes, 1)
+        slots = slots_for(self.cap_bytes // self.world - self.stop_rows * self.slot_bytes, self.slot_bytes, 1,
+                          slot_order=False)
         if slots < 1:
             raise InvalidArgumentError(
                 f"{BYTES_SETTING}={self.cap_bytes} holds no chunk: {self.world} "

@@ -83,12 +83,14 @@ def disk_bytes(directory: str | os.PathLike) -> int:
     return total
 
 
-def slots_for(cap_bytes: int, slot_bytes: int, ranks_on_node: int) -> int:
+def slots_for(cap_bytes: int, slot_bytes: int, ranks_on_node: int, *, slot_order: bool = True) -> int:
     """The most slots whose data files, logs (each up to its compaction point plus one page) and one
-    compaction's temporary file fit in ``cap_bytes`` with the slot order's table
-    (:mod:`cpkv.tier.l3.order`), blocks rounded up."""
-    per_slot = slot_bytes + ranks_on_node * COMPACT_ENTRIES_PER_SLOT * LOG_ENTRY + LOG_ENTRY + BYTES_PER_SLOT
-    fixed = (ranks_on_node + 1) * 2 * ALIGN + ALIGN * (cap_bytes // DATA_FILE_BYTES + 3)  # + the slot order's block
+    compaction's temporary file fit in ``cap_bytes``, with the slot order's table
+    (:mod:`cpkv.tier.l3.order`) unless ``slot_order`` is False (a store of one writer, as vLLM's
+    shards), blocks rounded up."""
+    table = BYTES_PER_SLOT if slot_order else 0
+    per_slot = slot_bytes + ranks_on_node * COMPACT_ENTRIES_PER_SLOT * LOG_ENTRY + LOG_ENTRY + table
+    fixed = (ranks_on_node + 1) * 2 * ALIGN + ALIGN * (cap_bytes // DATA_FILE_BYTES + 2 + (1 if slot_order else 0))
     return max(0, (cap_bytes - fixed) // per_slot)
 
 
