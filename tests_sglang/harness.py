@@ -804,6 +804,7 @@ def l3_second_server(r: Rank) -> dict:
     every rank, and the live server's directory be left as it was."""
     import dataclasses
 
+    from cpkv.integrations.sglang.kv_format import stated_kv_cache_dtype
     from cpkv.integrations.sglang.l3 import SglangL3Tier
 
     r.controller("dynamic", _l3_extra(r))
@@ -820,7 +821,8 @@ def l3_second_server(r: Rank) -> dict:
     for name, topology in layouts.items():
         try:
             second = SglangL3Tier(r.options["l3_dir"], r.options["l3_bytes"], backend.pools, model="second-server",
-                                  topology=topology, tp_size=r.world, timeout_s=WAIT_S)
+                                  kv_cache_dtype=stated_kv_cache_dtype(), topology=topology, tp_size=r.world,
+                                  timeout_s=WAIT_S)
             second.close()
             refusals[name] = None
         except Exception as err:  # noqa: BLE001
