@@ -42,7 +42,16 @@ $(UV):
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet uv==$(UV_VERSION)
 
-$(DEPS): requirements-dev.txt constraints-dev.txt | $(UV)
+# Mooncake's transfer engine (the cluster tier) loads libibverbs.so.1 even over TCP: on Debian,
+# installed quietly with apt-get when missing (CI runs as root on a clean machine).
+.PHONY: system-deps
+system-deps: ## Debian's libibverbs1 for the cluster tier (apt-get, only when missing)
+	@ldconfig -p | grep -q 'libibverbs\.so\.1 ' || { \
+		test "$$(id -u)" = 0 || { echo "make: libibverbs1 is missing: apt-get install libibverbs1 (as root)" >&2; exit 1; }; \
+		DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends libibverbs1 >/dev/null; }
+
+$(DEPS): requirements-dev.txt constraints-dev.txt | $(UV) system-deps
 	$(UV) pip install --quiet --python $(PY) -r requirements-dev.txt -c constraints-dev.txt
 	touch $@
 
@@ -52,7 +61,7 @@ $(BUILT): $(DEPS) $(RUST_SRC)
 		maturin develop --release --quiet
 	touch $@
 
-$(VLLM_DEPS): requirements-vllm.txt constraints-vllm.txt | $(UV)
+$(VLLM_DEPS): requirements-vllm.txt constraints-vllm.txt | $(UV) system-deps
 	test -x $(VLLM_PY) || python3 -m venv $(VLLM_VENV)
 	$(UV) pip install --quiet --python $(VLLM_PY) -r requirements-vllm.txt -c constraints-vllm.txt
 	touch $@
@@ -62,7 +71,7 @@ $(VLLM_BUILT): $(VLLM_DEPS) $(RUST_SRC)
 		maturin develop --release --quiet
 	touch $@
 
-$(SGLANG_DEPS): requirements-sglang.txt constraints-sglang.txt | $(UV)
+$(SGLANG_DEPS): requirements-sglang.txt constraints-sglang.txt | $(UV) system-deps
 	test -x $(SGLANG_PY) || python3 -m venv $(SGLANG_VENV)
 	$(UV) pip install --quiet --python $(SGLANG_PY) -r requirements-sglang.txt -c constraints-sglang.txt
 	touch $@

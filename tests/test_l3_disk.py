@@ -22,29 +22,14 @@ from cpkv.replay import ReplayOptions
 from cpkv.replay.options import parse_payloads
 from cpkv.runtime.launch import run_ranks
 from cpkv.tier.l3.directory import LOCK_FILE
+from cpkv.tier.l3.log import LOG_ENTRY, LOG_HEADER
 from cpkv.tier.l3.store import L3Namespace, L3Store
 from cpkv.workload import generate
+from small_fs import fill_disk, mount_tmpfs, unmount
 
 NAMESPACE = L3Namespace(model="m", dtype="uint8", kv_layout="test", page_size=16, cp_size=1, tp_size=1,
                         page_bytes=4096)
 PAYLOADS = "kv:4x8:float8_e4m3fn,index:16:bfloat16"
-
-
-def _mount(path: Path, size: str, *options: str) -> None:
-    path.mkdir(exist_ok=True)
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join((f"size={size}", *options)), "tmpfs", str(path)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-
-
-@pytest.fixture
-def small_disk(tmp_path: Path):
-    """A 16 MiB tmpfs, unmounted after the test."""
-    disk = tmp_path / "disk"
-    _mount(disk, "16m")
-    yield disk
-    subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
 def _used(disk: Path) -> int:
@@ -124,11 +109,11 @@ def test_replay_refuses_a_cap_beyond_the_free_space_in_one_line(small_disk: Path
 
 def test_replay_on_a_read_only_directory_is_one_line_exit_2(tmp_path: Path) -> None:
     disk = tmp_path / "ro"
-    _mount(disk, "4m", "ro")
+    mount_tmpfs(disk, "4m", "ro")
     try:
         done = subprocess.run(_cli(disk, 2 << 20, "--limit", "4"), capture_output=True, text=True, timeout=120)
     finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False)
+        unmount(disk)
     assert done.returncode == 2, done.stderr
     assert done.stderr.count("\n") == 1, done.stderr
     assert done.stderr.startswith(f"cpkv: error: --l3-dir {disk}: cannot create its lock file") and "EROFS" in done.stderr
@@ -204,3 +189,63 @@ def test_a_full_disk_mid_run_stops_l3_on_every_rank_with_no_divergence_and_no_wr
     assert any("ENOSPC" in s for s in stopped), stopped
     assert len({r["l3_pages_spilled"] for r in results}) == 1, "every rank placed the same pages, then none"
     assert results[0]["agreement_checks"] > 2
+
+
+# -- run-time I/O errors in the store ---------------------------------------------------------------
+
+def _pages(keys: range) -> list[tuple[int, bytes]]:
+    return [(key, bytes([key % 251]) * NAMESPACE.page_bytes) for key in keys]
+
+
+def test_a_log_filling_the_disk_part_way_through_a_flush_keeps_every_acknowledged_page(small_disk: Path) -> None:
+    """The disk fills while a flush appends its log entries: the write stops part way (5 entries per
+    flush do not divide a block's). The log is cut back to where it ended and the flush raises (none
+    of its pages acknowledged); once there is room again, later pages are acknowledged, and every
+    acknowledged page is recovered."""
+    per_put = 5
+    store = L3Store(small_disk, 4 << 20, NAMESPACE)
+    filler = fill_disk(small_disk)
+    acknowledged: list[int] = []
+    key = 0
+    while True:  # the log's last block fills, flush by flush, then one append is cut short
+        try:
+            store.put(_pages(range(key, key + per_put)))
+        except OSError as err:
+            assert err.errno == errno.ENOSPC
+            break
+        acknowledged += range(key, key + per_put)
+        key += per_put
+    refused = range(key, key + per_put)
+    log = small_disk / "index-r0.log"
+    assert log.stat().st_size == LOG_HEADER + len(acknowledged) * LOG_ENTRY, "the log names exactly the acknowledged"
+    filler.unlink()
+    store.put(_pages(range(key + per_put, key + 2 * per_put)))
+    acknowledged += range(key + per_put, key + 2 * per_put)
+    store.close()
+    with L3Store(small_disk, 4 << 20, NAMESPACE) as again:
+        lost = [k for k in acknowledged if again.get(k) is None]
+        assert lost == [], f"{len(lost)} acknowledged pages lost: {lost[:5]}"
+        assert all(again.get(k) is None for k in refused), "the refused flush was acknowledged"
+
+
+def test_a_failed_sync_acknowledges_its_records_neither_then_nor_later(small_disk: Path, monkeypatch) -> None:
+    """A data sync that fails leaves the records' bytes on disk unknown: no later flush (which may
+    sync without an error: the kernel reports one once) nor the close may log them."""
+    from cpkv.tier.l3 import store as store_module
+
+    store = L3Store(small_disk, 4 << 20, NAMESPACE)
+    store.put(_pages(range(0, 4)))
+    store.put(_pages(range(4, 8)), durable=False)
+    real = os.fdatasync
+
+    def fails_once(fd: int) -> None:
+        monkeypatch.setattr(store_module.os, "fdatasync", real)
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(store_module.os, "fdatasync", fails_once)
+    with pytest.raises(OSError):
+        store.flush()
+    store.put(_pages(range(8, 12)))  # syncs fine now
+    store.close()
+    with L3Store(small_disk, 4 << 20, NAMESPACE) as again:
+        assert [k for k in range(12) if again.get(k) is not None] == [*range(0, 4), *range(8, 12)]

@@ -380,3 +380,24 @@ def test_the_batch_record_calls_refuse_bad_arguments_and_write_nothing():
         _cpkv.l3_seal(one, 1, key, sequence, length)
         assert np.array_equal(records[j * (length + tail):(j + 1) * (length + tail)], one)
         assert np.array_equal(one[length:], tails[j * tail:(j + 1) * tail])
+
+
+def test_disk_bytes_skips_a_file_another_rank_renames_between_listing_and_stat(tmp_path, monkeypatch):
+    # Ranks share a node's directory: a compaction's temporary file can be renamed away after
+    # scandir lists it and before its stat (found by CI in SGLang's skew test: FileNotFoundError).
+    (tmp_path / "kept").write_bytes(b"x" * 8192)
+    (tmp_path / "index-r1.tmp").write_bytes(b"y" * 4096)
+    real_scandir = os.scandir
+
+    class ListedThenRenamed:
+        def __enter__(self):
+            with real_scandir(tmp_path) as it:
+                entries = list(it)
+            (tmp_path / "index-r1.tmp").unlink()
+            return iter(entries)
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(os, "scandir", lambda _path: ListedThenRenamed())
+    assert disk_bytes(tmp_path) == os.stat(tmp_path / "kept").st_blocks * 512

@@ -149,8 +149,8 @@ def test_the_byte_check_sees_a_page_served_for_another_block() -> None:
 def test_expected_rows_tell_every_block_layer_and_payload_apart() -> None:
     import numpy as np
 
+    from cpkv.replay.kv_rows import kv_rows
     from cpkv.replay.options import KV_ROW_MIN_BYTES
-    from cpkv.replay.rank import kv_rows
 
     ids = np.array([0, 1, 2, 1 + 2**60, 2**32 + 1, 2**63 - 1, 251, 252, 2**8, 2**16], dtype=np.int64)
     seen = {}
@@ -175,6 +175,8 @@ def test_expected_rows_tell_every_block_layer_and_payload_apart() -> None:
     (["--payloads", "kv:8x16:float9"], "float9"),
     (["--payloads", "kv:8xq:bfloat16"], "shape"),
     (["--timeout", "nan"], "--timeout"),
+    (["--timeout", "1e15"], "--timeout must be a finite number of seconds in"),  # the one timeout rule
+    (["--l3-dir", "/tmp", "--l3-bytes", str(2**63)], "--l3-bytes must be an int in [1, 2**63)"),  # the one L3 rule
     (["--limit", "-3"], "--limit"),
     (["--json", "/nonexistent/dir/out.json"], "does not exist"),
     (["--payloads", "kv:4:uint8"], "at least 16"),

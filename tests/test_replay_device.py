@@ -18,8 +18,8 @@ import torch
 
 from cpkv.errors import InvalidArgumentError
 from cpkv.replay.device import ExpectedRows, ReplayClock, gpu_for_rank
+from cpkv.replay.kv_rows import kv_rows
 from cpkv.replay.options import KV_ROW_MIN_BYTES
-from cpkv.replay.rank import kv_rows
 from cpkv.runtime.launch import run_ranks
 from cpkv.workload import generate
 from stream_double import RecordingStreams

@@ -17,6 +17,7 @@ from cpkv.replay import ReplayOptions
 from cpkv.replay.options import parse_payloads
 from cpkv.runtime.launch import run_ranks
 from cpkv.workload import generate
+from tamper import replay_with_tampered_reads
 
 pytestmark = pytest.mark.slow
 
@@ -78,20 +79,10 @@ def test_a_damaged_record_between_runs_is_a_counted_drop_and_never_a_wrong_page(
 
 
 def _tampering_rank(rank: int, world: int, options: ReplayOptions, requests: list) -> dict:
-    """A rank whose L3 reads hand back one wrong byte per page (after the record check): the
-    replay's byte check must see every one."""
-    from cpkv.replay import rank as replay_rank_module
+    """A rank whose L3 reads hand back one wrong byte per page (:mod:`tamper`)."""
     from cpkv.tier.l3.tier import L3Tier
 
-    read = L3Tier.read
-
-    def tampered(self, found, device_pages):
-        positions, pages = read(self, found, device_pages)
-        pages[:, 3] ^= 0x01
-        return positions, pages
-
-    L3Tier.read = tampered  # type: ignore[method-assign]
-    return replay_rank_module.replay_rank(rank, world, options, requests)
+    return replay_with_tampered_reads(L3Tier, rank, world, options, requests)
 
 
 @pytest.mark.parametrize("ranks", [2, 4])

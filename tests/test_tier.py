@@ -25,6 +25,7 @@ from cpkv.errors import (
 )
 from cpkv.runtime.launch import run_ranks
 from cpkv.runtime.layout import CpLayout
+from cpkv.runtime.timeouts import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S, MIN_TIMEOUT_S
 from cpkv.tier import CacheController, LoadHandle, SlabSpec
 from cpkv.tier import streams as streams_module
 from stream_double import RecordingStreams
@@ -318,3 +319,13 @@ def test_single_process_controller_without_a_process_group() -> None:
         assert engine.ctl.stats()["backups_committed"] > 0
     finally:
         engine.ctl.close()
+
+
+@pytest.mark.parametrize("name", ["collective_timeout_s", "transfer_timeout_s"])
+@pytest.mark.parametrize("seconds", [MIN_TIMEOUT_S / 2, MAX_TIMEOUT_S * 1.001, 1e15])
+def test_config_timeouts_follow_the_one_timeout_rule(name: str, seconds: float) -> None:
+    """cpkv.runtime.timeouts is the one rule: a timeout gloo's millisecond counters cannot hold (or
+    one that rounds to zero there) is refused by the config too, naming the field."""
+    with pytest.raises(InvalidArgumentError, match=name):
+        CpkvConfig(**{name: seconds})
+    assert getattr(CpkvConfig(), name) == DEFAULT_TIMEOUT_S

@@ -71,5 +71,20 @@ for rank in range(cp):
 assert isinstance(cpkv.PrefixTree(page_size, "lru"), cpkv.PrefixTree)
 assert np.array_equal(plan.current_pages(0), [4])
 
+# The cluster tier's store (the `cluster` extra, Mooncake Store; here the dev venv's copy, through
+# the .pth, when it has one): its store module loads and its master program runs.
+import subprocess  # noqa: E402
+
+from cpkv.tier.cluster import mooncake  # noqa: E402
+
+assert site in Path(mooncake.__file__).resolve().parents, mooncake.__file__
+if importlib.util.find_spec("mooncake") is not None:
+    assert mooncake.store_class().__name__ == "MooncakeDistributedStore"
+    shown = subprocess.run([mooncake.program("mooncake_master"), "--help"], capture_output=True, text=True, timeout=60)
+    assert "enable_http_metadata_server" in shown.stdout + shown.stderr, (shown.stdout + shown.stderr)[-500:]
+    cluster = "Mooncake Store's mooncake.store and mooncake_master --help work"
+else:
+    cluster = "Mooncake Store not installed here: the cluster tier's check skipped"
+
 print(f"wheel smoke test passed in {time.perf_counter() - started:.2f} s "
-      f"(cpkv {cpkv.__version__} from {Path(cpkv.__file__).parent}, Python {sys.version.split()[0]})")
+      f"(cpkv {cpkv.__version__} from {Path(cpkv.__file__).parent}, Python {sys.version.split()[0]}; {cluster})")

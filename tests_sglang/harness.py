@@ -108,7 +108,7 @@ class Rank:
         self.rank, self.world, self.options = rank, world, options
         self.kind = options.get("kind", "gqa")
         # The device pool's dtype (torch's name): what SGLang's model runner makes of --kv-cache-dtype auto.
-        self.kv_dtype = "float16" if self.kind == "gqa" else "bfloat16"
+        self.kv_dtype = options.get("kv_dtype") or ("float16" if self.kind == "gqa" else "bfloat16")
         self.server_args = _publish_server_args()
         from sglang.srt.runtime_context import get_parallel
 
@@ -372,20 +372,7 @@ def pressure(r: Rank, requests: int = 40, seed: int = 2, backend: str = "cpkv", 
         r.controller("file", extra)
         _count_exists(r.backend)
     reqs = shared_prefix_requests(requests, seed, r.page_size, prefixes=8, max_pages=12 if r.kind == "dsa" else 32)
-    fetched = []
-    pending: list[list[int]] = []
-    my_lag = lag if r.rank == 1 else 0
-    for i, tokens in enumerate(reqs):
-        fetched.append(r.prefetch(f"req{i}", tokens))
-        pending.append(tokens)
-        while len(pending) > my_lag:
-            idx, _ = r.write(pending.pop(0))
-            r.wait_backup(idx)
-        if lag == 0:
-            r.barrier()
-    for t in pending:
-        idx, _ = r.write(t)
-        r.wait_backup(idx)
+    fetched = _serve_skewed(r, reqs, lag, "req", lockstep=lag == 0)
     r.barrier()
     out: dict = {"fetched": fetched, "distinct_pages": len({h for t in reqs for h in r.hashes(t)})}
     if backend == "cpkv":
@@ -478,6 +465,26 @@ def l3(r: Rank, phase: str, requests: int = 24, seed: int = 5, lag: int = 0, lat
     return out
 
 
+def _serve_skewed(r: Rank, reqs: list[list[int]], lag: int, name: str, lockstep: bool = False) -> list[dict]:
+    """SGLang's prefetch of each request, then its store, rank 1's stores (and so its backups and
+    spills) ``lag`` requests behind rank 0's; with ``lockstep`` a barrier after every request.
+    Returns each prefetch's outcome."""
+    fetched, pending = [], []
+    my_lag = lag if r.rank == 1 else 0
+    for i, tokens in enumerate(reqs):
+        fetched.append(r.prefetch(f"{name}{i}", tokens))
+        pending.append(tokens)
+        while len(pending) > my_lag:
+            idx, _ = r.write(pending.pop(0))
+            r.wait_backup(idx)
+        if lockstep:
+            r.barrier()
+    for tokens in pending:
+        idx, _ = r.write(tokens)
+        r.wait_backup(idx)
+    return fetched
+
+
 def l3_skew(r: Rank, root: str, lags: list[int], requests: int = 16, seed: int = 9) -> dict:
     """Per lag, on a fresh directory ``root/lag<k>`` under the given tiny ``l3_bytes``: SGLang's
     prefetch of each request (reads, hits loaded and checked), then its store, rank 1's backup thread
@@ -494,17 +501,7 @@ def l3_skew(r: Rank, root: str, lags: list[int], requests: int = 16, seed: int =
         r.barrier()
         r.controller("dynamic", _l3_extra(r))
         reqs = shared_prefix_requests(requests, seed + lag, r.page_size, prefixes=4, max_pages=12)  # fit the slab
-        fetched, pending = [], []
-        my_lag = lag if r.rank == 1 else 0
-        for i, tokens in enumerate(reqs):
-            fetched.append(r.prefetch(f"lag{lag}-req{i}", tokens))
-            pending.append(tokens)
-            while len(pending) > my_lag:
-                idx, _ = r.write(pending.pop(0))
-                r.wait_backup(idx)
-        for tokens in pending:
-            idx, _ = r.write(tokens)
-            r.wait_backup(idx)
+        fetched = _serve_skewed(r, reqs, lag, f"lag{lag}-req")
         r.backend.wait_checks(WAIT_S)
         r.barrier()  # every rank's spills written
         tier = r.backend.l3
@@ -1046,9 +1043,88 @@ def bad_indices(r: Rank) -> dict:
     return _finish(r, {"outcomes": outcomes, "good_read": ok, "wrong": r.check(r.host, good, keys), "size": size})
 
 
+def _cluster_extra(r: Rank) -> dict:
+    return _cpkv_extra(r.options, cpkv_cluster_master=r.options["cluster_master"],
+                       cpkv_cluster_metadata=r.options["cluster_metadata"])
+
+
+def _flip_in_store(r: Rank, store_pid: int, pool: str, key: str) -> None:
+    """Flips one payload byte of ``key``'s record of ``pool`` in the store server's own memory."""
+    from cpkv.integrations.sglang.l3 import l3_key
+    from cpkv.tier.cluster.tier import object_key
+
+    assert r.backend.cluster is not None and r.backend.cluster.client is not None
+    pages = r.backend.cluster.pools[pool]
+    raw = r.backend.cluster.client.store._store  # the Mooncake client itself: where the replica lives
+    replica = raw.get_replica_desc(object_key(pages.namespace_id, l3_key(key)))[0]
+    address = replica.get_memory_descriptor().buffer_descriptor.buffer_address
+    with open(f"/proc/{store_pid}/mem", "r+b", buffering=0) as memory:
+        memory.seek(address + 5)
+        byte = memory.read(1)[0]
+        memory.seek(address + 5)
+        memory.write(bytes([byte ^ 0x10]))
+
+
+def cluster(r: Rank, phase: str, requests: int = 10, seed: int = 7, flip: bool = False, drop_pool: str | None = None,
+            store_pid: int = 0, master_pid: int = 0) -> dict:
+    """The cluster tier under a small slab (one instance of ``world`` ranks; the test runs several
+    against one ``cpkv cluster serve``). ``phase="fill"``: every rank stores the requests (the slab's
+    victims, and at the clean stop its resident pages, go to the cluster). ``phase="warm"``: a new
+    instance prefetches each request (hits from the cluster) and checks every byte loaded; rank 0
+    first flips a byte of the first request's first KV record in the store (``flip``) or removes
+    every record of ``drop_pool`` (after a first prefetch of every request). ``phase="kill"``: per request a prefetch then a store, rank 0
+    SIGKILLs the master (``master_pid``) after the third."""
+    r.controller("dynamic", _cluster_extra(r))
+    reqs = shared_prefix_requests(requests, seed, r.page_size, prefixes=4, max_pages=12 if r.kind == "dsa" else 16)
+    hashes = [r.hashes(t) for t in reqs]
+    fetched: list[dict] = []
+    if phase == "fill":
+        for tokens in reqs:
+            idx, _ = r.write(tokens)
+            r.wait_backup(idx)
+    elif phase == "warm":
+        if r.rank == 0 and flip:
+            _flip_in_store(r, store_pid, "kv", hashes[0][0])
+        if drop_pool:  # first every request whole, then without the pool's records
+            r.barrier()
+            fetched = [r.prefetch(f"whole{i}", tokens) for i, tokens in enumerate(reqs)]
+            r.barrier()
+        if r.rank == 0 and drop_pool:
+            from cpkv.integrations.sglang.l3 import l3_key
+            from cpkv.tier.cluster.tier import object_key
+
+            assert r.backend.cluster is not None and r.backend.cluster.client is not None
+            raw = r.backend.cluster.client.store._store
+            ns = r.backend.cluster.pools[drop_pool].namespace_id
+            names = [object_key(ns, l3_key(h)) for h in sorted({h for hs in hashes for h in hs})]
+            assert raw.batch_remove(names, True) == [0] * len(names)  # forced: the reads just took leases
+        r.barrier()
+        fetched += [r.prefetch(f"req{i}", tokens) for i, tokens in enumerate(reqs)]
+    else:
+        for i, tokens in enumerate(reqs):
+            fetched.append(r.prefetch(f"req{i}", tokens))
+            idx, _ = r.write(tokens)
+            r.wait_backup(idx)
+            if i == 2:
+                r.barrier()
+                if r.rank == 0:
+                    os.kill(master_pid, signal.SIGKILL)
+                r.barrier()
+    r.barrier()
+    r.backend.wait_checks(WAIT_S)
+    out = {"fetched": fetched, "stats": r.backend.stats(), "pages": [len(h) for h in hashes],
+           "distinct_pages": len({h for hs in hashes for h in hs})}
+    r.barrier()
+    r.backend.close()
+    out["closed"] = r.backend.stats()
+    r.barrier()
+    return out
+
+
 SCENARIOS = {"roundtrip": roundtrip, "pressure": pressure, "killed": killed, "diverged": diverged,
              "missed_store": missed_store, "bad_indices": bad_indices, "l3": l3, "l3_crash": l3_crash,
              "l3_diverged": l3_diverged, "l3_late_pool": l3_late_pool,
              "l3_killed_claimant": l3_killed_claimant, "l3_skew": l3_skew,
              "l3_read_before_write": l3_read_before_write, "l3_formats": l3_formats,
-             "l3_full_disk": l3_full_disk, "l3_second_server": l3_second_server}
+             "l3_full_disk": l3_full_disk, "l3_second_server": l3_second_server,
+             "cluster": cluster}

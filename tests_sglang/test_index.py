@@ -12,6 +12,7 @@ from cpkv import DEFAULT_POLICY
 from cpkv._cpkv import OffloadIndex
 from cpkv.integrations.sglang import ReplicatedIndex
 from cpkv.integrations.sglang.index import Entry
+from engine_store import RESULTS, store_as_engine_calls
 
 
 def chain(*hashes: int) -> list[str]:
@@ -35,14 +36,17 @@ def stream(n: int = 300) -> list[tuple[list[str], list[str] | None]]:
 
 
 def test_it_is_the_offload_index_fed_the_same_stores():
-    """Byte-exact: the same rows, handles and digest as OffloadIndex.store with each key's documented
-    bytes (UTF-8, then group 0's four bytes) and prefix_keys[-1] as the prefix."""
+    """Byte-exact: the same rows and digest (handles included) as an OffloadIndex fed the engine calls
+    a store is documented to be (prepare_load of a readable prefix, prepare_store_fitting,
+    complete_store, complete_load, request_finished), each key its documented bytes (UTF-8, then
+    group 0's four bytes) and prefix_keys[-1] as the prefix."""
     ix = ReplicatedIndex(40)
-    core = OffloadIndex(40, DEFAULT_POLICY, [1])
+    core = OffloadIndex(40, DEFAULT_POLICY, [1], RESULTS)
     for keys, prefix in stream():
         got = ix.store(keys, prefix)
-        want = core.store([k.encode() + bytes(4) for k in keys], prefix[-1].encode() + bytes(4) if prefix else None)
-        assert got.tolist() == want.tolist()
+        want = store_as_engine_calls(core, [k.encode() + bytes(4) for k in keys],
+                                     prefix[-1].encode() + bytes(4) if prefix else None)
+        assert got[:, 0].tolist() == want
         assert ix.digest() == core.digest()
     assert ix.evicted > 0 and len(ix) == len(core) <= 40
     ix.check()

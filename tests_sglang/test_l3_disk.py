@@ -6,7 +6,6 @@ the cap."""
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -15,18 +14,6 @@ from cpkv.tier.l3.directory import LOCK_FILE, tree_bytes
 from harness import launch
 
 SLAB_PAGES = 32
-
-
-@pytest.fixture
-def small_disk(tmp_path: Path):
-    """A 16 MiB tmpfs, unmounted after the test."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(disk)], capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    yield disk
-    subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
 def _opts(directory: Path, kind: str, cap: int) -> dict:

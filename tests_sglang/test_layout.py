@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cpkv._cpkv import SglangIndex, SglangPool
-from cpkv.errors import InvalidArgumentError
+from cpkv.errors import InternalError, InvalidArgumentError
 from cpkv.integrations.sglang.layout import host_layout
 
 warnings.filterwarnings("ignore")
@@ -243,3 +243,52 @@ def test_batch_calls_match_a_reference(which: str, ops: list, rows: int) -> None
     pool.close()
     with pytest.raises(InvalidArgumentError, match="closed"):
         index.read_pages(KEYS[:1], pool, indices(1, 0))
+
+
+# -- the tensor calls (get / batch_set) on the same native path ----------------------------------------
+
+
+def test_tensor_calls_write_and_read_as_the_batch_calls_do() -> None:
+    """``write_values`` (the tensor ``batch_set``) leaves the slab's bytes, stamp and tag exactly as
+    ``store_pages`` (the batch call) leaves them for the same page; ``read_page`` (the tensor ``get``)
+    serves them only for the page's (handle, tag); the write hook runs after the row is invalidated
+    (a read then is a miss), and a write stopped there leaves the row unreadable."""
+    if not HOSTS:
+        HOSTS.update(_hosts())
+    host = HOSTS["asymmetric"]
+    batch, batch_slab = native_pool(host, 4)
+    tensor, tensor_slab = native_pool(host, 4)
+    index = SglangIndex(4, "lru")
+    ps, nbytes = host.page_size, batch.page_bytes
+    first = 2 * ps
+    key = KEYS[0]
+    write_page(host, first, page_content(key, nbytes))
+    index.store_pages([key], None, batch, torch.arange(first, first + ps), 1, 0)
+    (_, row, handle), = index.locate([key]).tolist()
+    tag = int(SglangIndex.key_tags([key])[0])
+    value = torch.frombuffer(bytearray(read_page(host, first)), dtype=torch.uint8)
+    seen = []
+    tensor.set_write_hook(lambda: seen.append(tensor.read_page(row, handle, tag, torch.empty(nbytes, dtype=torch.uint8))))
+    assert tensor.write_values([row], [handle], [tag], [value]) == 1
+    assert seen == ["missing"]  # invalid while its bytes change
+    tensor.set_write_hook(None)
+    for name in ("data", "stamps", "tags"):
+        assert torch.equal(tensor_slab[name], batch_slab[name]), name
+    assert tensor.write_values([row], [handle], [tag], [value]) == 0  # held already: not written again
+    out = torch.zeros(nbytes, dtype=torch.uint8)
+    assert tensor.read_page(row, handle, tag, out) == "served"
+    assert bytes(out.numpy()) == page_content(key, nbytes)
+    assert tensor.read_page(row, handle, tag + 1, out) == "missing"  # another key's tag
+    assert tensor.read_page(row, handle + 1, tag, out) == "missing"  # another handle
+
+    def died() -> None:
+        raise RuntimeError("the writer died")
+
+    tensor.set_write_hook(died)
+    with pytest.raises(InternalError, match="the writer died"):
+        tensor.write_values([row], [handle + 1], [tag], [value])
+    assert tensor_slab["stamps"][row] == -(handle + 1)
+    assert tensor.read_page(row, handle + 1, tag, out) == "missing"
+    assert tensor.read_page(row, handle, tag, out) == "missing"
+    batch.close()
+    tensor.close()

@@ -15,6 +15,9 @@ import pytest
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
+sys.path.append(str(HERE.parent / "tests"))  # helpers every suite shares (small_fs)
+
+from small_fs import small_disk  # noqa: E402,F401 (the small tmpfs fixture of the disk tests)
 
 
 def vllm_ready() -> str | None:

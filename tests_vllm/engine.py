@@ -86,6 +86,9 @@ class Engine:
     # many head elements as keep a block's bytes those of float32 heads (only the format differs).
     model_dtype: str = "float32"
     cache_dtype: str = "auto"
+    # False: the scheduler side only (vLLM's own CPU worker needs CUDA: a spec that uses it, as
+    # vLLM's TieringOffloadingSpec does, is driven through its manager on the CPU).
+    worker_side: bool = True
     scheduler: Scheduler = field(init=False)
     worker: OffloadingConnector = field(init=False)
     kv: dict[str, torch.Tensor] = field(init=False)
@@ -119,11 +122,12 @@ class Engine:
             self.scheduler = Scheduler(vllm_config=self.config, kv_cache_config=kv_cache_config,
                                        structured_output_manager=StructuredOutputManager(self.config),
                                        block_size=BLOCK_TOKENS)
-            self.worker = OffloadingConnector(self.config, KVConnectorRole.WORKER, kv_cache_config)
-            # One [num_blocks, 2 (K, V), block, heads, head] tensor per layer, as an attention backend lays it.
-            self.kv = {name: torch.zeros((self.num_gpu_blocks, 2, BLOCK_TOKENS, KV_HEADS, head_size), dtype=kv_dtype)
-                       for name in self.layers}
-            self.worker.register_kv_caches(self.kv)
+            if self.worker_side:
+                self.worker = OffloadingConnector(self.config, KVConnectorRole.WORKER, kv_cache_config)
+                # One [num_blocks, 2 (K, V), block, heads, head] tensor per layer, as an attention backend lays it.
+                self.kv = {name: torch.zeros((self.num_gpu_blocks, 2, BLOCK_TOKENS, KV_HEADS, head_size),
+                                             dtype=kv_dtype) for name in self.layers}
+                self.worker.register_kv_caches(self.kv)
         init_none_hash(sha256)
         self._hasher = get_request_block_hasher(BLOCK_TOKENS, sha256)
         self.written: dict[tuple[int, int, tuple[int, ...]], torch.Tensor] = {}

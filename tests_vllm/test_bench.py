@@ -43,6 +43,29 @@ def test_bench_vllm_table(tmp_path) -> None:
     assert report["vllm"] == "0.33.0" and report["policy"] == DEFAULT_POLICY
 
 
+def test_bench_vllm_policies_side_by_side(tmp_path) -> None:
+    """``--policy lru,ghost``: one cpkv manager per policy in the same interleaved replays, each
+    with its own summary row against the same vLLM managers."""
+    from cpkv.cli import main
+
+    out = tmp_path / "bench.json"
+    assert main(["bench", "vllm", "--requests", "200", "--capacities", "20,60", "--repeat", "1",
+                 "--policy", "lru,ghost", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    rows = report["tables"][0]["rows"]
+    assert [(r["host blocks"], r["manager"]) for r in rows] == [
+        (c, m) for c in (20, 60) for m in ("cpkv (lru)", "cpkv (ghost)", "vLLM CPU (lru)", "vLLM CPU (arc)", "floor")]
+    by = {(r["host blocks"], r["manager"]): r["host hit rate"] for r in rows}
+    summary = report["tables"][-1]["rows"]
+    assert [(r["host blocks"], r["cpkv policy"]) for r in summary] == [
+        (20, "lru"), (20, "ghost"), (60, "lru"), (60, "ghost")]
+    for r in summary:
+        assert r["cpkv hit rate"] == by[(r["host blocks"], f"cpkv ({r['cpkv policy']})")]
+    for capacity in (20, 60):  # the same LRU decisions as vLLM's own manager (the README's table)
+        assert by[(capacity, "cpkv (lru)")] == by[(capacity, "vLLM CPU (lru)")]
+    assert report["policy"] == "lru,ghost"
+
+
 @pytest.mark.parametrize("argv, words", [
     (["--requests", "0"], "--requests"),
     (["--repeat", "0"], "--repeat"),

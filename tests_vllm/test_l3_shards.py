@@ -62,12 +62,12 @@ def request(req_id: str, chain: list[int]) -> tuple[ReqContext, list[bytes]]:
 
 
 def store(m: CpkvOffloadingManager, ws: list[CpkvOffloadingWorker], ctx: ReqContext, keys: list[bytes],
-          blocks: list[int], job: int) -> None:
+          blocks: list[int], job: int, success: bool = True) -> None:
     out = m.prepare_store(keys, ctx)
     assert out is not None and out.keys_to_store == keys
     for w in ws:  # every worker runs every job (vLLM's connector), then the scheduler completes it
         w.submit_store(job, GPULoadStoreSpec(blocks, [len(blocks)], [0]), out.store_spec)
-    m.complete_store(keys, ctx)
+    m.complete_store(keys, ctx, success=success)
     m.on_request_finished(ctx)
 
 
@@ -122,6 +122,47 @@ def test_each_worker_writes_and_reads_back_only_its_own_shard(tmp_path: Path) ->
     assert not torch.equal(original[0][0][3], original[1][0][3]), "the ranks hold different bytes"
     assert m.num_pins == 0
     m.check()
+    m.shutdown()
+    for w in ws:
+        w.shutdown()
+
+
+def test_a_failed_store_acknowledges_none_of_the_spills_it_carried(tmp_path: Path) -> None:
+    """vLLM reports a store failed (its tiering manager does): the spills that job carried are not
+    known written, so they stay pending and unreadable, and the next job carries them and commits
+    them. The failed chunks leave the host: their rows take the next store without an eviction, and
+    a clean stop takes in only what the host really holds."""
+    m = CpkvOffloadingManager(HOST_CHUNKS, "lru", tokens_per_chunk=(CHUNK_TOKENS,), l3=L3Catalog(geometry(tmp_path)))
+    ws, kv = workers(tmp_path, seed=8)
+    a_ctx, a = request("a", [1, 2])
+    store(m, ws, a_ctx, a, [3, 4, 5, 6], job=1)
+    b_ctx, b = request("b", [7, 8])
+    store(m, ws, b_ctx, b, [9, 10, 11, 12], job=2, success=False)  # evicted "a": its spills rode on it
+    assert m.l3 is not None and m.stats()["l3_committed"] == 0 and len(m.l3.pending) == 1
+    ctx, keys = request("c", [1, 2])
+    assert [m.lookup(k, ctx) for k in keys] == [LookupResult.MISS] * 2, "not acknowledged: not readable"
+    assert [m.lookup(k, b_ctx) for k in b] == [LookupResult.MISS] * 2 and m.resident_keys() == []
+    d_ctx, d = request("d", [5, 6])
+    out = m.prepare_store(d, d_ctx)
+    assert out is not None and out.evicted_keys == [] and len(out.store_spec.spills) == 1
+    for w in ws:
+        w.submit_store(3, GPULoadStoreSpec([13, 14, 15, 0], [4], [0]), out.store_spec)
+    m.complete_store(d, d_ctx)
+    assert m.stats()["l3_committed"] == 2 and not m.l3.pending
+    assert [w.l3.counters["pages_written"] if w.l3 else None for w in ws] == [2, 2], "written once"
+    original = [[t.clone() for t in tensors] for tensors in kv]
+    for w in ws:
+        w.shutdown()
+    m.shutdown()
+    assert m.stats()["l3_stop_spilled"] == 2  # "d", not the failed "b"
+
+    m = CpkvOffloadingManager(8, "lru", tokens_per_chunk=(CHUNK_TOKENS,), l3=L3Catalog(geometry(tmp_path)))
+    ws, kv = workers(tmp_path, seed=9)
+    assert m.stats()["l3_recovered"] == 4
+    promote_and_load(m, ws, "e", [1, 2], 4, [0, 1, 2, 7])
+    assert_loaded(kv, original, [0, 1, 2, 7], [3, 4, 5, 6])
+    ctx, keys = request("f", [7, 8])
+    assert [m.lookup(k, ctx) for k in keys] == [LookupResult.MISS] * 2, "the failed store never reached disk"
     m.shutdown()
     for w in ws:
         w.shutdown()

@@ -20,8 +20,10 @@ import pytest
 from cpkv._cpkv import L3_HEADER_BYTES, L3_RECORD_KEY_AT, l3_check
 from cpkv.integrations.vllm.l3 import L3Geometry, l3_key
 from engine import Engine, prompt
-from test_l3 import BLOCKS, assert_exact, disk_bytes, keys_of, l3_extra, serve
+from test_l3 import assert_exact, disk_bytes, keys_of, l3_extra, serve
 from test_l3_kill import LINE_TIMEOUT_S, _readline
+
+BLOCKS = 5  # full blocks per prompt: 15 chunks over the three seeds, every host here holds an offer whole
 
 HERE = Path(__file__).resolve().parent
 SEEDS = (1, 2, 3)
@@ -130,8 +132,8 @@ CHILD = textwrap.dedent("""
     logging.disable(logging.WARNING)
     sys.path.insert(0, sys.argv[1])
     from engine import Engine, prompt
-    from test_l3 import BLOCKS, l3_extra
-    from test_l3_stop import SEEDS, durable, held_keys, l3_keys
+    from test_l3 import l3_extra
+    from test_l3_stop import BLOCKS, SEEDS, durable, held_keys, l3_keys
     cap = {"cpkv_l3_bytes": int(sys.argv[4])} if len(sys.argv) > 4 else {}
     eng = Engine(l3_extra(Path(sys.argv[2]), host_blocks=8, **cap))
     chunks = {}

@@ -44,7 +44,7 @@ def drive(m: CpkvOffloadingManager, seed: int, steps: int = 300) -> list[int]:
             if kind == "load":
                 m.complete_load(keys, ctx)
             else:
-                ok = rng.random() > 0.1
+                ok = rng.random() > 0.2
                 m.complete_store(keys, ctx, success=ok)
                 if ok:
                     stored_ok |= set(keys)
@@ -67,8 +67,13 @@ def drive(m: CpkvOffloadingManager, seed: int, steps: int = 300) -> list[int]:
                 inflight.append(("load", ctx, keys[:hits]))
             pinned_before = set(m.pinned_keys())
             held = {k: m.row_of(k) for k in m.resident_keys()}
+            missing = [k for k in keys[hits:] if m.lookup(k, ctx) is LookupResult.MISS]
+            digest = m.digest()
             out = m.prepare_store(keys[hits:], ctx)
-            if out is not None:
+            if out is None:
+                assert missing and m.digest() == digest, "a refused offer changes nothing"
+            else:
+                assert sorted(out.keys_to_store) == sorted(set(missing)), "an offer is placed whole"
                 assert not set(out.evicted_keys) & pinned_before, "a pinned chunk was evicted"
                 assert out.store_spec.evicted_rows.tolist() == [held[k] for k in out.evicted_keys]
                 assert set(out.keys_to_store) <= set(keys[hits:])
@@ -84,8 +89,9 @@ def drive(m: CpkvOffloadingManager, seed: int, steps: int = 300) -> list[int]:
             state = m.lookup(key, None)
             assert (state is LookupResult.HIT_PENDING) == m.is_storing(key), "pending exactly while storing"
             parent = m.parent_of(key)
-            if parent is not None:
-                assert parent in resident, "a resident chunk's prefix is resident"
+            if parent is not None:  # or a failed store that it continues, until rewritten or evicted
+                assert parent in resident or m.lookup(parent, None) is LookupResult.MISS, \
+                    "a resident chunk's prefix is on the host"
         for key in stored_ok & resident:
             assert m.lookup(key, None) is not LookupResult.HIT_PENDING or m.is_storing(key)
         digests.append(m.digest())
@@ -109,20 +115,51 @@ def test_random_calls_keep_the_contract_and_replay_identically(policy: str, seed
     assert first != drive(manager(12, policy), seed + 100)
 
 
-def test_a_failed_store_is_rewritten_in_its_own_row() -> None:
+def test_a_failed_store_frees_its_rows_and_is_stored_again() -> None:
     m = manager(8)
     ctx, keys = request("a", [1, 2, 3])
-    out = m.prepare_store(keys, ctx)
-    rows = [m.row_of(k) for k in keys]
+    m.prepare_store(keys, ctx)
     m.complete_store(keys, ctx, success=False)
     assert [m.lookup(k, ctx) for k in keys] == [LookupResult.MISS] * 3 and m.num_pins == 0
+    assert m.resident_keys() == [] and m.stats()["resident"] == 0, "the rows are free at once"
     ctx2, keys2 = request("b", [1, 2, 3])
     again = m.prepare_store(keys2, ctx2)
-    assert again is not None and again.keys_to_store == keys and list(again.store_spec.rows) == rows
-    assert list(out.store_spec.rows) == rows
+    assert again is not None and again.keys_to_store == keys and again.evicted_keys == []
     assert [m.lookup(k, ctx2) for k in keys] == [LookupResult.HIT_PENDING] * 3
     m.complete_store(keys, ctx2)
     assert [m.lookup(k, ctx2) for k in keys] == [LookupResult.HIT] * 3 and m.num_pins == 0
+    m.check()
+
+
+def test_a_failed_chunk_stays_while_a_later_store_continues_it() -> None:
+    """A request's next chunks are placed (continuing the pending ones) before the first store
+    fails: the failed chunks stay, unreadable and reported removed, until the continuation fails too
+    (then all leave) or they are offered again (rewritten in their rows)."""
+    m = CpkvOffloadingManager(8, "lru", tokens_per_chunk=(CHUNK,), enable_events=True)
+    ctx, keys = request("a", [1, 2, 3, 4])
+    m.prepare_store(keys[:2], ctx)
+    m.prepare_store(keys[2:], ctx)  # continues the pending chunks
+    assert m.parent_of(keys[2]) == keys[1]
+    m.complete_store(keys[:2], ctx, success=False)
+    [removed] = m.take_events()
+    assert removed.removed and removed.metadata_only and set(removed.keys) == set(keys[:2])
+    assert [m.lookup(k, ctx) for k in keys[:2]] == [LookupResult.MISS] * 2
+    assert m.resident_keys() == keys[2:] and m.stats()["resident"] == 4, "kept: something continues them"
+    m.complete_store(keys[2:], ctx, success=False)
+    assert m.stats()["resident"] == 0 and m.resident_keys() == [], "the whole failed chain left"
+    m.check()
+
+    ctx2, keys2 = request("b", [1, 2, 3, 4])
+    m.prepare_store(keys2[:2], ctx2)
+    m.prepare_store(keys2[2:], ctx2)
+    m.complete_store(keys2[:2], ctx2, success=False)
+    m.complete_store(keys2[2:], ctx2)
+    rows = [m.row_of(k) for k in keys2[:2]]
+    again = m.prepare_store(keys2[:2], ctx2)  # offered again: rewritten where they are
+    assert again is not None and again.keys_to_store == keys2[:2] and list(again.store_spec.rows) == rows
+    m.complete_store(keys2[:2], ctx2)
+    assert [m.lookup(k, ctx2) for k in keys2] == [LookupResult.HIT] * 4
+    assert sorted(m.evict(8)) == sorted(keys2) and m.stats()["resident"] == 0
     m.check()
 
 
@@ -184,6 +221,8 @@ def test_version_check_names_both_versions() -> None:
     ({"cpkv_host_blocks": [4]}, InvalidArgumentError),
     ({"cpkv_host_blocks": 4, "cpkv_policy": 3}, UnknownPolicyError),
     ({"cpkv_host_blocks": 4, "cpkv_slab": ["shared"]}, InvalidArgumentError),
+    # The L3 cap by the rule both engines share (cpkv.integrations._adapter): what the disk APIs take.
+    ({"cpkv_host_blocks": 4, "cpkv_l3_dir": "/tmp", "cpkv_l3_bytes": 1 << 63}, InvalidArgumentError),
 ])
 def test_config_rejects_bad_values(extra, error) -> None:
     with pytest.raises(error):
@@ -213,6 +252,14 @@ def test_an_unknown_cpkv_key_is_refused_naming_it_and_the_known_ones(key) -> Non
                                      ("cpkv_host_blocks", "cpkv_policy", "cpkv_slab", "cpkv_timeout_s"))
     # vLLM's own keys are vLLM's business.
     assert CpkvOffloadConfig.from_extra_config({"cpkv_host_blocks": 8, "spec_name": "x"}).host_blocks == 8
+
+
+@pytest.mark.parametrize("key", ["cpkv_cluster_master", "cpkv_cluster_metadata", "cpkv_cluster_bytes"])
+def test_a_cluster_key_points_to_the_cluster_tier_under_vllms_cpu_tier(key) -> None:
+    with pytest.raises(InvalidArgumentError) as caught:
+        CpkvOffloadConfig.from_extra_config({"cpkv_host_blocks": 8, key: "127.0.0.1:1"})
+    text = str(caught.value)
+    assert repr(key) in text and "CpkvClusterTier" in text and "cpkv.integrations.vllm.cluster_tier" in text
 
 
 @pytest.mark.parametrize("value", [1e15, 1e300, 1e-9, 0, -1, float("nan"), float("inf"), True, "30", None])

@@ -3,7 +3,8 @@
 Identical inputs give identical decisions on every rank, so no broadcast,
 gather or vote is needed to agree on where KV goes. The package, by concept:
 
-- shared host (L2) page allocator (``crates/allocator``): :class:`PageAllocator`;
+- shared host (L2) page allocator (``crates/allocator``): :class:`PageAllocator`, the deterministic first fit
+  that places the host tier's slab rows for the main job and both engines;
 - replicated prefix tree and eviction (``crates/evict``): :class:`PrefixTree`;
 - the CP compose path (:mod:`cpkv.compose`, kernels in :mod:`cpkv.kernels`);
 - batch admission for CP prefill (:mod:`cpkv.scheduling`);

@@ -51,6 +51,8 @@ __all__ = [
     "l3_seal_records",
     "l3_seal_tails",
     "l3_check_split",
+    "l3_seal_packed",
+    "l3_check_packed",
     "l3_record_bytes",
     "l3_namespace_id",
     "l3_log_header",
@@ -259,6 +261,8 @@ class PrefixTree:
     def snapshot(self) -> bytes: ...
     @staticmethod
     def restore(data: bytes | bytearray, event_limit: int | None = None) -> PrefixTree: ...
+    @staticmethod
+    def _ghost_sampled(page_size: int, rate_shift: int, floor: int) -> PrefixTree: ...
     def take_events(self) -> list[TreeEvent]: ...
     def check_invariants(self) -> None: ...
     def eviction_order(self) -> list[int]: ...
@@ -468,8 +472,8 @@ def row_runs(
 
 @final
 class OffloadIndex:
-    """An engine's host tier (vLLM's scheduler-side manager; SGLang's HiCache storage through
-    ``store``/``locate``), one call per engine call into the host tier's core (the Rust
+    """An engine's host tier (vLLM's scheduler-side manager; SGLang's HiCache storage runs the same
+    core as :class:`SglangIndex`), one call per engine call into the host tier's core (the Rust
     ``HostIndex`` that ``TierCache`` runs on too): keys are the engine's ``bytes``
     (the last four bytes name the KV cache group), chained into a prefix tree by their end
     positions in the request, placed in rows, pinned as tree locks, evicted leaf-first in the
@@ -496,29 +500,24 @@ class OffloadIndex:
     def touch(self, keys: Iterable[bytes], request: str, positions: Mapping[bytes, int] | None = None) -> None: ...
     def prepare_store(self, keys: Iterable[bytes], request: str, positions: Mapping[bytes, int] | None = None
                       ) -> tuple[list[bytes], npt.NDArray[np.int32], list[bytes], npt.NDArray[np.int32]] | None:
-        """``None`` when nothing can be placed, else (keys to store: the offered objects, their
-        rows, keys evicted to make room in eviction order, the row each evicted key held). An
-        evicted key's bytes are still in its row on return, and the row may be one of the plan's
-        own: a lower tier copies it out before the plan's stores are written."""
+        """``None`` when the offered keys do not all fit (after evicting what may go; nothing
+        changed), else (keys to store: the offered objects, their rows, keys evicted to make room
+        in eviction order, the row each evicted key held). An evicted key's bytes are still in its
+        row on return, and the row may be one of the plan's own: a lower tier copies it out before
+        the plan's stores are written."""
+    def prepare_store_fitting(self, keys: Iterable[bytes], request: str, positions: Mapping[bytes, int] | None = None
+                              ) -> tuple[list[bytes], npt.NDArray[np.int32], list[bytes], npt.NDArray[np.int32]] | None:
+        """``prepare_store``, placing the new keys that fit from the head of the offer (what
+        ``store`` does); ``None`` when none fits."""
     @overload
     def complete_store(self, keys: Iterable[bytes], success: bool, report: Literal[True]) -> list[bytes]: ...
     @overload
     def complete_store(self, keys: Iterable[bytes], success: bool = True, report: bool = False) -> list[bytes] | None:
         """``success`` and ``report`` are ``bool`` (numpy's too), never an int or ``None``; with ``report``
-        the keys this call made readable."""
+        the keys whose store this call completed: readable now, or (failed) removed, their rows free
+        unless chunks placed since continue them."""
     def request_finished(self, request: str) -> None: ...
     def evict(self, num: int) -> list[bytes]: ...
-    def store(self, keys: Iterable[str | bytes], prefix: str | bytes | None = None) -> npt.NDArray[np.int64]:
-        """One synchronous store (SGLang's ``batch_set``): exactly ``prepare_load`` of a readable
-        ``prefix``, ``prepare_store``, ``complete_store``, ``complete_load``, ``request_finished``
-        of one request whose keys continue ``prefix`` and each other. int64 ``[n, 2]``: each key's
-        (row, serial), (-1, 0) where refused. A ``str`` key is its UTF-8 bytes then group 0's four
-        bytes."""
-    def locate(self, keys: Iterable[str | bytes]) -> npt.NDArray[np.int64]:
-        """int64 ``[m, 3]``: (index into ``keys``, row, serial) of each readable key; changes
-        nothing. A serial (from 1) is never reused, not even after ``reset``."""
-    def readable(self) -> npt.NDArray[np.int64]:
-        """int64 ``[m, 2]``: (row, serial) of every readable key, in the order they were placed."""
     def reset(self) -> None: ...
     def digest(self) -> int: ...
     def resident_keys(self) -> list[bytes]: ...
@@ -579,6 +578,16 @@ def l3_check_split(tails: npt.NDArray[np.uint8], out: npt.NDArray[np.uint8], row
     bytes) and its tail into ``tails``; ``whole[j]`` False is ``truncated``. Per record ``None`` when the row
     holds the record's payload, else the reason's name."""
 
+def l3_seal_packed(records: npt.NDArray[np.uint8], namespace: int, keys: _IntVector, sequences: _IntVector,
+                   length: int) -> None:
+    """Seals packed records in place (``length + L3_HEADER_BYTES`` bytes each, back to back: an L3 record
+    without its zero padding): record ``j``'s payload is at its start, its trailer is written after it."""
+
+def l3_check_packed(records: npt.NDArray[np.uint8], namespace: int, keys: _IntVector, sequences: _IntVector,
+                    length: int) -> list[str | None]:
+    """Checks packed records (``length + L3_HEADER_BYTES`` bytes each, back to back) against ``keys[j]``,
+    ``sequences[j]``: per record ``None`` when its payload is the record's, else the first mismatch's name."""
+
 def l3_record_bytes(payload: int) -> int:
     """Bytes a record of ``payload`` bytes takes on disk (whole 4 KiB blocks)."""
 
@@ -626,7 +635,8 @@ class SglangPool:
     batch, each entry ``entry_sizes[j]`` bytes. ``data``: the slab's uint8 ``[rows, page_bytes]``;
     ``stamps``, ``tags``: its int64 per row (shared memory, accessed atomically). Every entry of every
     page is checked to lie inside its buffer before anything moves (``InvalidArgumentError`` naming
-    the page and its host index), and each copy checks its ranges again where it copies."""
+    the page and its host index), and each copy's run table is checked against both buffers before it
+    copies (the protocol is ``crates/slab``'s, the copies ``crates/copy``'s)."""
 
     def __new__(cls, name: str, host_buffers: list[object], entries: npt.NDArray[np.int64] | None,
                 meta: object | None, entry_sizes: Sequence[int], page_size: int, pool_tokens: int,
@@ -641,6 +651,16 @@ class SglangPool:
         """Writes ``data[j]`` (a page laid out as a slab row, an L3 record's payload) into host page
         ``positions[j]`` of a call of ``pages`` pages at ``host_indices``, checked first like every
         batch call's host range."""
+    def read_page(self, row: int, handle: int, tag: int, out: object) -> Literal["missing", "torn", "served"]:
+        """The tensor ``get``: slab ``row`` into ``out`` (a CPU contiguous uint8 tensor of ``page_bytes``,
+        the entries in order) while the row holds ``handle`` and ``tag``, checked before and after the
+        copy (a fence between): ``missing`` (nothing copied), ``torn`` (changed under the copy) or ``served``."""
+    def write_values(self, rows: Sequence[int], handles: Sequence[int], tags: Sequence[int],
+                     values: Sequence[object]) -> int:
+        """The tensor ``batch_set``'s rows of this rank: ``values[i]`` (CPU contiguous uint8 tensors of
+        ``page_bytes``) into ``rows[i]`` by the seqlock's sequence (rows invalid, a fence, the copies, a
+        fence, rows published; the write hook after the invalidation); rows holding their page already
+        are skipped. Returns how many rows were written."""
     def set_write_hook(self, hook: object | None) -> None:
         """A callable run after a write marked its rows invalid, before it copies (fault-injection tests)."""
     def close(self) -> None:
@@ -706,16 +726,19 @@ class L3Staging:
 
 @final
 class SglangIndex:
-    """The SGLang backend's replicated index (an ``OffloadIndex`` core: one store per SGLang store
-    call, same rows, handles and digest as ``OffloadIndex.store``) and its batch calls, each one
-    native call: checks, index work, key tags, stamps and copies (the GIL released around them). A
-    ``str`` key is its UTF-8 bytes then group 0's four bytes."""
+    """The SGLang backend's replicated index (an ``OffloadIndex`` core, one token per chunk) and its
+    batch calls, each one native call: checks, index work, key tags, stamps and copies (the GIL
+    released around them). A ``str`` key is its UTF-8 bytes then group 0's four bytes. A serial
+    (handle, from 1) is never reused, not even after ``reset``."""
 
     MAX_ROWS: int
 
     def __new__(cls, rows: int, policy: str) -> SglangIndex: ...
     def store(self, keys: Iterable[str | bytes], prefix: str | bytes | None = None) -> npt.NDArray[np.int64]:
-        """One store call, no bytes: int64 ``[n, 2]``, each key's (row, handle), (-1, 0) where refused."""
+        """One store call, no bytes (SGLang's ``batch_set``): exactly the engine calls ``prepare_load``
+        of a readable ``prefix``, ``prepare_store_fitting``, ``complete_store``, ``complete_load``,
+        ``request_finished`` of one request whose keys continue ``prefix`` and each other, on an
+        ``OffloadIndex``. int64 ``[n, 2]``: each key's (row, handle), (-1, 0) where refused."""
     def store_pages(self, keys: Iterable[str | bytes], prefix: str | bytes | None, pool: SglangPool,
                     host_indices: object, node_size: int, local_rank: int, spill: list[SglangPool] | None = None,
                     ) -> tuple[list[bool], int,
@@ -739,8 +762,10 @@ class SglangIndex:
     def held(self, keys: Iterable[str | bytes], pool: SglangPool) -> list[bool]: ...
     def present(self, keys: Iterable[str | bytes], pool: SglangPool) -> int:
         """The leading run of keys whose page is in the pool's slab now."""
-    def locate(self, keys: Iterable[str | bytes]) -> npt.NDArray[np.int64]: ...
-    def readable(self) -> npt.NDArray[np.int64]: ...
+    def locate(self, keys: Iterable[str | bytes]) -> npt.NDArray[np.int64]:
+        """int64 ``[m, 3]``: (index into ``keys``, row, handle) of each readable key; changes nothing."""
+    def readable(self) -> npt.NDArray[np.int64]:
+        """int64 ``[m, 2]``: (row, handle) of every readable key, in the order they were placed."""
     @staticmethod
     def key_tags(keys: Iterable[str | bytes]) -> npt.NDArray[np.int64]: ...
     def reset(self) -> None: ...

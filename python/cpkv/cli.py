@@ -40,6 +40,8 @@ COMMANDS: list[tuple[tuple[str, ...], str, str]] = [
     (("replay",), "cpkv.replay", "The main job: CP ranks run the two-tier cache over a trace, every byte verified"),
     (("sweep",), "cpkv.sweep", "Hit rate over a grid of capacities x policies, Belady as the ceiling: PNG + CSV"),
     (("bench", "vllm"), "cpkv.bench.vllm", "cpkv's vLLM offloading manager vs vLLM's LRU and ARC CPU managers on a trace"),
+    (("cluster", "serve"), "cpkv.tier.cluster.serve", "A local Mooncake cluster (master + one store server) for the cluster tier, in the foreground"),
+    (("bench", "cluster"), "cpkv.bench.cluster", "The cluster tier's put/get on a local Mooncake store against raw batch_put_from/batch_get_into of the same pages"),
     (("bench", "sglang"), "cpkv.bench.sglang", "cpkv's HiCache storage backend vs SGLang's file backend and per-rank host pool: bytes, MIN-cut hits, copy speed"),
 ]
 

@@ -3,7 +3,7 @@ share one cluster tier, by simulation.
 
 One hash id is one page, as in ``cpkv hitrate``. Every request goes to one instance (:func:`route`).
 Each instance has the device tier ``hitrate`` replays (a ``PrefixTree`` with the chosen policy and
-``device_pages`` pages, driven by :func:`cpkv.hitrate.place`) and a host tier of ``host_pages``
+``device_pages`` pages, driven by :func:`cpkv.device_sim.place`) and a host tier of ``host_pages``
 pages, write-through like cpkv's slab: every page the device holds after a request is written to
 (or refreshed in) the host, and the host evicts its least recently used page. All instances share
 one cluster tier of ``cluster_pages`` pages (Mooncake Store's place), least recently used out first:
@@ -143,7 +143,7 @@ class ClusterSim:
 
     def step(self, instance: int, blocks: Sequence[int]) -> TierHits:
         """Serves ``blocks`` on ``instance``; this request's blocks by tier (also added to :attr:`hits`)."""
-        from cpkv.hitrate import place
+        from cpkv.device_sim import place
 
         inst = self.instances[instance]
         placed = place(inst.tree, tuple(blocks), inst.device_pages, inst.next_page)

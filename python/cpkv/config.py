@@ -14,6 +14,8 @@ variable                        setting
 ``CPKV_HOST_FREE_TARGET``       host room admission evicts toward, fraction of the slab, 0.05
 ``CPKV_WARN_INTERVAL_S``        one fallback warning per kind per interval, 10
 ==============================  ===========================================================
+
+Both timeouts follow the one rule of :mod:`cpkv.runtime.timeouts` (its range and default).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from cpkv.errors import InvalidArgumentError
+from cpkv.runtime.timeouts import DEFAULT_TIMEOUT_S, checked_timeout_s
 
 DEBUG_ENV = "CPKV_DEBUG_COMPOSE"
 _TRUE = {"1", "true", "yes", "on"}
@@ -33,18 +36,18 @@ _FALSE = {"", "0", "false", "no", "off"}
 @dataclass(frozen=True)
 class CpkvConfig:
     debug: bool = False
-    collective_timeout_s: float = 30.0
-    transfer_timeout_s: float = 30.0
+    collective_timeout_s: float = DEFAULT_TIMEOUT_S
+    transfer_timeout_s: float = DEFAULT_TIMEOUT_S
     check_every: int = 16
     host_free_target: float = 0.05
     warn_interval_s: float = 10.0
 
     def __post_init__(self) -> None:
-        for name in ("collective_timeout_s", "transfer_timeout_s", "warn_interval_s"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                    or value <= 0:
-                raise InvalidArgumentError(f"config {name} must be a finite number > 0, got {value!r}")
+        for name in ("collective_timeout_s", "transfer_timeout_s"):  # the one timeout rule
+            checked_timeout_s(getattr(self, name), f"config {name}")
+        value = self.warn_interval_s
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise InvalidArgumentError(f"config warn_interval_s must be a finite number > 0, got {value!r}")
         if isinstance(self.check_every, bool) or not isinstance(self.check_every, int) or self.check_every < 1:
             raise InvalidArgumentError(f"config check_every must be an int >= 1, got {self.check_every!r}")
         frac = self.host_free_target

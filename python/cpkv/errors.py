@@ -31,6 +31,7 @@ __all__ = [
     "DivergenceError",
     "FallbackError",
     "GroupBrokenError",
+    "ClusterUnavailableError",
     "EngineVersionError",
     "InternalError",
 ]
@@ -127,6 +128,11 @@ class GroupBrokenError(CpkvError, RuntimeError):
 class EngineVersionError(CpkvError, ImportError):
     """A serving engine that is missing, not the exact version an integration was built for, or unable
     to build the native code it compiles on first use."""
+
+
+class ClusterUnavailableError(CpkvError, ConnectionError):
+    """The cluster tier's store (a Mooncake master or store server) is missing, dead or does not
+    answer in time; the message names the setting (``--cluster-master``) or the call."""
 
 
 class InternalError(CpkvError, RuntimeError):

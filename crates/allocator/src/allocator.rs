@@ -15,7 +15,7 @@ use crate::extent::Extent;
 use crate::free_list::FreeList;
 use crate::object_map::{sorted, Object, ObjectMap};
 use crate::payload::{PayloadId, PayloadSet, Payloads};
-use crate::placement::Placement;
+use crate::placement::{ExtentVec, Placement};
 use crate::stats::{Counters, PayloadStats, Stats};
 
 #[derive(Clone, Debug)]
@@ -122,6 +122,76 @@ impl PageAllocator {
             each(key, self.reserve_checked(key, num_pages, payloads));
         }
         Ok(())
+    }
+
+    /// Reserves one page of `payload` for each of `keys` (one-page objects,
+    /// freed one by one) in one reservation: the `keys.len()` pages are
+    /// placed as `reserve` places one object of that many pages (the
+    /// lowest-addressed extent that holds them all, else the lowest free
+    /// pages), and handed to the keys in address order; appends the pages
+    /// to `pages`. All or nothing: `Ok(false)` (a counted miss, state
+    /// unchanged) when fewer pages are free. A rejected call (payload
+    /// unknown, a key live or repeated) reserves nothing.
+    pub fn reserve_pages(
+        &mut self,
+        keys: &[u64],
+        payload: PayloadId,
+        pages: &mut Vec<u64>,
+    ) -> Result<bool> {
+        if payload >= self.payloads.len() {
+            return Err(AllocError::UnknownPayload {
+                name: format!("#{payload}"),
+            });
+        }
+        let wanted = keys.len() as u64;
+        if self.free[payload].free_pages() < wanted {
+            for &key in keys {
+                self.check_new(key, 1)?;
+            }
+            check_distinct(keys.iter().copied())?;
+            self.counters.misses += 1;
+            return Ok(false);
+        }
+        if wanted == 0 {
+            return Ok(true);
+        }
+        let free = &mut self.free[payload];
+        let mut taken = ExtentVec::default();
+        match free.take_first_fit(wanted) {
+            Some(extent) => taken.push(extent),
+            None => free.take_prefix(wanted, &mut taken),
+        }
+        // The keys are checked as they are inserted (one probe each, this
+        // is the engines' hot call); a bad one undoes the batch.
+        self.objects.reserve(keys.len());
+        pages.reserve(keys.len());
+        let first = pages.len();
+        let taken_pages = taken.as_slice().iter().flat_map(|e| e.start..e.end());
+        for (i, (&key, page)) in keys.iter().zip(taken_pages).enumerate() {
+            let Entry::Vacant(slot) = self.objects.entry(key) else {
+                let err = if keys[..i].contains(&key) {
+                    AllocError::RepeatedKeyInBatch { key }
+                } else {
+                    AllocError::DuplicateKey { key }
+                };
+                for placed in &keys[..i] {
+                    let object = self.objects.remove(placed).expect("placed above");
+                    self.digest.remove(object.digest_share);
+                }
+                for &extent in taken.as_slice() {
+                    self.free[payload].give_back(extent);
+                }
+                pages.truncate(first);
+                return Err(err);
+            };
+            let mut placement = Placement::new(1);
+            placement.push_part(payload, |out| out.push(Extent::new(page, 1)));
+            let object = slot.insert(Object::new(key, placement));
+            self.digest.add(object.digest_share);
+            pages.push(page);
+        }
+        self.counters.reserves += wanted;
+        Ok(true)
     }
 
     /// Frees every page of `key`, coalescing with free neighbours.

@@ -141,3 +141,52 @@ fn digest_is_a_function_of_state_not_history() {
     a.mark_committed(1).unwrap();
     assert_ne!(a.digest(), before);
 }
+
+#[test]
+fn reserve_pages_places_a_batch_like_one_object_and_frees_each_page_alone() {
+    let mut a = kv(12);
+    for key in 0..4 {
+        reserve(&mut a, key, 3);
+    }
+    a.release(1).unwrap(); // free [3, 6)
+    a.release(3).unwrap(); // free [9, 12)
+    let mut pages = Vec::new();
+    // Two pages fit the first hole: one one-page object per key there.
+    assert!(a.reserve_pages(&[20, 21], 0, &mut pages).unwrap());
+    assert_eq!(pages, [3, 4]);
+    assert_eq!(a.placement(21).unwrap().pages(0).unwrap(), [4]);
+    // Four fit no hole whole: the lowest free pages, in address order.
+    pages.clear();
+    assert!(a.reserve_pages(&[22, 23, 24, 25], 0, &mut pages).unwrap());
+    assert_eq!(pages, [5, 9, 10, 11]);
+    a.release(20).unwrap();
+    a.release(22).unwrap();
+    assert_eq!(a.free_extents(0), [Extent::new(3, 1), Extent::new(5, 1)]);
+    a.release(21).unwrap();
+    assert_eq!(a.free_extents(0), [Extent::new(3, 3)], "frees coalesce");
+    a.verify().unwrap();
+
+    // Rejected calls change nothing; a miss is counted.
+    let before = (a.digest(), a.free_extents(0), a.stats().counters);
+    pages.clear();
+    for (keys, payload, err) in [
+        (&[30, 23][..], 0, AllocError::DuplicateKey { key: 23 }),
+        (
+            &[30, 31, 30][..],
+            0,
+            AllocError::RepeatedKeyInBatch { key: 30 },
+        ),
+        (
+            &[30][..],
+            1,
+            AllocError::UnknownPayload { name: "#1".into() },
+        ),
+    ] {
+        assert_eq!(a.reserve_pages(keys, payload, &mut pages), Err(err));
+    }
+    assert!(!a.reserve_pages(&[30, 31, 32, 33], 0, &mut pages).unwrap());
+    assert!(pages.is_empty());
+    assert_eq!((a.digest(), a.free_extents(0)), (before.0, before.1));
+    assert_eq!(a.stats().counters.misses, before.2.misses + 1);
+    a.verify().unwrap();
+}

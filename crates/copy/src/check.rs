@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use crate::runs::Run;
+use crate::runs::{Run, RUN_COLUMNS};
 
 /// Why a copy was refused; nothing was written.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -30,6 +30,14 @@ pub enum CopyError {
     ZeroDstStride { index: usize },
     /// A buffer handed to `CheckedRuns::copy` is not the size the runs were checked for.
     NotChecked { what: String },
+    /// A flat run table entry is negative (`run`, `column` of `RUN_COLUMNS`).
+    NegativeEntry {
+        run: usize,
+        column: usize,
+        value: i64,
+    },
+    /// A flat run table whose length is not a whole number of runs.
+    Ragged { values: usize },
 }
 
 impl fmt::Display for CopyError {
@@ -67,6 +75,16 @@ impl fmt::Display for CopyError {
             CopyError::NotChecked { what } => {
                 write!(f, "{what} is not the size the run table was checked for")
             }
+            CopyError::NegativeEntry { run, column, value } => {
+                write!(
+                    f,
+                    "run {run} has a negative entry {value} in column {column}"
+                )
+            }
+            CopyError::Ragged { values } => write!(
+                f,
+                "a run table of {values} values is not a whole number of {RUN_COLUMNS}-value runs"
+            ),
         }
     }
 }

@@ -13,8 +13,10 @@ mod check;
 mod kernel;
 mod runs;
 mod stores;
+mod table;
 
 pub use check::CopyError;
 pub use kernel::{copy_runs, copy_runs_with, CheckedRuns};
 pub use runs::{runs_from_rows, Run, RUN_COLUMNS};
 pub use stores::{streaming_threshold, Stores};
+pub use table::{run_table, runs_from_table};

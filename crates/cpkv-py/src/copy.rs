@@ -352,31 +352,7 @@ fn runs_arg(runs: &Bound<'_, PyAny>) -> PyResult<Vec<Run>> {
             )
         }
     };
-    // One branch-free pass finds whether anything is negative (the common
-    // answer); only then is the first offender located for the message.
-    if values.iter().fold(0i64, |acc, &v| acc | v) < 0 {
-        let at = values
-            .iter()
-            .position(|&v| v < 0)
-            .expect("a negative entry");
-        return Err(refused(format!(
-            "run {} has a negative entry {} in column {}",
-            at / RUN_COLUMNS,
-            values[at],
-            at % RUN_COLUMNS
-        )));
-    }
-    Ok(values
-        .chunks_exact(RUN_COLUMNS)
-        .map(|r| Run {
-            dst_row: r[0] as u64,
-            dst_stride: r[1] as u64,
-            count: r[2] as u64,
-            source: r[3] as u64,
-            src_row: r[4] as u64,
-            src_stride: r[5] as u64,
-        })
-        .collect())
+    cpkv_copy::runs_from_table(values).map_err(|e| refused(e.to_string()))
 }
 
 /// `out[dst_row + k * dst_stride] = sources[source][src_row + k * src_stride]`
@@ -528,19 +504,5 @@ fn row_runs<'py>(
 /// Runs as the int64 `[R, 6]` table `copy_rows` takes (every entry came in
 /// as a non-negative int64 or is a count of them, so it fits).
 pub(crate) fn run_table<'py>(py: Python<'py>, runs: &[Run]) -> PyResult<Bound<'py, PyArray2<i64>>> {
-    let flat: Vec<i64> = runs
-        .iter()
-        .flat_map(|r| {
-            [
-                r.dst_row,
-                r.dst_stride,
-                r.count,
-                r.source,
-                r.src_row,
-                r.src_stride,
-            ]
-        })
-        .map(|v| v as i64)
-        .collect();
-    PyArray1::from_vec(py, flat).reshape([runs.len(), RUN_COLUMNS])
+    PyArray1::from_vec(py, cpkv_copy::run_table(runs)).reshape([runs.len(), RUN_COLUMNS])
 }

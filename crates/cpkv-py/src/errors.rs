@@ -6,7 +6,10 @@
 //! (`import_exception!`), its class object imported once, when the module is
 //! initialised (`import_classes`), so a call site names a type, never a string,
 //! and a missing class fails the import rather than a later call. Each core
-//! error type has one conversion: `alloc_error`, `evict_error`, `tier_error`.
+//! error type has one conversion: `alloc_error`, `evict_error`, `l3_error`,
+//! `tier_error`; the slab protocol's (`cpkv_slab`) errors are broken
+//! invariants, raised as `InternalError`, and a refused copy table
+//! (`cpkv_copy`) is a `CopyTableError`.
 
 use pyo3::exceptions::{PyException, PyImportError};
 use pyo3::import_exception;
@@ -92,7 +95,8 @@ pub(crate) fn evict_error(err: cpkv_evict::EvictError) -> PyErr {
         | E::PageCountMismatch { .. }
         | E::InvalidTier { .. }
         | E::PageInUse(_)
-        | E::RootNode(_) => InvalidArgumentError::new_err(message),
+        | E::RootNode(_)
+        | E::InvalidSampling(_) => InvalidArgumentError::new_err(message),
         E::CorruptSnapshot(_) => SnapshotError::new_err(message),
     }
 }
@@ -102,7 +106,7 @@ pub(crate) fn l3_error(err: cpkv_tier::l3::L3Error) -> PyErr {
     use cpkv_tier::l3::L3Error as E;
     match err {
         E::RepeatedKey { .. } => DuplicateKeyError::new_err(err.to_string()),
-        E::Argument { .. } | E::BatchTooLarge { .. } => {
+        E::Argument { .. } | E::BatchTooLarge { .. } | E::Batch { .. } => {
             InvalidArgumentError::new_err(err.to_string())
         }
     }

@@ -3,9 +3,10 @@
 //! namespace id. The files themselves are `cpkv.tier.l3` (Python).
 
 use cpkv_tier::l3::{
-    decode_log, decode_parts, decode_record, encode_log_entry, encode_log_header, record_bytes,
-    seal_record, seal_tail, writer_rank, Expected, L3Index as Core, L3Namespace, LogEntry,
-    LogHeader, HEADER_BYTES, KEY_AT, LOG_ENTRY_BYTES, LOG_HEADER_BYTES, MAX_L3_SLOTS,
+    check_into, check_packed, check_split, decode_record, encode_log_entry, encode_log_header,
+    record_bytes, recover_logs, seal_packed, seal_record, seal_records, seal_tails, writer_rank,
+    Expected, L3Error, L3Index as Core, L3Namespace, LogEntry, LogHeader, LogRecovery, RecordBatch,
+    RecordReject, HEADER_BYTES, KEY_AT, LOG_ENTRY_BYTES, LOG_HEADER_BYTES, MAX_L3_SLOTS,
     MAX_PAYLOAD_BYTES, RECORD_ALIGN, RECORD_MAGIC,
 };
 use numpy::{PyReadonlyArray1, PyReadwriteArray1};
@@ -24,6 +25,8 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(l3_seal_records, m)?)?;
     m.add_function(wrap_pyfunction!(l3_seal_tails, m)?)?;
     m.add_function(wrap_pyfunction!(l3_check_split, m)?)?;
+    m.add_function(wrap_pyfunction!(l3_seal_packed, m)?)?;
+    m.add_function(wrap_pyfunction!(l3_check_packed, m)?)?;
     m.add_function(wrap_pyfunction!(l3_record_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(l3_namespace_id, m)?)?;
     m.add_function(wrap_pyfunction!(l3_log_header, m)?)?;
@@ -95,11 +98,57 @@ fn l3_check(
     unshared(py, || decode_record(buf, &expected).err().map(|r| r.name()))
 }
 
+/// A batch's keys, sequences and length by the binding's int rule.
+fn batch_args(
+    keys: &Bound<'_, PyAny>,
+    sequences: &Bound<'_, PyAny>,
+    length: &Bound<'_, PyAny>,
+) -> PyResult<(Vec<u64>, Vec<u64>, u64)> {
+    Ok((
+        int_vector(keys, "keys")?,
+        int_vector(sequences, "sequences")?,
+        uint(length, "length")?,
+    ))
+}
+
+/// A contiguous uint8 array's bytes; `what` names it in the error.
+fn contiguous<'a>(array: &'a PyReadonlyArray1<'_, u8>, what: &str) -> PyResult<&'a [u8]> {
+    array
+        .as_slice()
+        .map_err(|_| invalid(format!("{what} must be a contiguous uint8 array")))
+}
+
+fn contiguous_mut<'a>(
+    array: &'a mut PyReadwriteArray1<'_, u8>,
+    what: &str,
+) -> PyResult<&'a mut [u8]> {
+    array
+        .as_slice_mut()
+        .map_err(|_| invalid(format!("{what} must be a contiguous uint8 array")))
+}
+
+/// Payloads of a batch, each contiguous.
+fn payload_slices<'a>(payloads: &'a [PyReadonlyArray1<'_, u8>]) -> PyResult<Vec<&'a [u8]>> {
+    payloads
+        .iter()
+        .enumerate()
+        .map(|(j, p)| {
+            p.as_slice()
+                .map_err(|_| invalid(format!("payload {j} is not contiguous")))
+        })
+        .collect()
+}
+
+/// Per record `None` or its reason's name.
+fn names(reasons: Vec<Option<RecordReject>>) -> Vec<Option<&'static str>> {
+    reasons.into_iter().map(|r| r.map(|r| r.name())).collect()
+}
+
 /// Checks the records read back to back into `records` (`slot_bytes` each;
 /// the last ones may be short) against `keys[j]`, `sequences[j]` and copies
 /// each good payload into row `rows[j]` of `out` (rows of `length` bytes).
 /// Per record `None` when served, else the reason's name. One call per read,
-/// without the GIL.
+/// without the GIL (`cpkv_tier::l3::check_into`).
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
 fn l3_check_into(
@@ -115,145 +164,48 @@ fn l3_check_into(
 ) -> PyResult<Vec<Option<&'static str>>> {
     let slot_bytes = uint(slot_bytes, "slot_bytes")? as usize;
     let namespace = uint(namespace, "namespace")?;
-    let (keys, sequences) = (
-        int_vector(keys, "keys")?,
-        int_vector(sequences, "sequences")?,
-    );
+    let (keys, sequences, length) = batch_args(keys, sequences, length)?;
     let rows = int_vector(rows, "rows")?;
-    let buf = records
-        .as_slice()
-        .map_err(|_| invalid("records must be a contiguous uint8 array".into()))?;
-    let dst = out
-        .as_slice_mut()
-        .map_err(|_| invalid("out must be a contiguous uint8 array".into()))?;
-    let length = payload_length(uint(length, "length")?, slot_bytes)?;
-    if keys.len() != sequences.len() || keys.len() != rows.len() {
-        return Err(invalid(format!(
-            "keys, sequences and rows differ in length: {}, {}, {}",
-            keys.len(),
-            sequences.len(),
-            rows.len()
-        )));
-    }
-    if let Some(row) = rows
-        .iter()
-        .find(|r| (**r as usize + 1) * length > dst.len())
-    {
-        return Err(invalid(format!(
-            "row {row} is outside out ({} bytes)",
-            dst.len()
-        )));
-    }
-    unshared(py, || {
-        let mut reasons = Vec::with_capacity(keys.len());
-        for j in 0..keys.len() {
-            let lo = (j * slot_bytes).min(buf.len());
-            let hi = (lo + slot_bytes).min(buf.len());
-            let expected = Expected {
-                namespace,
-                key: keys[j],
-                sequence: sequences[j],
-                length: length as u64,
-            };
-            match decode_record(&buf[lo..hi], &expected) {
-                Ok(payload) => {
-                    let row = rows[j] as usize * length;
-                    dst[row..row + length]
-                        .copy_from_slice(&buf[lo + payload.start..lo + payload.end]);
-                    reasons.push(None);
-                }
-                Err(reject) => reasons.push(Some(reject.name())),
-            }
-        }
-        reasons
-    })
+    let src = contiguous(&records, "records")?;
+    let dst = contiguous_mut(&mut out, "out")?;
+    let batch = RecordBatch {
+        namespace,
+        keys: &keys,
+        sequences: &sequences,
+        length,
+    };
+    let reasons = unshared(py, || check_into(src, slot_bytes, &batch, dst, &rows))?;
+    Ok(names(reasons.map_err(l3_error)?))
 }
 
-/// A payload length and the bytes its record holds past it (padding, then
-/// the header).
-fn tail_of(length: &Bound<'_, PyAny>) -> PyResult<(u64, usize)> {
-    let length = uint(length, "length")?;
-    if length > MAX_PAYLOAD_BYTES {
-        return Err(invalid(format!(
-            "length {length} is over the limit of {MAX_PAYLOAD_BYTES} bytes"
-        )));
-    }
-    Ok((length, (record_bytes(length) - length) as usize))
-}
+/// `seal_records` or `seal_tails`.
+type Seal = fn(&mut [u8], &RecordBatch<'_>, &[&[u8]]) -> Result<(), L3Error>;
 
-/// A batch of records to seal, checked: payload `j` (uint8, `length` bytes)
-/// under `keys[j]`, `sequences[j]`.
-struct SealBatch<'a> {
-    namespace: u64,
-    keys: Vec<u64>,
-    sequences: Vec<u64>,
-    length: u64,
-    payloads: Vec<&'a [u8]>,
-}
-
-impl<'a> SealBatch<'a> {
-    fn of(
-        payloads: &'a [PyReadonlyArray1<'_, u8>],
-        namespace: &Bound<'_, PyAny>,
-        keys: &Bound<'_, PyAny>,
-        sequences: &Bound<'_, PyAny>,
-        length: &Bound<'_, PyAny>,
-    ) -> PyResult<Self> {
-        let namespace = uint(namespace, "namespace")?;
-        let (keys, sequences) = (
-            int_vector(keys, "keys")?,
-            int_vector(sequences, "sequences")?,
-        );
-        let (length, _) = tail_of(length)?;
-        let payloads = payloads
-            .iter()
-            .enumerate()
-            .map(|(j, p)| match p.as_slice() {
-                Ok(bytes) if bytes.len() as u64 == length => Ok(bytes),
-                Ok(bytes) => Err(invalid(format!(
-                    "payload {j} has {} bytes, the records hold {length}",
-                    bytes.len()
-                ))),
-                Err(_) => Err(invalid(format!("payload {j} is not contiguous"))),
-            })
-            .collect::<PyResult<Vec<&[u8]>>>()?;
-        if keys.len() != payloads.len() || sequences.len() != payloads.len() {
-            return Err(invalid(format!(
-                "payloads, keys and sequences differ in length: {}, {}, {}",
-                payloads.len(),
-                keys.len(),
-                sequences.len()
-            )));
-        }
-        Ok(Self {
-            namespace,
-            keys,
-            sequences,
-            length,
-            payloads,
-        })
-    }
-
-    /// `out` as the batch's pieces of `each` bytes, back to back.
-    fn pieces<'o>(
-        &self,
-        out: &'o mut PyReadwriteArray1<'_, u8>,
-        what: &str,
-        each: usize,
-    ) -> PyResult<&'o mut [u8]> {
-        let dst = out
-            .as_slice_mut()
-            .map_err(|_| invalid(format!("{what} must be a contiguous uint8 array")))?;
-        let n = self.payloads.len();
-        if dst.len() != n * each {
-            return Err(invalid(format!(
-                "{what} holds {} bytes, {n} {what} of {each} need {}",
-                dst.len(),
-                n * each
-            )));
-        }
-        Ok(dst)
-    }
+/// A sealing call: its arguments by the binding's rules, then `seal` over
+/// `out` (called `what`) without the GIL.
+#[allow(clippy::too_many_arguments)]
+fn seal_batch(
+    py: Python<'_>,
+    mut out: PyReadwriteArray1<'_, u8>,
+    what: &str,
+    payloads: Vec<PyReadonlyArray1<'_, u8>>,
+    namespace: &Bound<'_, PyAny>,
+    keys: &Bound<'_, PyAny>,
+    sequences: &Bound<'_, PyAny>,
+    length: &Bound<'_, PyAny>,
+    seal: Seal,
+) -> PyResult<()> {
+    let namespace = uint(namespace, "namespace")?;
+    let (keys, sequences, length) = batch_args(keys, sequences, length)?;
+    let payloads = payload_slices(&payloads)?;
+    let dst = contiguous_mut(&mut out, what)?;
+    let batch = RecordBatch {
+        namespace,
+        keys: &keys,
+        sequences: &sequences,
+        length,
+    };
+    unshared(py, || seal(dst, &batch, &payloads))?.map_err(l3_error)
 }
 
 /// Builds whole records back to back in `records` (`record_bytes(length)`
@@ -262,29 +214,24 @@ impl<'a> SealBatch<'a> {
 #[pyfunction]
 fn l3_seal_records(
     py: Python<'_>,
-    mut records: PyReadwriteArray1<'_, u8>,
+    records: PyReadwriteArray1<'_, u8>,
     payloads: Vec<PyReadonlyArray1<'_, u8>>,
     namespace: &Bound<'_, PyAny>,
     keys: &Bound<'_, PyAny>,
     sequences: &Bound<'_, PyAny>,
     length: &Bound<'_, PyAny>,
 ) -> PyResult<()> {
-    let batch = SealBatch::of(&payloads, namespace, keys, sequences, length)?;
-    let each = record_bytes(batch.length) as usize;
-    let dst = batch.pieces(&mut records, "records", each)?;
-    unshared(py, || {
-        for (j, record) in dst.chunks_exact_mut(each).enumerate() {
-            record[..batch.payloads[j].len()].copy_from_slice(batch.payloads[j]);
-            let (key, sequence) = (batch.keys[j], batch.sequences[j]);
-            seal_record(
-                record,
-                batch.namespace,
-                key,
-                sequence,
-                batch.length as usize,
-            );
-        }
-    })
+    seal_batch(
+        py,
+        records,
+        "records",
+        payloads,
+        namespace,
+        keys,
+        sequences,
+        length,
+        seal_records,
+    )
 }
 
 /// The tails (`record_bytes(length) - length` bytes each: padding, then the
@@ -294,27 +241,16 @@ fn l3_seal_records(
 #[pyfunction]
 fn l3_seal_tails(
     py: Python<'_>,
-    mut tails: PyReadwriteArray1<'_, u8>,
+    tails: PyReadwriteArray1<'_, u8>,
     payloads: Vec<PyReadonlyArray1<'_, u8>>,
     namespace: &Bound<'_, PyAny>,
     keys: &Bound<'_, PyAny>,
     sequences: &Bound<'_, PyAny>,
     length: &Bound<'_, PyAny>,
 ) -> PyResult<()> {
-    let batch = SealBatch::of(&payloads, namespace, keys, sequences, length)?;
-    let each = (record_bytes(batch.length) - batch.length) as usize;
-    let dst = batch.pieces(&mut tails, "tails", each)?;
-    unshared(py, || {
-        for (j, tail) in dst.chunks_exact_mut(each).enumerate() {
-            seal_tail(
-                tail,
-                batch.namespace,
-                batch.keys[j],
-                batch.sequences[j],
-                batch.payloads[j],
-            );
-        }
-    })
+    seal_batch(
+        py, tails, "tails", payloads, namespace, keys, sequences, length, seal_tails,
+    )
 }
 
 /// Checks records read split: payload `j` straight into row `rows[j]` of
@@ -337,68 +273,69 @@ fn l3_check_split(
     length: &Bound<'_, PyAny>,
 ) -> PyResult<Vec<Option<&'static str>>> {
     let namespace = uint(namespace, "namespace")?;
-    let (keys, sequences, rows) = (
-        int_vector(keys, "keys")?,
-        int_vector(sequences, "sequences")?,
-        int_vector(rows, "rows")?,
-    );
-    let (length, tail_bytes) = tail_of(length)?;
-    let length = length as usize;
-    let tails = tails
-        .as_slice()
-        .map_err(|_| invalid("tails must be a contiguous uint8 array".into()))?;
-    let src = out
-        .as_slice()
-        .map_err(|_| invalid("out must be a contiguous uint8 array".into()))?;
-    let n = keys.len();
-    if sequences.len() != n || rows.len() != n || whole.len() != n {
-        return Err(invalid(format!(
-            "keys, sequences, rows and whole differ in length: {n}, {}, {}, {}",
-            sequences.len(),
-            rows.len(),
-            whole.len()
-        )));
-    }
-    if tails.len() != n * tail_bytes {
-        return Err(invalid(format!(
-            "tails holds {} bytes, {n} tails of {tail_bytes} need {}",
-            tails.len(),
-            n * tail_bytes
-        )));
-    }
-    if let Some(row) = rows
-        .iter()
-        .find(|r| (**r as usize).saturating_add(1).saturating_mul(length) > src.len())
-    {
-        return Err(invalid(format!(
-            "row {row} is outside out ({} bytes)",
-            src.len()
-        )));
-    }
-    unshared(py, || {
-        (0..n)
-            .map(|j| {
-                if !whole[j] {
-                    return Some("truncated");
-                }
-                let expected = Expected {
-                    namespace,
-                    key: keys[j],
-                    sequence: sequences[j],
-                    length: length as u64,
-                };
-                let tail = &tails[j * tail_bytes..(j + 1) * tail_bytes];
-                let row = rows[j] as usize * length;
-                decode_parts(
-                    &tail[tail_bytes - HEADER_BYTES..],
-                    &src[row..row + length],
-                    &expected,
-                )
-                .err()
-                .map(|r| r.name())
-            })
-            .collect()
-    })
+    let (keys, sequences, length) = batch_args(keys, sequences, length)?;
+    let rows = int_vector(rows, "rows")?;
+    let (tails, src) = (contiguous(&tails, "tails")?, contiguous(&out, "out")?);
+    let batch = RecordBatch {
+        namespace,
+        keys: &keys,
+        sequences: &sequences,
+        length,
+    };
+    let reasons = unshared(py, || check_split(tails, src, &rows, &whole, &batch))?;
+    Ok(names(reasons.map_err(l3_error)?))
+}
+
+/// Seals packed records in place: record `j` of `records` (`length +
+/// L3_HEADER_BYTES` bytes each, an L3 record without its zero padding: the
+/// cluster tier's objects) holds its payload at its start; its trailer is
+/// written right after it for `keys[j]`, `sequences[j]`. One call per
+/// batch, without the GIL.
+#[pyfunction]
+fn l3_seal_packed(
+    py: Python<'_>,
+    mut records: PyReadwriteArray1<'_, u8>,
+    namespace: &Bound<'_, PyAny>,
+    keys: &Bound<'_, PyAny>,
+    sequences: &Bound<'_, PyAny>,
+    length: &Bound<'_, PyAny>,
+) -> PyResult<()> {
+    let namespace = uint(namespace, "namespace")?;
+    let (keys, sequences, length) = batch_args(keys, sequences, length)?;
+    let dst = contiguous_mut(&mut records, "records")?;
+    let batch = RecordBatch {
+        namespace,
+        keys: &keys,
+        sequences: &sequences,
+        length,
+    };
+    unshared(py, || seal_packed(dst, &batch))?.map_err(l3_error)
+}
+
+/// Checks packed records (`length + L3_HEADER_BYTES` bytes each, back to
+/// back in `records`) against `keys[j]`, `sequences[j]`: per record `None`
+/// when its payload is the record's, else the first mismatch's name. One
+/// call per batch, without the GIL.
+#[pyfunction]
+fn l3_check_packed(
+    py: Python<'_>,
+    records: PyReadonlyArray1<'_, u8>,
+    namespace: &Bound<'_, PyAny>,
+    keys: &Bound<'_, PyAny>,
+    sequences: &Bound<'_, PyAny>,
+    length: &Bound<'_, PyAny>,
+) -> PyResult<Vec<Option<&'static str>>> {
+    let namespace = uint(namespace, "namespace")?;
+    let (keys, sequences, length) = batch_args(keys, sequences, length)?;
+    let src = contiguous(&records, "records")?;
+    let batch = RecordBatch {
+        namespace,
+        keys: &keys,
+        sequences: &sequences,
+        length,
+    };
+    let reasons = unshared(py, || check_packed(src, &batch))?;
+    Ok(names(reasons.map_err(l3_error)?))
 }
 
 /// Bytes a record of `payload` bytes takes on disk (whole 4 KiB blocks).
@@ -501,31 +438,19 @@ impl L3Index {
         namespace: &Bound<'_, PyAny>,
         slot_bytes: &Bound<'_, PyAny>,
     ) -> PyResult<(Self, Bound<'py, PyDict>, Vec<usize>)> {
-        let (slots, ranks) = (uint(slots, "slots")?, uint(ranks_on_node, "ranks_on_node")?);
+        let ranks = uint(ranks_on_node, "ranks_on_node")?;
         let want = LogHeader {
             namespace: uint(namespace, "namespace")?,
             slot_bytes: uint(slot_bytes, "slot_bytes")?,
-            slots,
+            slots: uint(slots, "slots")?,
         };
-        let (result, valid, foreign) = unshared(py, || {
-            let mut all = Vec::new();
-            let mut valid = Vec::with_capacity(logs.len());
-            let mut foreign = 0u64;
-            for log in &logs {
-                match decode_log(log) {
-                    Some((header, entries, length)) if header == want => {
-                        all.extend(entries);
-                        valid.push(length);
-                    }
-                    _ => {
-                        foreign += u64::from(!log.is_empty());
-                        valid.push(0);
-                    }
-                }
-            }
-            (Core::recover(slots, ranks, all), valid, foreign)
-        })?;
-        let (core, report) = result.map_err(l3_error)?;
+        let recovered = unshared(py, || recover_logs(ranks, &logs, &want))?.map_err(l3_error)?;
+        let LogRecovery {
+            index: core,
+            report,
+            valid,
+            foreign_logs: foreign,
+        } = recovered;
         let d = PyDict::new(py);
         d.set_item("entries", report.entries)?;
         d.set_item("kept", report.kept)?;

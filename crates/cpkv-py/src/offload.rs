@@ -6,15 +6,13 @@
 //! the engine's own dict, in Rust. `lookup` returns one of three objects
 //! given at construction (the engine's enum members), so the adapter can
 //! expose it as its own method with no Python frame in between.
-//!
-//! The synchronous calls (`store`, `locate`, `readable`: SGLang's HiCache
-//! backend) take `str` keys too, and answer in int64 arrays the backend
-//! indexes its row stamps with directly.
+//! (SGLang's synchronous calls are `SglangIndex`'s, over the same core.)
 
-use cpkv_tier::{key_hex, KeyState, OffloadIndex as Core, Placed, GROUP_BYTES, MAX_OFFLOAD_ROWS};
-use numpy::{
-    PyArray1, PyArray2, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods,
+use cpkv_tier::{
+    key_hex, KeyState, OffloadIndex as Core, StorePlan, TierError, MAX_KEYS_PER_CALL,
+    MAX_OFFLOAD_ROWS,
 };
+use numpy::{PyArray1, PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyList, PyString, PyTuple};
 
@@ -30,8 +28,6 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     Ok(())
 }
 
-/// The most keys one call takes (checked before anything is read).
-const MAX_KEYS_PER_CALL: usize = 1 << 24;
 /// The most KV cache groups an index is built for.
 const MAX_GROUPS: usize = 1 << 16;
 
@@ -151,72 +147,6 @@ fn key_objects<'py>(keys: &Bound<'py, PyAny>, order: Order) -> PyResult<Vec<Boun
     Ok(objects)
 }
 
-/// A `str` key's bytes: its UTF-8 then group 0's four bytes (the rule
-/// every binding that takes text keys shares).
-pub(crate) fn push_text_key(buf: &mut Vec<u8>, text: &str) {
-    buf.extend_from_slice(text.as_bytes());
-    buf.extend_from_slice(&[0; GROUP_BYTES]);
-}
-
-/// A key of the synchronous calls: `bytes` as they are; a `str` (SGLang's
-/// page hash) is its UTF-8 bytes then group 0's four bytes, the same on
-/// every rank. `what` names the argument in errors.
-fn engine_key(item: &Bound<'_, PyAny>, what: &dyn Fn() -> String) -> PyResult<Vec<u8>> {
-    let exact = item.is_exact_instance_of::<PyString>() || item.is_exact_instance_of::<PyBytes>();
-    if !exact && is_numpy_text(item) {
-        return Err(numpy_text_key(item, what));
-    }
-    if let Ok(text) = item.cast::<PyString>() {
-        let text = text.to_str().map_err(|_| {
-            invalid(format!(
-                "{} is a str that is not valid UTF-8: {}",
-                what(),
-                describe(item)
-            ))
-        })?;
-        let mut key = Vec::with_capacity(text.len() + GROUP_BYTES);
-        push_text_key(&mut key, text);
-        return Ok(key);
-    }
-    match item.cast::<PyBytes>() {
-        Ok(b) => Ok(b.as_bytes().to_vec()),
-        Err(_) => Err(wrong_type(format!(
-            "{} must be str or bytes, got {}",
-            what(),
-            describe(item)
-        ))),
-    }
-}
-
-/// The keys of a synchronous call, in order, each long enough to name its
-/// group.
-fn engine_keys(keys: &Bound<'_, PyAny>) -> PyResult<Vec<Vec<u8>>> {
-    let keys = key_items(keys, "str or bytes", Order::Kept)?
-        .iter()
-        .enumerate()
-        .map(|(i, item)| engine_key(item, &|| format!("keys[{i}]")))
-        .collect::<PyResult<Vec<_>>>()?;
-    let refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
-    Core::check_keys(&refs).map_err(tier_error)?;
-    Ok(keys)
-}
-
-/// Rows of `columns` int64 values as a 2-D array.
-pub(crate) fn table(
-    py: Python<'_>,
-    flat: Vec<i64>,
-    columns: usize,
-) -> PyResult<Bound<'_, PyArray2<i64>>> {
-    let n = flat.len() / columns;
-    PyArray1::from_vec(py, flat).reshape([n, columns])
-}
-
-/// (row, serial) as int64: rows are below 2**31, serials count from 1 and
-/// never reach 2**63.
-pub(crate) fn placed_words(p: Placed) -> [i64; 2] {
-    [i64::from(p.row), p.serial as i64]
-}
-
 fn slices<'a>(keys: &'a [Bound<'_, PyBytes>]) -> Vec<&'a [u8]> {
     keys.iter().map(|k| k.as_bytes()).collect()
 }
@@ -329,6 +259,46 @@ fn single_key<'a>(key: &'a Bound<'_, PyAny>) -> PyResult<&'a [u8]> {
     };
     Core::check_keys(&[bytes]).map_err(tier_error)?;
     Ok(bytes)
+}
+
+/// A store plan's placement call (`prepare_store` or `prepare_store_fitting`).
+type PlanStore =
+    fn(&mut Core, &str, &[&[u8]], &[Option<u64>]) -> Result<Option<StorePlan>, TierError>;
+
+impl OffloadIndex {
+    /// A placement call's Python result: `None`, or `(keys to store, rows,
+    /// evicted keys, the row each evicted key held)`.
+    fn plan_store<'py>(
+        &self,
+        py: Python<'py>,
+        keys: &Bound<'py, PyAny>,
+        request: &Bound<'py, PyAny>,
+        positions: Option<&Bound<'py, PyAny>>,
+        place: PlanStore,
+    ) -> PyResult<Option<Bound<'py, PyTuple>>> {
+        let objects = key_objects(keys, Order::Kept)?;
+        let request = request_id(request)?;
+        let ends = self::positions(&objects, positions)?;
+        let keys = slices(&objects);
+        let plan = self
+            .core
+            .with(py, |c| place(c, &request, &keys, &ends))?
+            .map_err(tier_error)?;
+        let Some(plan) = plan else { return Ok(None) };
+        let store = PyList::new(py, plan.store.iter().map(|&i| &objects[i]))?;
+        let evicted = bytes_list(py, &plan.evicted)?;
+        let rows = rows_array(py, plan.rows);
+        let evicted_rows = rows_array(py, plan.evicted_rows);
+        Ok(Some(PyTuple::new(
+            py,
+            [
+                store.into_any(),
+                rows.into_any(),
+                evicted.into_any(),
+                evicted_rows.into_any(),
+            ],
+        )?))
+    }
 }
 
 #[pymethods]
@@ -444,9 +414,10 @@ impl OffloadIndex {
             .map_err(tier_error)
     }
 
-    /// `None` when nothing can be placed, else `(keys to store (the offered
-    /// objects), their rows (int32), evicted keys, the row each evicted key
-    /// held (int32))`. An evicted key's bytes are still in its row when this
+    /// `None` when the offered keys do not all fit (after evicting what may
+    /// go; nothing changed), else `(keys to store (the offered objects),
+    /// their rows (int32), evicted keys, the row each evicted key held
+    /// (int32))`. An evicted key's bytes are still in its row when this
     /// returns, and that row may be among the plan's own rows: a lower tier
     /// copies it out before the plan's stores are written.
     #[pyo3(signature = (keys, request, positions = None))]
@@ -457,32 +428,25 @@ impl OffloadIndex {
         request: &Bound<'py, PyAny>,
         positions: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Option<Bound<'py, PyTuple>>> {
-        let objects = key_objects(keys, Order::Kept)?;
-        let request = request_id(request)?;
-        let ends = self::positions(&objects, positions)?;
-        let keys = slices(&objects);
-        let plan = self
-            .core
-            .with(py, |c| c.prepare_store(&request, &keys, &ends))?
-            .map_err(tier_error)?;
-        let Some(plan) = plan else { return Ok(None) };
-        let store = PyList::new(py, plan.store.iter().map(|&i| &objects[i]))?;
-        let evicted = bytes_list(py, &plan.evicted)?;
-        let rows = rows_array(py, plan.rows);
-        let evicted_rows = rows_array(py, plan.evicted_rows);
-        Ok(Some(PyTuple::new(
-            py,
-            [
-                store.into_any(),
-                rows.into_any(),
-                evicted.into_any(),
-                evicted_rows.into_any(),
-            ],
-        )?))
+        self.plan_store(py, keys, request, positions, Core::prepare_store)
     }
 
-    /// Completes stores; with `report`, returns the keys that became
-    /// readable (the offered objects), else None.
+    /// `prepare_store`, placing the new keys that fit from the head of the
+    /// offer (what `store` does); `None` when none fits.
+    #[pyo3(signature = (keys, request, positions = None))]
+    fn prepare_store_fitting<'py>(
+        &self,
+        py: Python<'py>,
+        keys: &Bound<'py, PyAny>,
+        request: &Bound<'py, PyAny>,
+        positions: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Option<Bound<'py, PyTuple>>> {
+        self.plan_store(py, keys, request, positions, Core::prepare_store_fitting)
+    }
+
+    /// Completes stores; with `report`, returns the keys whose store
+    /// completed (the offered objects): readable now, or, failed, removed.
+    /// Else None.
     #[pyo3(
         signature = (keys, success = Success(true), report = Report(false)),
         text_signature = "(self, /, keys, success=True, report=False)"
@@ -497,7 +461,10 @@ impl OffloadIndex {
         let (success, report) = (success.0, report.0);
         let objects = key_objects(keys, Order::Any)?;
         let keys = slices(&objects);
-        let stored = self.core.with(py, |c| c.complete_store(&keys, success))?;
+        let stored = self
+            .core
+            .with(py, |c| c.complete_store(&keys, success))?
+            .map_err(tier_error)?;
         if !report {
             return Ok(None);
         }
@@ -517,60 +484,6 @@ impl OffloadIndex {
             .detached(py, |c| c.evict(num))?
             .map_err(tier_error)?;
         bytes_list(py, &keys)
-    }
-
-    /// One synchronous store (SGLang's `batch_set`): int64 `[n, 2]`, each
-    /// key's (row, serial), (-1, 0) where refused.
-    #[pyo3(signature = (keys, prefix = None))]
-    fn store<'py>(
-        &self,
-        py: Python<'py>,
-        keys: &Bound<'py, PyAny>,
-        prefix: Option<&Bound<'py, PyAny>>,
-    ) -> PyResult<Bound<'py, PyArray2<i64>>> {
-        let keys = engine_keys(keys)?;
-        let prefix = match prefix.filter(|p| !p.is_none()) {
-            Some(p) => Some(engine_key(p, &|| "prefix".to_owned())?),
-            None => None,
-        };
-        let refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
-        let placed = self
-            .core
-            .with(py, |c| c.store(&refs, prefix.as_deref()))?
-            .map_err(tier_error)?;
-        let flat = placed
-            .into_iter()
-            .flat_map(|p| p.map_or([-1, 0], placed_words))
-            .collect();
-        table(py, flat, 2)
-    }
-
-    /// int64 `[m, 3]`: (index into `keys`, row, serial) of each readable
-    /// key, in key order; changes nothing.
-    fn locate<'py>(
-        &self,
-        py: Python<'py>,
-        keys: &Bound<'py, PyAny>,
-    ) -> PyResult<Bound<'py, PyArray2<i64>>> {
-        let keys = engine_keys(keys)?;
-        let found = self.core.with(py, |c| {
-            let mut flat = Vec::new();
-            for (i, key) in keys.iter().enumerate() {
-                if let Some(p) = c.locate(key) {
-                    let [row, serial] = placed_words(p);
-                    flat.extend([i as i64, row, serial]);
-                }
-            }
-            flat
-        })?;
-        table(py, found, 3)
-    }
-
-    /// int64 `[m, 2]`: (row, serial) of every readable key, in the order
-    /// they were placed.
-    fn readable<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<i64>>> {
-        let placed = self.core.detached(py, |c| c.readable())?;
-        table(py, placed.into_iter().flat_map(placed_words).collect(), 2)
     }
 
     fn reset(&self, py: Python<'_>) -> PyResult<()> {

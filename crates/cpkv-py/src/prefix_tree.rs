@@ -4,7 +4,7 @@
 //! and pages, non-negative counts and ids) before the core sees them, so a
 //! rejected call raises a typed `cpkv.errors` class and changes nothing.
 
-use cpkv_evict::{Event, NodeId, Policy, PrefixTree as Core};
+use cpkv_evict::{Event, NodeId, Policy, PrefixTree as Core, Sampling};
 use numpy::{PyArray1, PyArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyTuple};
@@ -413,6 +413,28 @@ impl PrefixTree {
         let bytes = snapshot_bytes(data)?;
         let mut core = unshared(py, || Core::restore(&bytes))?.map_err(evict_error)?;
         core.set_event_limit(event_limit);
+        Ok(Self {
+            core: Shared::new(core),
+        })
+    }
+
+    /// A ghost tree whose candidates sample prefix roots at a rate of
+    /// `1 / 2**rate_shift` with a floor of `floor` pages (`rate_shift=0,
+    /// floor=0`: full-size replicas fed every request, the candidates before
+    /// sampling). For tests and measurements comparing the sampled choice
+    /// with the exact one; not a policy to serve with.
+    #[staticmethod]
+    fn _ghost_sampled(
+        py: Python<'_>,
+        page_size: &Bound<'_, PyAny>,
+        rate_shift: &Bound<'_, PyAny>,
+        floor: &Bound<'_, PyAny>,
+    ) -> PyResult<Self> {
+        let page_size = count(page_size, "page_size")?;
+        let rate_shift = u32::try_from(uint(rate_shift, "rate_shift")?).unwrap_or(u32::MAX);
+        let sampling = Sampling::new(rate_shift, uint(floor, "floor")?).map_err(evict_error)?;
+        let core =
+            unshared(py, || Core::ghost_sampled(page_size, sampling))?.map_err(evict_error)?;
         Ok(Self {
             core: Shared::new(core),
         })

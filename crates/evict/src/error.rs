@@ -31,6 +31,8 @@ pub enum EvictError {
     RootNode(NodeId),
     /// Snapshot bytes that are truncated, corrupted or inconsistent.
     CorruptSnapshot(String),
+    /// Sampling parameters of ghost's candidates out of range (`Sampling::new`).
+    InvalidSampling(String),
 }
 
 impl fmt::Display for EvictError {
@@ -57,6 +59,7 @@ impl fmt::Display for EvictError {
             Self::HostKeyInUse(key) => write!(f, "host object key {key} is already recorded"),
             Self::RootNode(id) => write!(f, "node {id} is a namespace root"),
             Self::CorruptSnapshot(why) => write!(f, "corrupt prefix tree snapshot: {why}"),
+            Self::InvalidSampling(why) => write!(f, "invalid ghost sampling: {why}"),
         }
     }
 }

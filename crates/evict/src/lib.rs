@@ -13,7 +13,7 @@
 //! | words | `ids`, `clock`, `namespace`, `error`, `events` |
 //! | a node and where nodes live | `node`, `child_key` (child lookup, page words), `arena` (slots), `page_set`, `evictable` (the ordered index), `digest` |
 //! | what policies remember | `ghost_history` (`Policy::Ghost`'s history of dropped content), `queue_ghost_lists` (ARC's and S3-FIFO's ghost lists) |
-//! | how policies rank | `queue_shared` (the node slot and books both queue policies share), `arc`, `s3fifo`, `queues` (the queue state a tree keeps), `policy`, `ranking` (the rankings `Policy::Ghost` chooses between) |
+//! | how policies rank | `queue_shared` (the node slot and books both queue policies share), `arc`, `s3fifo`, `queues` (the queue state a tree keeps), `policy`, `ranking` (the rankings `Policy::Ghost` chooses between), `sampling` (which requests its candidates see) |
 //! | the tree | `tree` (with `tree/`): it knows the ghost policy's layer only as a `RankingChooser` |
 //! | above the tree | `transplant` (S3-FIFO's take-over order), `shadow` (ghost's shadow caches: the layer that chooses its ranking), `snapshot` |
 //!
@@ -42,6 +42,7 @@ mod queue_shared;
 mod queues;
 mod ranking;
 mod s3fifo;
+mod sampling;
 
 mod tree;
 
@@ -57,6 +58,7 @@ pub use ids::{HostKey, NodeId, PageId, Tier, Token};
 pub use namespace::Namespace;
 pub use node::Node;
 pub use policy::Policy;
+pub use sampling::Sampling;
 pub use shadow::replica_hits;
 pub use snapshot::TREE_SNAPSHOT_VERSION;
 pub use tree::{

@@ -1,8 +1,10 @@
-//! Shadow caches for `Policy::Ghost` (after miniature simulation, Waldspurger
-//! et al., ATC '17, here at full size): one replica of the tree per
-//! candidate ranking replays every insert at the tree's capacity and counts
-//! the pages it would have hit; the tree ranks its leaves the way the
-//! candidate with the most recent hits does.
+//! Shadow caches for `Policy::Ghost` (miniature simulations, Waldspurger et
+//! al., ATC '17): one miniature tree per candidate ranking replays the
+//! sampled inserts (`sampling.rs`: requests whose first pages hash under a
+//! threshold) at the sampled share of the tree's capacity and counts the
+//! pages it would have hit; the tree ranks its leaves the way the candidate
+//! with the most recent hits does. Scores, their decay and the switch
+//! spacing count sampled inserts: each miniature keeps its own time.
 //!
 //! No single ranking wins everywhere: plain recency is best where the cache
 //! holds nearly all reuse, a segmented ranking that remembers hits across
@@ -22,10 +24,11 @@
 //! synthetic one (and the other way round), see `docs/ghost.md`.
 //!
 //! Memory: a shadow keeps one word per page, not the page's tokens (see
-//! `page_words`), and holds at most the tree's peak device pages plus its
-//! own history (a ghost history of 4x that; arc's and s3fifo's ghost lists,
-//! at most 1x), so the shadows together are bounded by a constant times the
-//! capacity, and `PrefixTree::policy_memory` reports them.
+//! `page_words`), and holds at most its miniature share of the tree's peak
+//! device pages plus its own history (a ghost history of 4x that; arc's and
+//! s3fifo's ghost lists, at most 1x), so the shadows together are bounded
+//! by a constant times the sampled capacity, and
+//! `PrefixTree::policy_memory` reports them.
 
 use crate::child_key::page_words;
 use crate::error::EvictError;
@@ -34,20 +37,39 @@ use crate::namespace::Namespace;
 use crate::policy::Policy;
 use crate::queue_shared::Slot;
 use crate::ranking::{Ranking, CANDIDATES};
+use crate::sampling::Sampling;
 use crate::transplant::queue_order;
 use crate::tree::{PrefixTree, RankingChooser};
 use cpkv_hash::Hasher64;
 use cpkv_wire::{Reader, Writer};
 
 /// Scores decay by 1/2^DECAY_SHIFT per mirrored insert (a window of about
-/// a thousand requests).
+/// a thousand requests) when every request is mirrored.
 const DECAY_SHIFT: u32 = 10;
+/// A sampled window is never shorter than about 2^MIN_DECAY_SHIFT
+/// mirrored inserts: fewer sampled requests cannot tell the candidates apart.
+const MIN_DECAY_SHIFT: u32 = 6;
 /// Scores count hit pages in fixed point, so the decay does not round
 /// small counts away.
 const SCORE_FRACTION_BITS: u32 = 8;
 /// A challenger must lead by more than score / 2^SWITCH_MARGIN_SHIFT.
 const SWITCH_MARGIN_SHIFT: u32 = 7;
 const MIN_REQUESTS_BETWEEN: u64 = 64;
+
+/// The decay shift and switch spacing, in mirrored inserts, when the
+/// sample is 1/2^`halvings` of the requests: the window keeps about the
+/// same number of requests of the whole stream (down to
+/// 2^MIN_DECAY_SHIFT mirrored ones) and the spacing shrinks with it. Kept
+/// in sampled inserts, a miniature at a rate of 1/8 judged over 8,000
+/// requests and followed a stale leader (docs/ghost.md, "Sampled
+/// candidates").
+fn window(halvings: u32) -> (u32, u64) {
+    let shift = DECAY_SHIFT.saturating_sub(halvings).max(MIN_DECAY_SHIFT);
+    (
+        shift,
+        (MIN_REQUESTS_BETWEEN >> (DECAY_SHIFT - shift)).max(4),
+    )
+}
 
 impl PrefixTree {
     /// An empty tree with pages of `page_size` tokens, evicting by `policy`.
@@ -57,8 +79,19 @@ impl PrefixTree {
     pub fn new(page_size: usize, policy: Policy) -> Result<Self, EvictError> {
         let mut tree = Self::without_chooser(page_size, policy)?;
         if policy == Policy::Ghost {
-            tree.follow_chooser(Box::new(Shadows::new(page_size)));
+            tree.follow_chooser(Box::new(Shadows::new(page_size, Sampling::DEFAULT)));
         }
+        Ok(tree)
+    }
+
+    /// A `Policy::Ghost` tree whose candidates sample as `sampling` says
+    /// (`Sampling::EXACT`: full-size replicas fed every request). For tests
+    /// and measurements that compare the sampled choice with the exact one;
+    /// not a policy users pick.
+    #[doc(hidden)]
+    pub fn ghost_sampled(page_size: usize, sampling: Sampling) -> Result<Self, EvictError> {
+        let mut tree = Self::without_chooser(page_size, Policy::Ghost)?;
+        tree.follow_chooser(Box::new(Shadows::new(page_size, sampling)));
         Ok(tree)
     }
 }
@@ -74,12 +107,16 @@ pub struct Shadows {
     next_page: u64,
     /// The most device pages the main tree has held.
     capacity: usize,
+    /// Sampled inserts since the last switch.
     since_switch: u64,
+    /// Which inserts the shadows see, and at what share of `capacity`.
+    sampling: Sampling,
 }
 
 impl Shadows {
-    /// Shadows of a tree with pages of `page_size` tokens.
-    pub fn new(page_size: usize) -> Self {
+    /// Shadows of a tree with pages of `page_size` tokens, sampling as
+    /// `sampling` says.
+    pub fn new(page_size: usize, sampling: Sampling) -> Self {
         Self {
             page_size,
             trees: CANDIDATES
@@ -101,14 +138,18 @@ impl Shadows {
             next_page: 0,
             capacity: 0,
             since_switch: 0,
+            sampling,
         }
     }
 
-    /// The target the ARC shadow has adapted to (0 before it has one).
+    /// The target the ARC shadow has adapted to (0 before it has one),
+    /// scaled from its miniature to the whole cache.
     pub fn arc_target(&self) -> u64 {
         let arc = CANDIDATES.iter().position(|r| *r == Ranking::Arc);
-        arc.and_then(|i| self.trees[i].queue_state().arc_target())
-            .unwrap_or(0)
+        let target = arc
+            .and_then(|i| self.trees[i].queue_state().arc_target())
+            .unwrap_or(0);
+        self.sampling.scale_up(self.capacity, target)
     }
 
     pub fn leader(&self) -> Ranking {
@@ -121,16 +162,24 @@ impl Shadows {
     }
 
     /// Replays one insert of whole-page `tokens` into every shadow, as an
-    /// engine would (match, evict just enough, insert) at the main tree's
-    /// high-water mark of device pages, `held` included. True when the
+    /// engine would (match, evict just enough, insert) at the miniature
+    /// share of the main tree's high-water mark of device pages, `held`
+    /// included, when its prefix root is in the sample. True when the
     /// leader changed (the caller re-keys its leaves).
     pub fn mirror(&mut self, tokens: &[Token], namespace: &Namespace, held: usize) -> bool {
         self.capacity = self.capacity.max(held);
-        let cap = self.capacity;
+        if !self
+            .sampling
+            .samples(self.capacity, namespace, tokens, self.page_size)
+        {
+            return false;
+        }
+        let cap = self.sampling.miniature_capacity(self.capacity);
+        let (decay_shift, min_between) = window(self.sampling.halvings(self.capacity));
         let pages = page_words(tokens, self.page_size);
         for (i, t) in self.trees.iter_mut().enumerate() {
             let matched = t.replay(&pages, namespace, cap, &mut self.next_page);
-            self.scores[i] = self.scores[i] - (self.scores[i] >> DECAY_SHIFT)
+            self.scores[i] = self.scores[i] - (self.scores[i] >> decay_shift)
                 + ((matched as u64) << SCORE_FRACTION_BITS);
         }
         self.since_switch += 1;
@@ -139,7 +188,7 @@ impl Shadows {
             .expect("candidates");
         let lead = self.scores[self.leader];
         if self.scores[best] > lead + (lead >> SWITCH_MARGIN_SHIFT)
-            && self.since_switch >= MIN_REQUESTS_BETWEEN
+            && self.since_switch >= min_between
         {
             self.leader = best;
             self.since_switch = 0;
@@ -153,21 +202,25 @@ impl Shadows {
             .word(self.leader as u64)
             .word(self.next_page)
             .word(self.capacity as u64)
-            .word(self.since_switch);
+            .word(self.since_switch)
+            .word(u64::from(self.sampling.rate_shift()))
+            .word(self.sampling.floor());
         for (t, s) in self.trees.iter().zip(&self.scores) {
             h = h.word(t.digest()).word(*s);
         }
         h.finish()
     }
 
-    /// Every field, for snapshots: the counters, then per candidate its
-    /// score and its tree's whole body.
+    /// Every field, for snapshots: the counters and the sampling, then per
+    /// candidate its score and its tree's whole body.
     pub(crate) fn encode(&self, w: &mut Writer) {
         for v in [
             self.leader as u64,
             self.next_page,
             self.capacity as u64,
             self.since_switch,
+            u64::from(self.sampling.rate_shift()),
+            self.sampling.floor(),
         ] {
             w.u64(v);
         }
@@ -193,6 +246,9 @@ impl Shadows {
         let next_page = r.u64()?;
         let capacity = usize::try_from(r.u64()?).map_err(|_| "shadow capacity out of range")?;
         let since_switch = r.u64()?;
+        let rate_shift = u32::try_from(r.u64()?).map_err(|_| "shadow rate_shift out of range")?;
+        let sampling = Sampling::new(rate_shift, r.u64()?).map_err(|e| e.to_string())?;
+        let miniature = sampling.miniature_capacity(capacity);
         let mut trees = Vec::with_capacity(CANDIDATES.len());
         let mut scores = Vec::with_capacity(CANDIDATES.len());
         for ranking in CANDIDATES {
@@ -208,7 +264,7 @@ impl Shadows {
             t.set_event_limit(0);
             t.defer_terms();
             t.count_pages_only();
-            if t.device_pages() > capacity {
+            if t.device_pages() > miniature {
                 return Err(format!("shadow {ranking:?} holds more than its capacity"));
             }
             trees.push(t);
@@ -221,6 +277,7 @@ impl Shadows {
             next_page,
             capacity,
             since_switch,
+            sampling,
         })
     }
 
@@ -243,10 +300,10 @@ impl Shadows {
 }
 
 /// Issue 36's comparison: each candidate's hit pages per request under the
-/// replica shadows, fed one-token pages with the main tree holding `held`.
+/// exact replica shadows, fed one-token pages with the main tree holding `held`.
 #[doc(hidden)]
 pub fn replica_hits(requests: &[Vec<Token>], held: usize) -> Vec<[usize; 5]> {
-    let mut s = Shadows::new(1);
+    let mut s = Shadows::new(1, Sampling::EXACT);
     requests
         .iter()
         .map(|pages| {
@@ -274,7 +331,8 @@ impl RankingChooser for Shadows {
         self.arc_target()
     }
     fn queue_order(&self, tree: &PrefixTree) -> Vec<(NodeId, Slot)> {
-        queue_order(tree, self.leader_tree())
+        let miniature = self.sampling.miniature_capacity(self.capacity) < self.capacity;
+        queue_order(tree, self.leader_tree(), miniature)
     }
     fn digest(&self) -> u64 {
         self.digest()
@@ -296,10 +354,88 @@ impl RankingChooser for Shadows {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    /// Requests of one-token pages: conversations under `roots` prefix
+    /// roots, each request a root, a shared middle and a fresh tail.
+    fn requests() -> impl Strategy<Value = Vec<Vec<Token>>> {
+        let request = (0u64..60, 0u64..4, 1usize..6, 0u64..1000);
+        prop::collection::vec(request, 50..400).prop_map(|rs| {
+            rs.into_iter()
+                .map(|(root, mid, len, tail)| {
+                    let mut r = vec![root, 100 + root * 10 + mid];
+                    r.extend((0..len as u64).map(|k| 10_000 + tail * 10 + k));
+                    r
+                })
+                .collect()
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+        /// The model: sampled shadows are exact shadows fed only the
+        /// requests whose prefix root is under the threshold, at the
+        /// miniature capacity. Their trees agree after every request, the
+        /// sampled ones hold no more than the miniature capacity, and every
+        /// invariant holds.
+        #[test]
+        fn sampled_shadows_are_exact_shadows_fed_the_sample(
+            requests in requests(), shift in 1u32..4, held in 40usize..200,
+        ) {
+            let sampling = Sampling::new(shift, 8).unwrap();
+            let mini = sampling.miniature_capacity(held);
+            prop_assert!(mini < held);
+            let (mut sampled, mut model) = (Shadows::new(1, sampling), Shadows::new(1, Sampling::EXACT));
+            let ns = Namespace::Default;
+            let mut seen = 0;
+            for r in &requests {
+                sampled.mirror(r, &ns, held);
+                if sampling.samples(held, &ns, r, 1) {
+                    model.mirror(r, &ns, mini);
+                    seen += 1;
+                }
+                for (a, b) in sampled.trees.iter().zip(&model.trees) {
+                    prop_assert_eq!(a.digest(), b.digest());
+                    prop_assert!(a.device_pages() <= mini);
+                }
+                sampled.check().map_err(TestCaseError::fail)?;
+            }
+            prop_assert!(seen < requests.len() || requests.len() < 64, "something left out");
+        }
+    }
+
+    /// An insert whose key (its first four pages) is out of the sample
+    /// leaves every shadow and the score as they were; one inside, longer
+    /// than its key, moves them. The digest names the
+    /// sampling, so trees that sample differently never agree by accident.
+    #[test]
+    fn only_sampled_keys_reach_the_shadows() {
+        let sampling = Sampling::new(3, 8).unwrap();
+        let ns = Namespace::Default;
+        let (held, roots) = (256, 0..200u64);
+        let sampled = |r: u64| sampling.samples(held, &ns, &[r, 1, 2, 3], 1);
+        let outside = roots.clone().find(|&r| !sampled(r)).unwrap();
+        let inside = roots.clone().find(|&r| sampled(r)).unwrap();
+        let mut s = Shadows::new(1, sampling);
+        s.mirror(&[inside, 1, 2, 3], &ns, held);
+        let before = s.digest();
+        let trees: Vec<u64> = s.trees.iter().map(PrefixTree::digest).collect();
+        s.mirror(&[outside, 1, 2, 3], &ns, held);
+        assert_eq!(s.digest(), before, "an unsampled root changes nothing");
+        s.mirror(&[inside, 1, 2, 3, 5], &ns, held);
+        let after: Vec<u64> = s.trees.iter().map(PrefixTree::digest).collect();
+        assert!(
+            after.iter().zip(&trees).all(|(a, b)| a != b),
+            "a sampled one reaches all five"
+        );
+        let other = Shadows::new(1, Sampling::new(4, 8).unwrap());
+        assert_ne!(Shadows::new(1, sampling).digest(), other.digest());
+    }
 
     #[test]
     fn only_the_shadows_whose_order_uses_it_remember_dropped_content() {
-        let mut s = Shadows::new(1);
+        let mut s = Shadows::new(1, Sampling::EXACT);
         for i in 0..200u64 {
             let tokens = [i % 40, 1000 + i % 17, 2000 + i];
             s.mirror(&tokens, &Namespace::Default, 30);
@@ -329,7 +465,7 @@ mod tests {
             })
             .collect();
         let hits = replica_hits(&requests, 30);
-        let mut s = Shadows::new(1);
+        let mut s = Shadows::new(1, Sampling::EXACT);
         let mut scores = [0u64; 5];
         for (pages, h) in requests.iter().zip(&hits) {
             s.mirror(pages, &Namespace::Default, 30);
@@ -348,7 +484,10 @@ mod tests {
     /// pages: the same scores and leaders, one word per page either way.
     #[test]
     fn shadows_keep_one_word_per_page_whatever_the_page_size() {
-        let (mut one, mut eight) = (Shadows::new(1), Shadows::new(8));
+        let (mut one, mut eight) = (
+            Shadows::new(1, Sampling::EXACT),
+            Shadows::new(8, Sampling::EXACT),
+        );
         for i in 0..400u64 {
             let pages = [i % 7, 100 + i % 13, 200 + i % 29, 300 + i];
             let tokens: Vec<Token> = pages

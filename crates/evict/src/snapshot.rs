@@ -44,8 +44,9 @@ use cpkv_wire::{Reader, Writer};
 const MAGIC: &[u8; 8] = b"CPKVTREE";
 /// 2: the policies' own state (arc, s3fifo, ghost's shadows) follows the
 /// ghost history. 3: ghost's shadows include arc and s3fifo, and a ghost
-/// tree following one of them carries its queue state.
-pub const TREE_SNAPSHOT_VERSION: u32 = 3;
+/// tree following one of them carries its queue state. 4: ghost's shadows
+/// are miniatures and carry their sampling (rate and floor).
+pub const TREE_SNAPSHOT_VERSION: u32 = 4;
 
 const HEADER_LEN: usize = 8 + 4 + 8 + 32;
 const NO_PARENT: u64 = u64::MAX;
@@ -57,7 +58,7 @@ const NO_PARENT: u64 = u64::MAX;
 fn readable(version: u32, policy: Policy) -> bool {
     match version {
         TREE_SNAPSHOT_VERSION => true,
-        2 => policy != Policy::Ghost,
+        2 | 3 => policy != Policy::Ghost,
         1 => matches!(
             policy,
             Policy::Lru | Policy::Lfu | Policy::Fifo | Policy::Slru

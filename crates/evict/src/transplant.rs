@@ -8,11 +8,23 @@
 //! of the shadow node holding its last page (found by walking the shadow
 //! beside the tree, one pass over the pages), in the shadow's queue order,
 //! and content the shadow no longer holds goes first in line to leave.
+//!
+//! A miniature shadow (`sampling.rs`) saw only a sample of the requests, so
+//! content it does not hold may never have reached it: the tree's nodes are
+//! queued by last access, with the shadow's queue and count where it holds
+//! the content and by the node's own hits (as ARC takes over) elsewhere.
 
 use crate::child_key::page_words;
 use crate::ids::{NodeId, Token};
-use crate::queue_shared::Slot;
+use crate::queue_shared::{Slot, MAX_COUNT};
 use crate::tree::PrefixTree;
+
+/// The state of content the shadow does not hold: queued first, to leave first.
+const FIRST_OUT: Slot = Slot {
+    queue: 0,
+    count: 0,
+    seq: 0,
+};
 
 /// A position in a shadow tree: a node and how many of its pages are behind.
 #[derive(Clone, Copy)]
@@ -49,8 +61,9 @@ fn advance(shadow: &PrefixTree, mut at: Cursor, words: &[Token]) -> Option<Curso
 /// over from `shadow` should queue them, each with its queue and access
 /// count: first what the shadow does not hold (queue 0, count 0, least
 /// recently used first), then the rest in the shadow's order with the
-/// state of the shadow node that holds its last page.
-pub fn queue_order(tree: &PrefixTree, shadow: &PrefixTree) -> Vec<(NodeId, Slot)> {
+/// state of the shadow node that holds its last page. When the shadow is a
+/// `miniature`, every node goes by last access (see the module).
+pub fn queue_order(tree: &PrefixTree, shadow: &PrefixTree, miniature: bool) -> Vec<(NodeId, Slot)> {
     let page_size = tree.page_size();
     // (shadow position or none, last access, id, state): sorted below, so
     // the walk's order (hash tables of children) cannot show.
@@ -67,14 +80,19 @@ pub fn queue_order(tree: &PrefixTree, shadow: &PrefixTree) -> Vec<(NodeId, Slot)
             Slot::unpack(s.queue_slot())
         });
         let access = node.last_access();
-        let first_out = Slot {
-            queue: 0,
-            count: 0,
-            seq: 0,
-        };
-        placed.push(match held {
-            Some(slot) => ((1, slot.seq, access), id, slot),
-            None => ((0, 0, access), id, first_out),
+        placed.push(match (held, miniature) {
+            (Some(slot), false) => ((1, slot.seq, access), id, slot),
+            (Some(slot), true) => ((1, 0, access), id, slot),
+            (None, true) if !node.is_root() => {
+                let hits = node.hits();
+                let by_hits = Slot {
+                    queue: u64::from(hits >= 2),
+                    count: hits.saturating_sub(1).min(MAX_COUNT),
+                    seq: 0,
+                };
+                ((1, 0, access), id, by_hits)
+            }
+            (None, _) => ((0, 0, access), id, FIRST_OUT),
         });
         for child in tree.children(node.id()) {
             let words = page_words(tree.node(child).expect("live").tokens(), page_size);
@@ -129,7 +147,7 @@ mod tests {
         let shared = tree.node(three).unwrap().parent().unwrap();
         let root = tree.root(&NS).unwrap();
 
-        let order = queue_order(&tree, &shadow);
+        let order = queue_order(&tree, &shadow, false);
         assert_eq!(order.len(), tree.len());
         let (first, rest) = order.split_at(3);
         let mut gone: Vec<NodeId> = first.iter().map(|&(id, _)| id).collect();

@@ -122,6 +122,9 @@ pub struct PrefixTree {
     /// Nodes referring to each host object.
     host_refs: BTreeMap<HostKey, usize>,
     host_pages: usize,
+    /// Device pages of locked nodes (a lock covers its node's path): what
+    /// no eviction can free until they are unlocked.
+    locked_device_pages: usize,
     /// How far back the cache currently reaches, which scales
     /// `Policy::Ghost`'s weights: the latest position among device victims,
     /// a victim's position being its priority or, if later, its last access
@@ -191,6 +194,7 @@ impl PrefixTree {
             live_pages: LivePages::default(),
             host_refs: BTreeMap::new(),
             host_pages: 0,
+            locked_device_pages: 0,
             floor: 0,
             ghost: GhostHistory::default(),
             queues: QueueState::new(policy),
@@ -259,6 +263,33 @@ impl PrefixTree {
     }
     pub fn evictable(&self, tier: Tier) -> usize {
         self.index.len(tier)
+    }
+    /// Device pages under a lock (a locked node's, its ancestors').
+    pub fn locked_device_pages(&self) -> usize {
+        self.locked_device_pages
+    }
+
+    /// Read-only: the device pages that locking the end of each of `paths`
+    /// (a namespace's tokens, whole pages, as `match_prefix` would find
+    /// them) would add to `locked_device_pages`. So a caller can tell
+    /// whether an eviction would free enough before it changes anything.
+    pub fn pages_locking_adds(&self, paths: &[(&[Token], &Namespace)]) -> usize {
+        // Per unlocked node, the most of its head pages any path covers:
+        // paths share a node only through its head.
+        let mut covered: BTreeMap<NodeId, usize> = BTreeMap::new();
+        for &(tokens, namespace) in paths {
+            let Some(&root) = self.roots.get(namespace) else {
+                continue;
+            };
+            for step in self.walk(root, tokens) {
+                let node = self.node_ref(step.id);
+                if node.locks == 0 && node.device.is_some() {
+                    let pages = covered.entry(step.id).or_default();
+                    *pages = (*pages).max(step.matched);
+                }
+            }
+        }
+        covered.values().sum()
     }
     pub fn node(&self, id: NodeId) -> Option<&Node> {
         self.nodes.get(id)
@@ -635,6 +666,40 @@ impl PrefixTree {
             victims.push(DeviceVictim { node: id, pages });
         }
         victims
+    }
+
+    /// Takes the last `num_pages` device pages of `node` out of the tree:
+    /// content that was placed but never written, which its owner takes
+    /// back (a failed store). Only an unlocked device leaf without children
+    /// or a host copy qualifies; `None`, changing nothing, otherwise.
+    pub fn drop_tail(&mut self, node: NodeId, num_pages: usize) -> Option<Vec<PageId>> {
+        let n = self.node(node)?;
+        let held = n.device.as_ref().map_or(0, Vec::len);
+        if n.is_root()
+            || n.locks > 0
+            || n.host.is_some()
+            || !n.children.is_empty()
+            || num_pages == 0
+            || num_pages > held
+        {
+            return None;
+        }
+        self.clock.tick();
+        if num_pages < held {
+            return self.trim_tail(node, num_pages);
+        }
+        Some(self.evict_device(node))
+    }
+
+    /// Read-only: the node holding the last page of `tokens` (whole pages)
+    /// in `namespace`, and whether that page is the node's last; `None`
+    /// when the tree does not hold all of `tokens`.
+    pub fn node_ending(&self, tokens: &[Token], namespace: &Namespace) -> Option<(NodeId, bool)> {
+        let root = *self.roots.get(namespace)?;
+        let steps = self.walk(root, tokens);
+        let matched: usize = steps.iter().map(|s| s.matched).sum();
+        let last = steps.last()?;
+        (matched * self.page_size == tokens.len()).then_some((last.id, last.matched == last.pages))
     }
 
     /// Drops host-only leaves in policy order until at least `num_pages` host
@@ -1205,8 +1270,11 @@ impl PrefixTree {
         if !node.term_stale {
             self.digest_sum = self.digest_sum.wrapping_sub(node.digest_term);
         }
-        self.queues
-            .leave(node.queue_slot, node.device.as_ref().map_or(0, Vec::len));
+        let device = node.device.as_ref().map_or(0, Vec::len);
+        self.queues.leave(node.queue_slot, device);
+        if node.locks > 0 {
+            self.locked_device_pages -= device;
+        }
         if let Some((tier, key)) = node.indexed.take() {
             self.index.remove(tier, key, id);
         }
@@ -1261,8 +1329,11 @@ impl PrefixTree {
         let key = self.key_of(self.nodes.get(id).expect("internal ids are live"));
         self.renew_term(id);
         let node = self.nodes.live_mut(id);
-        self.queues
-            .enter(node.queue_slot, node.device.as_ref().map_or(0, Vec::len));
+        let device = node.device.as_ref().map_or(0, Vec::len);
+        self.queues.enter(node.queue_slot, device);
+        if node.locks > 0 {
+            self.locked_device_pages += device;
+        }
         let root = node.is_root();
         if let Some(tier) = evictable_tier(node) {
             node.indexed = Some((tier, key));

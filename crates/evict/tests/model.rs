@@ -18,7 +18,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use cpkv_evict::{EvictError, Namespace, NodeId, Policy, PrefixTree, Tier};
+use cpkv_evict::{EvictError, Namespace, NodeId, Policy, PrefixTree, Sampling, Tier};
 use proptest::prelude::*;
 
 const PAGE: usize = 2;
@@ -877,7 +877,10 @@ impl Harness {
 }
 
 fn run(policy: Policy, ops: &[Op]) {
-    let mut h = Harness::new(policy);
+    run_harness(Harness::new(policy), ops);
+}
+
+fn run_harness(mut h: Harness, ops: &[Op]) {
     for op in ops {
         h.apply(op);
         h.check();
@@ -900,6 +903,17 @@ proptest! {
     #[test]
     fn model_every_policy(ops in prop::collection::vec(op(), 1..60), p in 0usize..Policy::ALL.len()) {
         run(Policy::ALL[p], &ops);
+    }
+
+    /// Ghost with its candidates sampling from the first pages on (a floor
+    /// of 2 pages, rates 1/2 to 1/8), so the sampled path runs inside these
+    /// small trees: the same structural checks after every step, the
+    /// shadows' own invariants included (`check_invariants`).
+    #[test]
+    fn model_ghost_sampling(ops in prop::collection::vec(busy_op(), 20..200), shift in 1u32..4) {
+        let mut h = Harness::new(Policy::Ghost);
+        h.tree = PrefixTree::ghost_sampled(PAGE, Sampling::new(shift, 2).unwrap()).unwrap();
+        run_harness(h, &ops);
     }
 }
 

@@ -1,7 +1,9 @@
 //! Snapshots rebuild a replica exactly, bad bytes never panic, and a seeded
 //! operation stream ends at pinned digests (fast and canonical).
 
-use cpkv_evict::{EvictError, Namespace, Policy, PrefixTree, Tier, TREE_SNAPSHOT_VERSION};
+use cpkv_evict::{
+    EvictError, Namespace, Policy, PrefixTree, Sampling, Tier, TREE_SNAPSHOT_VERSION,
+};
 use proptest::prelude::*;
 
 /// A deterministic stream of engine calls driven by `seed` (a 64-bit LCG),
@@ -141,7 +143,10 @@ const GOLDEN: &[(&str, u64, &str)] = &[
     ("lfu", 0x91f1_b370_e75e_500b, "039acd2160e4d975"),
     ("fifo", 0x0e0f_6c54_7b5c_ea4e, "e62326dc5a8b10b2"),
     ("slru", 0x8bba_a2eb_bc7b_366b, "aabca3b36dd82564"),
-    ("ghost", 0x30a2_0f05_e4e8_9821, "e1398d5af2156410"),
+    // Moved with issue 47: ghost's shadows digest and encode their sampling
+    // (rate and floor); this tree stays under the floor, so every request
+    // is still sampled and its decisions are as before.
+    ("ghost", 0x9a9d_2e5c_d2e8_6248, "8fe0fbfa06162e7d"),
     ("arc", 0x3ada_cc15_b71c_b7b4, "8eaae0ceed16e30b"),
     ("s3fifo", 0x7df3_a62e_ab5a_30ae, "ce4bb1851fcd8efb"),
 ];
@@ -170,6 +175,38 @@ fn a_restored_replica_continues_identically() {
         }
         assert_eq!(a.canonical_digest(), b.canonical_digest());
     }
+}
+
+/// Ghost whose candidates sample (a floor of 8 pages, so these small trees
+/// are above it): the sampling restores with the shadows, and a restored
+/// replica goes on identically; one restored under other sampling differs.
+#[test]
+fn sampling_ghost_restores_with_its_sampling() {
+    let sampling = Sampling::new(2, 8).unwrap();
+    let mut a = PrefixTree::ghost_sampled(2, sampling).unwrap();
+    let mut d = Driver::new(0x47);
+    for _ in 0..1_500 {
+        d.step(&mut a);
+    }
+    let (mut b, mut d_b) = (PrefixTree::restore(&a.snapshot()).unwrap(), d.clone());
+    assert_eq!(b.snapshot(), a.snapshot());
+    for _ in 0..1_500 {
+        d.step(&mut a);
+        d_b.step(&mut b);
+        assert_eq!(a.digest(), b.digest());
+    }
+    assert_eq!(a.canonical_digest(), b.canonical_digest());
+    let mut exact = PrefixTree::ghost_sampled(2, Sampling::EXACT).unwrap();
+    let mut d = Driver::new(0x47);
+    for _ in 0..3_000 {
+        d.step(&mut exact);
+    }
+    assert_ne!(
+        exact.digest(),
+        a.digest(),
+        "the sampling is replicated state"
+    );
+    assert!(a.policy_memory().shadow_pages < exact.policy_memory().shadow_pages);
 }
 
 /// The policies with state beside the nodes (queues, ghost lists, ARC's

@@ -103,7 +103,7 @@ fn replay(index: &mut OffloadIndex, requests: &[Request]) -> u64 {
         }
         if let Some(plan) = plan {
             let stored: Vec<&[u8]> = plan.store.iter().map(|&i| keys[found + i]).collect();
-            index.complete_store(&stored, true);
+            index.complete_store(&stored, true).unwrap();
         }
         index.request_finished(&r.id);
         found_total += found as u64;

@@ -587,11 +587,14 @@ impl TierCache {
         (p.object, p.start_depth)
     }
 
-    /// Gives a host object's rows back to the host core's row stack.
+    /// Frees a host object's rows in the host core's allocator.
     fn release_object(&mut self, object: u64) {
         self.forget_object_keys(object);
-        let rows = self.objects.remove(object);
-        self.host.rows_mut().give_back(&rows);
+        self.objects.remove(object);
+        self.host
+            .rows_mut()
+            .release(object)
+            .expect("a live host object has an allocator object");
     }
 
     fn fresh_key(&mut self) -> u64 {
@@ -642,7 +645,12 @@ impl TierCache {
                 return (backups, skipped);
             }
             let object = self.fresh_key();
-            let rows = self.host.rows_mut().take(num_pages).expect("admitted");
+            let rows = self
+                .host
+                .rows_mut()
+                .reserve(object, num_pages)
+                .expect("a fresh object key")
+                .expect("admitted");
             let host_pages = rows.iter().map(|&r| u64::from(r)).collect();
             self.objects.insert(object, rows);
             self.host.tree_mut().lock(node).expect("live non-root");

@@ -1,7 +1,7 @@
 //! `HostIndex`: the host tier's core, shared by the main job (`TierCache`,
 //! which adds the device tier on top) and the engines (`OffloadIndex`, one
 //! core call per engine call): the prefix tree of what the host holds, the
-//! slab rows it sits in (`RowStack`), the pins that keep a transfer's path
+//! slab rows it sits in (`HostRows`, the first-fit allocator's extents), the pins that keep a transfer's path
 //! from eviction, and one digest of the three.
 //!
 //! A pin is a set of tree locks taken for one transfer and released
@@ -14,7 +14,7 @@ use cpkv_evict::{NodeId, Policy, PrefixTree};
 use cpkv_hash::hash_words;
 
 use crate::error::Result;
-use crate::rows::RowStack;
+use crate::rows::HostRows;
 
 const PIN_TAG: u64 = 0x686f_7374_7069_6e73; // "hostpins"
 const HOST_TAG: u64 = 0x686f_7374_6964_7820; // "hostidx "
@@ -33,7 +33,7 @@ pub struct Pin {
 #[derive(Debug, Clone)]
 pub struct HostIndex {
     tree: PrefixTree,
-    rows: RowStack,
+    rows: HostRows,
     pins: BTreeMap<u64, Pin>,
     next_pin: u64,
 }
@@ -43,7 +43,7 @@ impl HostIndex {
     /// rows.
     pub fn new(page_size: usize, policy: Policy, rows: u64) -> Result<Self> {
         Ok(Self {
-            rows: RowStack::new(rows)?,
+            rows: HostRows::new(rows)?,
             tree: PrefixTree::new(page_size, policy)?,
             pins: BTreeMap::new(),
             next_pin: 0,
@@ -56,10 +56,10 @@ impl HostIndex {
     pub fn tree_mut(&mut self) -> &mut PrefixTree {
         &mut self.tree
     }
-    pub fn rows(&self) -> &RowStack {
+    pub fn rows(&self) -> &HostRows {
         &self.rows
     }
-    pub fn rows_mut(&mut self) -> &mut RowStack {
+    pub fn rows_mut(&mut self) -> &mut HostRows {
         &mut self.rows
     }
 
@@ -113,8 +113,8 @@ impl HostIndex {
 
     // ---- digest and audit --------------------------------------------------
 
-    /// One digest of the tree (with its logical clock), the rows in use and
-    /// the pins.
+    /// One digest of the tree (with its logical clock), the rows' placement
+    /// (the allocator's digest) and the pins.
     pub fn digest(&self) -> u64 {
         self.combine(self.tree.digest())
     }
@@ -143,7 +143,8 @@ impl HostIndex {
         )
     }
 
-    /// The tree's invariants and the rows' conservation.
+    /// The tree's invariants and the rows' (conservation, coalescing,
+    /// digest).
     pub fn check(&self) -> std::result::Result<(), String> {
         self.tree.check_invariants()?;
         self.rows.check()

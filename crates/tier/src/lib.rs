@@ -2,9 +2,10 @@
 //! host copy goes, what to evict in both tiers, what to load back and what
 //! to admit, as a pure function of the replicated call sequence.
 //!
-//! One host-tier core, `HostIndex` (the prefix tree, the slab rows from one
-//! `RowStack`, the pins, a digest), serves both users: `OffloadIndex`, the
-//! engines' call protocol (one core call per engine call), and `TierCache`,
+//! One host-tier core, `HostIndex` (the prefix tree, the slab rows from
+//! the first-fit `PageAllocator`'s extents, the pins, a digest), serves
+//! both users: `OffloadIndex`, the engines' call protocol (one core call
+//! per engine call), and `TierCache`,
 //! which adds the device tier on top (the same tree carries both tiers'
 //! residency; the device page pool sits beside it) and exposes one combined
 //! digest. Python (`cpkv.tier.CacheController`) only moves bytes, runs
@@ -32,6 +33,8 @@
 
 /// `TierCache`: the engine-level operations.
 mod cache;
+/// The cache's side of spills (`spill.rs` holds the bookkeeping).
+mod cache_spills;
 /// `TierConfig`: the cache's shape.
 mod config;
 /// `DevicePool`: logical device pages, free / held by the caller / cached.
@@ -54,7 +57,8 @@ mod offload;
 mod ownership;
 /// Plain results: lookups, load plans, backups, commits.
 mod plan;
-/// `RowStack`: the host tier's one row placement.
+/// `HostRows`: the host tier's one row placement, first-fit allocator
+/// extents.
 mod rows;
 /// Host segments: tree host keys into host objects (a backup's rows).
 mod segments;
@@ -70,11 +74,11 @@ pub use device_pool::DevicePool;
 pub use error::{Result, TierError};
 pub use host_index::{HostIndex, Pin};
 pub use offload::{
-    key_hex, Evicted, KeyState, OffloadIndex, OffloadStats, Placed, StorePlan, GROUP_BYTES,
-    MAX_OFFLOAD_ROWS,
+    key_hex, push_text_key, Evicted, KeyState, OffloadIndex, OffloadStats, Placed, StorePlan,
+    GROUP_BYTES, MAX_KEYS_PER_CALL, MAX_OFFLOAD_ROWS,
 };
 pub use ownership::{owned_rows, OwnedRows};
 pub use plan::{Backup, CommitOutcome, InsertOutcome, LoadPlan, LoadRun, Lookup};
-pub use rows::{RowStack, MAX_ROWS};
+pub use rows::{HostRows, MAX_ROWS};
 pub use spill::{page_keys, Spilled};
 pub use stats::TierStats;

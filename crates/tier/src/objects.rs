@@ -1,6 +1,7 @@
 //! Host objects: the rows one backup holds, from its reservation until the
 //! last tree segment that points into it leaves (rows from the host core's
-//! `RowStack`). Committed once every rank has written it.
+//! allocator, one allocator object under the same key). Committed once
+//! every rank has written it.
 
 use std::collections::BTreeMap;
 
@@ -65,10 +66,9 @@ impl HostObjects {
         self.digest = self.digest.wrapping_add(object_term(key, object));
     }
 
-    /// Forgets `key`; returns its rows (the caller gives them back).
-    pub fn remove(&mut self, key: u64) -> Vec<u32> {
+    /// Forgets `key` (the caller frees its rows).
+    pub fn remove(&mut self, key: u64) {
         let object = self.by_key.remove(&key).expect("live object");
         self.digest = self.digest.wrapping_sub(object_term(key, &object));
-        object.rows
     }
 }

@@ -1,37 +1,38 @@
-//! `RowStack`: the host tier's one row placement, a stack of free slab rows.
+//! `HostRows`: the host tier's one row placement, the design's deterministic
+//! first-fit `PageAllocator` over one pool of slab rows.
 //!
-//! Rows never handed out are taken in ascending order; a freed group of
-//! rows is pushed last-first, so the next take of that many pops them back
-//! in their ascending order (a freed backup's rows return as one run).
-//! Chosen over the first-fit `PageAllocator` by `benches/rows.rs`: on the
-//! engines' one-row-per-block churn the stack is 4x faster per row,
-//! and on the main job's groups of 1..=8 rows it gives 11 % more runs per
-//! group (see the README's "What is in the box").
+//! One reservation per batch of pages: the main job reserves one object per
+//! backup (freed whole), the engines reserve one one-row object per block
+//! of a store call (freed block by block) with `reserve_each_row`. Either
+//! way the batch is placed as one request: the lowest-addressed free extent
+//! that holds it whole, else the lowest free rows, so a batch comes in as
+//! few copy runs as the free space allows; a free coalesces with its free
+//! neighbours.
 //!
-//! Every take and give-back is a function of the calls alone, so two stacks
-//! fed the same calls hand out the same rows. `digest` covers the counts;
-//! which rows are in use is digested by their holders (the engine index's
-//! chunks, the main job's host objects), so a row is hashed once, not twice.
+//! Every placement is a function of the calls alone, so two `HostRows` fed
+//! the same calls hand out the same rows. `digest` is the allocator's
+//! (configuration, every object's rows at their positions); it is part of
+//! the host core's digest.
 
-use cpkv_hash::hash_words;
+use cpkv_allocator::{AllocError, PageAllocator, PayloadId};
 
 use crate::error::{Result, TierError};
 
-const ROW_TAG: u64 = 0x726f_7773_7573_6564; // "rowsused"
+/// The most rows a host holds: row numbers fit a u32.
+pub const MAX_ROWS: u64 = cpkv_allocator::MAX_CAPACITY;
 
-/// The most rows a stack holds: row numbers fit a u32.
-pub const MAX_ROWS: u64 = 1 << 32;
+/// The one payload: the host slab's rows.
+const SLAB: PayloadId = 0;
 
 #[derive(Debug, Clone)]
-pub struct RowStack {
-    capacity: u64,
-    /// Rows below this have been handed out at least once.
-    fresh_from: u64,
-    free: Vec<u32>,
-    used: u64,
+pub struct HostRows {
+    allocator: PageAllocator,
+    /// Pages of the last `reserve_each_row`, reused so a store call
+    /// allocates no scratch.
+    scratch: Vec<u64>,
 }
 
-impl RowStack {
+impl HostRows {
     pub fn new(capacity: u64) -> Result<Self> {
         if capacity == 0 || capacity > MAX_ROWS {
             return Err(TierError::Config {
@@ -39,76 +40,85 @@ impl RowStack {
                 reason: format!("must be in [1, {MAX_ROWS}], got {capacity}"),
             });
         }
+        let allocator =
+            PageAllocator::new(&[("slab", capacity)]).map_err(|e| TierError::Config {
+                field: "rows",
+                reason: e.to_string(),
+            })?;
         Ok(Self {
-            capacity,
-            fresh_from: 0,
-            free: Vec::new(),
-            used: 0,
+            allocator,
+            scratch: Vec::new(),
         })
     }
 
     pub fn capacity(&self) -> u64 {
-        self.capacity
+        self.allocator.payloads().capacity(SLAB)
     }
     pub fn used(&self) -> u64 {
-        self.used
+        self.capacity() - self.free()
     }
     pub fn free(&self) -> u64 {
-        self.capacity - self.used
+        self.allocator.free_pages(SLAB)
+    }
+    /// The allocator under the rows (placements, free extents, stats).
+    pub fn allocator(&self) -> &PageAllocator {
+        &self.allocator
     }
 
-    /// `n` rows, all or nothing: `None` when fewer are free.
-    pub fn take(&mut self, n: u64) -> Option<Vec<u32>> {
-        if n > self.free() {
-            return None;
-        }
-        let rows: Vec<u32> = (0..n).map(|_| self.take_one()).collect();
-        Some(rows)
+    /// `n` rows for object `key` (not live), all or nothing: `None` when
+    /// fewer are free. The rows in object position order.
+    pub fn reserve(&mut self, key: u64, n: u64) -> Result<Option<Vec<u32>>> {
+        let all = self.allocator.payloads().all();
+        let Some(placement) = self.allocator.reserve(key, n, all).map_err(diverged)? else {
+            return Ok(None);
+        };
+        let extents = placement.extents(SLAB).expect("the slab payload");
+        Ok(Some(
+            extents
+                .iter()
+                .flat_map(|e| e.start..e.end())
+                .map(|row| row as u32)
+                .collect(),
+        ))
     }
 
-    /// One row; the caller has checked that one is free.
-    pub fn take_one(&mut self) -> u32 {
-        debug_assert!(self.used < self.capacity, "a row is free");
-        let row = self.free.pop().unwrap_or_else(|| {
-            self.fresh_from += 1;
-            (self.fresh_from - 1) as u32
-        });
-        self.used += 1;
-        row
+    /// One row for each of `keys` (none live), placed as one batch; all or
+    /// nothing: `None` when fewer are free. Row `i` is `keys[i]`'s.
+    pub fn reserve_each_row(&mut self, keys: &[u64]) -> Result<Option<&[u64]>> {
+        self.scratch.clear();
+        let placed = self
+            .allocator
+            .reserve_pages(keys, SLAB, &mut self.scratch)
+            .map_err(diverged)?;
+        Ok(placed.then_some(self.scratch.as_slice()))
     }
 
-    /// Frees `rows` (each in use); the next `take(rows.len())` returns them
-    /// in this order.
-    pub fn give_back(&mut self, rows: &[u32]) {
-        self.free.extend(rows.iter().rev());
-        self.used -= rows.len() as u64;
+    /// Frees object `key`'s rows.
+    pub fn release(&mut self, key: u64) -> Result<()> {
+        self.allocator.release(key).map_err(diverged)
     }
 
-    /// The counts: rows in use, rows ever handed out, capacity.
+    /// Frees every object of `keys`; a rejected batch frees nothing.
+    pub fn release_many(&mut self, keys: &[u64]) -> Result<()> {
+        self.allocator.release_many(keys).map_err(diverged)
+    }
+
+    /// The allocator's digest: every object's rows at their positions.
     pub fn digest(&self) -> u64 {
-        hash_words(ROW_TAG, &[self.used, self.fresh_from, self.capacity])
+        self.allocator.digest()
     }
 
-    /// Conservation: every row is free or used, once.
+    /// Conservation and coalescing, recomputed: every row free or in one
+    /// object, free extents fully merged, the digest as kept.
     pub fn check(&self) -> std::result::Result<(), String> {
-        let free = self.free.len() as u64 + (self.capacity - self.fresh_from);
-        if free + self.used != self.capacity {
-            return Err(format!(
-                "rows not conserved: {} free + {} used != {}",
-                free, self.used, self.capacity
-            ));
-        }
-        let mut seen = vec![false; self.fresh_from as usize];
-        for &row in &self.free {
-            if u64::from(row) >= self.fresh_from || std::mem::replace(&mut seen[row as usize], true)
-            {
-                return Err(format!(
-                    "free row {row} is listed twice or never handed out"
-                ));
-            }
-        }
-        Ok(())
+        self.allocator.verify()
     }
+}
+
+/// The host core's callers name objects it tracks itself, so an allocator
+/// refusal means the two disagree.
+fn diverged(err: AllocError) -> TierError {
+    TierError::Divergence(format!("host rows: {err}"))
 }
 
 #[cfg(test)]
@@ -116,19 +126,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_freed_group_comes_back_in_order_and_the_digest_follows_the_used_rows() {
-        let mut rows = RowStack::new(8).unwrap();
-        let a = rows.take(3).unwrap();
-        let b = rows.take(2).unwrap();
-        assert_eq!((a.as_slice(), b.as_slice()), (&[0, 1, 2][..], &[3, 4][..]));
-        let before = rows.digest();
-        rows.give_back(&a);
-        assert_ne!(rows.digest(), before);
-        assert_eq!(rows.take(3).unwrap(), a);
-        assert_eq!(rows.digest(), before);
-        assert_eq!(rows.take(4), None, "3 free, all or nothing");
-        assert_eq!(rows.take(3).unwrap(), [5, 6, 7]);
+    fn a_batch_fills_the_lowest_hole_that_holds_it_and_frees_coalesce() {
+        let mut rows = HostRows::new(8).unwrap();
+        assert_eq!(rows.reserve(1, 3).unwrap().unwrap(), [0, 1, 2]);
+        assert_eq!(rows.reserve_each_row(&[10, 11]).unwrap().unwrap(), [3, 4]);
+        assert_eq!(rows.reserve(2, 3).unwrap().unwrap(), [5, 6, 7]);
+        let full = rows.digest();
+        rows.release(1).unwrap();
+        rows.release(11).unwrap();
+        // Row 4 freed beside rows 0..3: two holes, [0, 3) and [4, 5).
+        assert_eq!(rows.free(), 4);
+        assert_ne!(rows.digest(), full);
+        assert_eq!(rows.reserve_each_row(&[12, 13]).unwrap().unwrap(), [0, 1]);
+        assert_eq!(rows.reserve(3, 3).unwrap(), None, "2 free, all or nothing");
+        assert_eq!(rows.reserve(3, 2).unwrap().unwrap(), [2, 4]);
         rows.check().unwrap();
-        assert!(RowStack::new(0).is_err() && RowStack::new(MAX_ROWS + 1).is_err());
+        assert!(rows.release(1).is_err(), "released twice");
+        assert!(HostRows::new(0).is_err() && HostRows::new(MAX_ROWS + 1).is_err());
     }
 }

@@ -223,6 +223,8 @@ fn digests_are_pinned_and_cover_the_config() {
 // includes the terms of every free page, a constant of the capacity that cost O(capacity).
 // Updated again when the cache moved onto the host tier's core (issue 34): the host part is
 // `HostIndex`'s digest (tree, row stack, pins) and the backups' row objects, where it was the
-// first-fit allocator's.
-const PINNED_FRESH: u64 = 0x0338_ca03_9d4f_cf52;
-const PINNED_AFTER: u64 = 0xa948_d7fd_f62b_7858;
+// first-fit allocator's. Updated again when the core placed its rows with the first-fit allocator
+// again (issue 45): `HostIndex`'s digest takes the allocator's (its configuration and every
+// object's rows at their positions) where it took the row stack's counts.
+const PINNED_FRESH: u64 = 0xa663_631b_1209_5460;
+const PINNED_AFTER: u64 = 0x1ef8_a744_e329_487e;

@@ -1,6 +1,8 @@
 //! `OffloadIndex` against a plain reference model: random engine call
 //! sequences (requests over chained keys, loads and stores completing or
-//! failing in any order, resets), checked after every call.
+//! failing in any order, resets), checked after every call. An offer is
+//! placed whole or refused changing nothing; a failed store's chunks leave
+//! unless something placed since continues them.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -99,6 +101,7 @@ fn run(policy: Policy, capacity: u64, ops: &[Op]) -> Vec<u64> {
                     .keys()
                     .filter_map(|k| index.row_of(k).map(|r| (k.clone(), r)))
                     .collect();
+                let digest_before = index.digest();
                 let plan = index
                     .prepare_store(&request, offered, &ends[hits..])
                     .unwrap();
@@ -114,22 +117,21 @@ fn run(policy: Policy, capacity: u64, ops: &[Op]) -> Vec<u64> {
                     .saturating_sub(capacity as usize - model.len());
                 if let Some(plan) = plan {
                     // Eviction frees what the new keys need and no more (ghost
-                    // cuts tails by its own rule); when it frees less, what did
-                    // not fit is refused.
+                    // cuts tails by its own rule), and every new key is placed.
                     assert!(
                         plan.evicted.len() <= need || policy == Policy::Ghost,
                         "evicted {} rows for {need}",
                         plan.evicted.len()
                     );
-                    if plan.evicted.len() < need {
-                        let placed = plan
-                            .store
-                            .iter()
-                            .filter(|&&i| new_keys.contains(offered[i]))
-                            .count();
-                        assert!(placed < new_keys.len());
-                    }
+                    let placed = plan
+                        .store
+                        .iter()
+                        .filter(|&&i| new_keys.contains(offered[i]))
+                        .count();
+                    assert_eq!(placed, new_keys.len(), "an offer is placed whole");
                     assert_eq!(plan.evicted_rows.len(), plan.evicted.len());
+                    // Failed chunks leave silently (their removal was reported).
+                    model.retain(|k, s| *s != Model::Failed || index.row_of(k).is_some());
                     for (k, row) in plan.evicted.iter().zip(&plan.evicted_rows) {
                         assert_eq!(
                             rows_before.get(&k.to_vec()),
@@ -161,10 +163,8 @@ fn run(policy: Policy, capacity: u64, ops: &[Op]) -> Vec<u64> {
                         jobs.push(Job::Store(stored));
                     }
                 } else {
-                    assert!(
-                        offered.iter().any(|k| !model.contains_key(*k)),
-                        "None only when something new was offered"
-                    );
+                    assert!(need > 0, "None only when the new keys need eviction");
+                    assert_eq!(index.digest(), digest_before, "a refusal changes nothing");
                 }
                 index.request_finished(&request);
                 twin.request_finished(&request);
@@ -185,12 +185,29 @@ fn run(policy: Policy, capacity: u64, ops: &[Op]) -> Vec<u64> {
                     }
                     Job::Store(keys) => {
                         let refs: Vec<&[u8]> = keys.iter().map(|k| k.as_slice()).collect();
-                        let done = index.complete_store(&refs, *ok);
+                        let done = index.complete_store(&refs, *ok).unwrap();
                         let reversed: Vec<&[u8]> = refs.iter().rev().copied().collect();
-                        twin.complete_store(&reversed, *ok);
-                        assert_eq!(done.len(), if *ok { keys.len() } else { 0 });
-                        for k in keys {
-                            model.insert(k, if *ok { Model::Ready } else { Model::Failed });
+                        twin.complete_store(&reversed, *ok).unwrap();
+                        assert_eq!(done.len(), keys.len());
+                        for k in keys.iter().cloned() {
+                            if *ok {
+                                model.insert(k, Model::Ready);
+                            } else if index.row_of(&k).is_some() {
+                                model.insert(k, Model::Failed);
+                            } else {
+                                model.remove(&k);
+                            }
+                        }
+                        // Failed chunks before them left too, once nothing continued them.
+                        model.retain(|k, s| *s != Model::Failed || index.row_of(k).is_some());
+                        // A failed chunk stays only while a chunk continues it.
+                        for k in &keys {
+                            if model.get(k) == Some(&Model::Failed) {
+                                let continued = model
+                                    .keys()
+                                    .any(|c| index.parent_of(c).is_some_and(|p| *p == **k));
+                                assert!(continued, "a failed chunk nothing continues stayed");
+                            }
                         }
                     }
                 }
@@ -237,14 +254,15 @@ fn run(policy: Policy, capacity: u64, ops: &[Op]) -> Vec<u64> {
             }
             Job::Store(keys) => {
                 let refs: Vec<&[u8]> = keys.iter().map(|k| k.as_slice()).collect();
-                index.complete_store(&refs, true);
+                index.complete_store(&refs, true).unwrap();
             }
         }
     }
     assert_eq!(index.num_pins(), 0);
     assert!(index.pinned_keys().is_empty());
+    let failed = model.values().filter(|s| **s == Model::Failed).count();
     let all = index.len();
-    assert_eq!(index.evict(capacity).unwrap().len(), all);
+    assert_eq!(index.evict(capacity).unwrap().len(), all - failed);
     assert!(index.is_empty());
     index.check().unwrap();
     digests
@@ -296,7 +314,7 @@ fn a_full_host_of_pinned_keys_refuses_new_ones() {
         .prepare_store("b", &[b.as_slice()], &[Some(16)])
         .unwrap()
         .is_none());
-    index.complete_store(&refs, true);
+    index.complete_store(&refs, true).unwrap();
     let plan = index
         .prepare_store("b", &[b.as_slice()], &[Some(16)])
         .unwrap()

@@ -49,9 +49,12 @@ fn composed(
         index.prepare_load(REQUEST, &[p], &[Some(0)]).unwrap();
     }
     let positions: Vec<Option<u64>> = (1..=keys.len() as u64).map(Some).collect();
-    if let Some(plan) = index.prepare_store(REQUEST, keys, &positions).unwrap() {
+    if let Some(plan) = index
+        .prepare_store_fitting(REQUEST, keys, &positions)
+        .unwrap()
+    {
         let stored: Vec<&[u8]> = plan.store.iter().map(|&i| keys[i]).collect();
-        index.complete_store(&stored, true);
+        index.complete_store(&stored, true).unwrap();
     }
     if let Some(p) = anchor {
         index.complete_load(REQUEST, &[p]);

@@ -87,7 +87,7 @@ def _int_list(text: str, option: str, low: int, high: int, power_of_two: bool = 
 
 def _requests(args: argparse.Namespace) -> tuple[str, list[list[str]]]:
     """(source, each request's chained page keys)."""
-    from cpkv.traces import BLOCK_TOKENS, load_trace
+    from cpkv.traces import load_trace
 
     limit = args.requests or 300
     if args.trace:
@@ -96,6 +96,14 @@ def _requests(args: argparse.Namespace) -> tuple[str, list[list[str]]]:
         from cpkv.workload import generate
 
         source, reqs = f"cpkv.workload(seed={args.seed})", generate(limit, args.seed)
+    return source, chain_keys(reqs)
+
+
+def chain_keys(reqs: list[Any]) -> list[list[str]]:
+    """Each request's full blocks as chained page keys (hex), the way SGLang chains its page hashes;
+    requests without a full block are left out."""
+    from cpkv.traces import BLOCK_TOKENS
+
     chains = []
     for r in reqs:
         full = r.input_length // BLOCK_TOKENS
@@ -105,7 +113,7 @@ def _requests(args: argparse.Namespace) -> tuple[str, list[list[str]]]:
             keys.append(prior)
         if keys:
             chains.append(keys)
-    return source, chains
+    return chains
 
 
 def _launch(fn: Callable[..., Any], world: int, *args: Any, **kwargs: Any) -> list[Any]:
@@ -371,9 +379,19 @@ def _gqa_speed_pool(page_kb: int) -> tuple[Any, int]:
 
 
 def _dsa_speed_pools() -> tuple[Any, Any, int]:
-    """The DSA host pools SGLang builds (MLA latent 512+64 bf16 and the indexer's 128 fp8 keys + scale,
-    one layer, 64-token pages, page_first_direct): (KV pool, indexer pool, pages), a working set well
+    """The DSA host pools of part 2, one layer: (KV pool, indexer pool, pages), a working set well
     past the last-level cache."""
+    g = DSA_GEOMETRY
+    kv_page = DSA_PAGE * (g["kv_lora_rank"] + g["qk_rope_head_dim"]) * 2
+    pages = max(4 * BATCH, (128 << 20) // kv_page)
+    host, indexer = dsa_host_pools(pages, 1)
+    return host, indexer, pages
+
+
+def dsa_host_pools(pages: int, layers: int) -> tuple[Any, Any]:
+    """The DSA host pools SGLang builds (MLA latent 512+64 bf16 and the indexer's 128 fp8 keys + scale
+    per token and layer, 64-token pages, page_first_direct), ``pages`` + 1 pages each: (KV pool,
+    indexer pool)."""
     import sglang.srt.mem_cache.pool_host.common as host_common
     import torch
     from sglang.srt import runtime_context
@@ -386,13 +404,11 @@ def _dsa_speed_pools() -> tuple[Any, Any, int]:
     runtime_context.publish(ServerArgs(model_path="dummy", hicache_mem_layout="page_first_direct",
                                        hicache_io_backend="direct", hicache_ratio=1.0), role="scheduler")
     g = DSA_GEOMETRY
-    kv_page = DSA_PAGE * (g["kv_lora_rank"] + g["qk_rope_head_dim"]) * 2
-    pages = max(4 * BATCH, (128 << 20) // kv_page)
-    kv = DSATokenToKVPool((pages + 1) * DSA_PAGE, DSA_PAGE, g["kv_lora_rank"], torch.bfloat16, g["qk_rope_head_dim"], 1,
-                          "cpu", 128, False, g["kv_lora_rank"] + g["qk_rope_head_dim"])
+    kv = DSATokenToKVPool((pages + 1) * DSA_PAGE, DSA_PAGE, g["kv_lora_rank"], torch.bfloat16, g["qk_rope_head_dim"],
+                          layers, "cpu", 128, False, g["kv_lora_rank"] + g["qk_rope_head_dim"])
     host = build_kv_host_pool(kv_pool=kv, page_size=DSA_PAGE)
     indexer = DSAIndexerPoolHost(decl=make_dsa_indexer_pool_decl(kv), anchor_host=host, allocator_type="default")
-    return host, indexer, pages
+    return host, indexer
 
 
 def _batch_calls(backend: Any, name: str) -> tuple[Any, Any]:

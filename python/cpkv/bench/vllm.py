@@ -11,7 +11,8 @@ blocks after them (what vLLM offers once it has computed them); then ``complete_
 
 Reported per workload, host capacity (in blocks) and manager: the host hit rate (blocks found /
 full prompt blocks) and the time per request of its ``lookup`` calls plus its ``prepare_store``
-(the least of ``--repeat`` replays, managers interleaved, so a busy machine slows them alike). The
+(the least of ``--repeat`` replays, managers interleaved, so a busy machine slows them alike);
+``--policy lru,ghost`` runs one cpkv manager per policy in the same interleaving. The
 ``floor`` row is a manager that decides nothing (every lookup a miss, every offer stored with no
 eviction): the time vLLM's interface itself costs any backend (the Python call per key, the output
 objects). Needs vLLM (``.venv-vllm``); without it the command fails with one line.
@@ -35,7 +36,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="replay the first N requests (default: all of a trace, 3000 generated)")
     parser.add_argument("--capacities", metavar="N,N,N",
                         help="host capacities in blocks (default: 5%%, 15%%, 40%% of each workload's distinct blocks)")
-    parser.add_argument("--policy", default=None, help="cpkv's eviction policy (default: cpkv.DEFAULT_POLICY)")
+    parser.add_argument("--policy", default=None,
+                        help="cpkv's eviction policy, or a comma list of them, each its own manager in the same "
+                             "replays (default: cpkv.DEFAULT_POLICY)")
     parser.add_argument("--repeat", type=int, default=3, help="replays per manager; the least time counts (default %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="workload seed (default %(default)s)")
     parser.add_argument("--json", metavar="PATH", help="also write the tables as JSON")
@@ -144,8 +147,7 @@ def replay(manager: Any, requests: list[Any], found_out: list[int] | None = None
 
 
 def run(args: argparse.Namespace) -> int:
-    from cpkv._args import output_file, positive_int, positive_ints
-    from cpkv.errors import UnknownPolicyError
+    from cpkv._args import output_file, policy_list, positive_int, positive_ints
     from cpkv.integrations.vllm._version import check_vllm_version
 
     output_file(args.json, "--json")
@@ -153,10 +155,7 @@ def run(args: argparse.Namespace) -> int:
     version = check_vllm_version()  # before anything else: one line when vLLM is missing
     from cpkv import DEFAULT_POLICY, PrefixTree
 
-    policy = DEFAULT_POLICY if args.policy is None else args.policy
-    if policy not in PrefixTree.POLICIES:
-        raise UnknownPolicyError(f"--policy: unknown eviction policy {policy!r} "
-                                 f"(known: {', '.join(PrefixTree.POLICIES)})")
+    policies = policy_list(DEFAULT_POLICY if args.policy is None else args.policy, PrefixTree.POLICIES)
     capacities = positive_ints(args.capacities, "--capacities") if args.capacities else None
     workloads = _workloads(args)
     from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
@@ -165,16 +164,20 @@ def run(args: argparse.Namespace) -> int:
     from cpkv.integrations.vllm import CpkvOffloadingManager
     from cpkv.traces import BLOCK_TOKENS
 
-    cpkv_name = f"cpkv ({policy})"
+    def cpkv_manager(policy: str) -> Callable[[int], Any]:
+        return lambda cap: CpkvOffloadingManager(cap, policy, tokens_per_chunk=(BLOCK_TOKENS,))
+
+    cpkv_names = [f"cpkv ({policy})" for policy in policies]
+    cpkv_name = cpkv_names[0]  # the floor answers its lookups; the "time vs cpkv" column is against it
     managers: list[tuple[str, Callable[[int], Any]]] = [
-        (cpkv_name, lambda cap: CpkvOffloadingManager(cap, policy, tokens_per_chunk=(BLOCK_TOKENS,))),
+        *((name, cpkv_manager(policy)) for name, policy in zip(cpkv_names, policies)),
         ("vLLM CPU (lru)", lambda cap: CPUOffloadingManager(num_chunks=cap, cache_policy="lru")),
         ("vLLM CPU (arc)", lambda cap: CPUOffloadingManager(num_chunks=cap, cache_policy="arc")),
     ]
     tables = []
     summary = Table(
-        f"cpkv ({policy}) against the better of vLLM's managers at each point",
-        ["workload", "host blocks", "cpkv hit rate", "best vLLM hit rate", "hit rate - best vLLM",
+        f"{', '.join(cpkv_names)} against the better of vLLM's managers at each point",
+        ["workload", "host blocks", "cpkv policy", "cpkv hit rate", "best vLLM hit rate", "hit rate - best vLLM",
          "cpkv us/request", "fastest vLLM us/request", "time / fastest vLLM", "floor us/request"],
     )
     meta = []
@@ -204,10 +207,13 @@ def run(args: argparse.Namespace) -> int:
             vllm = [best["vLLM CPU (lru)"], best["vLLM CPU (arc)"]]
             top_rate = max(v[0] for v in vllm)
             fastest = min(v[1] for v in vllm)
-            summary.add(source.rsplit("/", 1)[-1], capacity, best[cpkv_name][0], top_rate,
-                        best[cpkv_name][0] - top_rate, base * 1e6, fastest * 1e6,
-                        base / fastest if fastest else float("nan"), best["floor"][1] * 1e6)
+            for policy, name in zip(policies, cpkv_names):
+                rate, seconds, _ = best[name]
+                summary.add(source.rsplit("/", 1)[-1], capacity, policy, rate, top_rate, rate - top_rate,
+                            seconds * 1e6, fastest * 1e6, seconds / fastest if fastest else float("nan"),
+                            best["floor"][1] * 1e6)
         tables.append(table)
     tables.append(summary)
-    emit("bench vllm", tables, args.json, vllm=version, policy=policy, repeat=args.repeat, workloads=meta)
+    emit("bench vllm", tables, args.json, vllm=version, policy=",".join(policies), repeat=args.repeat,
+         workloads=meta)
     return 0

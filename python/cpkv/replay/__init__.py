@@ -56,6 +56,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "request's pages missing from device and slab are read back from it (a second run "
                              "on the same directory starts warm); needs --l3-bytes")
     parser.add_argument("--l3-bytes", type=integer(1), metavar="BYTES", help="the L3 directory's cap on disk")
+    parser.add_argument("--cluster-master", metavar="HOST:PORT",
+                        help="the cluster tier: a Mooncake master (cpkv cluster serve starts one) shared by every "
+                             "instance; pages leaving the host slab are put there once, and pages missing from "
+                             "device, slab and L3 are read from it (another instance starts warm); needs "
+                             "--cluster-metadata")
+    parser.add_argument("--cluster-metadata", metavar="URL", help="the master's HTTP metadata server's URL")
+    parser.add_argument("--cluster-bytes", type=integer(0), metavar="BYTES",
+                        help="memory this instance lends the cluster store (default: none; the store servers "
+                             "hold the pages, and they outlive the instance)")
+    parser.add_argument("--cluster-put", choices=("eviction", "backup"), default="eviction",
+                        help="when a page goes to the cluster: when it leaves the host slab (default), or as soon "
+                             "as it is computed (README: the cluster tier, measured)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument("--json", metavar="PATH", type=output_path, help="also write the report as JSON")
 
@@ -69,7 +81,9 @@ def options_from(args: argparse.Namespace, *, payloads: bool = True) -> ReplayOp
                          device_pages=args.device_pages,
                          host_pages=args.host_pages, policy=args.policy, check_every=args.check_every,
                          admission=not args.no_admission, batch=args.batch, timeout_s=args.timeout,
-                         progress=not args.quiet, device=args.device, l3_dir=args.l3_dir, l3_bytes=args.l3_bytes)
+                         progress=not args.quiet, device=args.device, l3_dir=args.l3_dir, l3_bytes=args.l3_bytes,
+                         cluster_master=args.cluster_master, cluster_metadata=args.cluster_metadata,
+                         cluster_bytes=args.cluster_bytes, cluster_put=args.cluster_put)
 
 
 def load_requests(args: argparse.Namespace) -> list[tuple[int, ...]]:
@@ -126,6 +140,10 @@ def run(args: argparse.Namespace) -> int:
             raise InvalidArgumentError(f"--json {args.json}: directory {parent} does not exist")
     # Everything that needs no torch first, so a bad value fails at once.
     check(options_from(args, payloads=False), 0)
+    if args.cluster_master is not None:
+        from cpkv.tier.cluster.tier import check_master
+
+        check_master(args.cluster_master, args.cluster_metadata, args.timeout)
     requests = load_requests(args)
     options = options_from(args)
     check(options, max(len(r) for r in requests))

@@ -24,6 +24,7 @@ from typing import Any, Callable
 import numpy as np
 
 from cpkv.errors import InvalidArgumentError
+from cpkv.replay.kv_rows import kv_rows
 from cpkv.replay.options import KV_ROW_MIN_BYTES
 
 
@@ -113,7 +114,7 @@ class ReplayClock:
 
 
 class ExpectedRows:
-    """:func:`~cpkv.replay.rank.kv_rows` on the rank's device, for a batch's block ids.
+    """:func:`~cpkv.replay.kv_rows.kv_rows` on the rank's device, for a batch's block ids.
 
     ``kv_rows(ids, l, p)`` is ``tile(ids | 0 | 0) ^ tile(0 | l | p) ^ ramp``: the second and third
     terms do not depend on the ids, so they are one row per (layer, payload), computed by
@@ -123,8 +124,6 @@ class ExpectedRows:
 
     def __init__(self, device: Any, layers: int, row_bytes: list[int]) -> None:
         import torch
-
-        from cpkv.replay.rank import kv_rows
 
         if sys.byteorder != "little":  # the ids' bytes are read as the device holds them
             raise InvalidArgumentError("the replay's byte check needs a little-endian host")

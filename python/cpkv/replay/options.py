@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 from cpkv._cpkv import DEFAULT_POLICY
 from cpkv.errors import InvalidArgumentError
+from cpkv.runtime.timeouts import checked_timeout_s
 
-# A verified row spells (block id, layer, payload) out whole: 8 + 4 + 4 bytes (rank.kv_rows).
+# A verified row spells (block id, layer, payload) out whole: 8 + 4 + 4 bytes (kv_rows.kv_rows).
 KV_ROW_MIN_BYTES = 16
 
 DEFAULT_PAYLOADS = "kv:8x16:float8_e4m3fn,index:32:bfloat16"
@@ -32,6 +32,10 @@ class ReplayOptions:
     device: str = "cpu"  # cpu (shared memory) or cuda (GPU memory, CUDA IPC)
     l3_dir: str | None = None  # the durable third tier's directory (None: no L3)
     l3_bytes: int | None = None  # its cap on disk
+    cluster_master: str | None = None  # the cluster tier's Mooncake master, HOST:PORT (None: no cluster tier)
+    cluster_metadata: str | None = None  # its HTTP metadata server's URL
+    cluster_bytes: int | None = None  # memory the instance lends the cluster store (None: none)
+    cluster_put: str = "eviction"  # when pages go to the cluster: on host eviction, or on backup (measured)
 
 
 def parse_payloads(text: str) -> dict[str, Any]:
@@ -78,12 +82,18 @@ def check(options: ReplayOptions, longest_request_pages: int) -> None:
     from cpkv.tier.l3.tier import check_l3_options
 
     check_l3_options(options.l3_dir, options.l3_bytes)
+    from cpkv.tier.cluster.tier import check_cluster_options
+
+    check_cluster_options(options.cluster_master, options.cluster_metadata, options.cluster_bytes)
+    if options.cluster_put not in ("eviction", "backup"):
+        raise InvalidArgumentError(f"--cluster-put {options.cluster_put!r}: eviction or backup")
+    if options.cluster_put == "backup" and options.device != "cpu":
+        raise InvalidArgumentError("--cluster-put backup reads the device pools on the host: --device cpu only")
     if options.device not in ("cpu", "cuda"):
         raise InvalidArgumentError(f"--device {options.device!r}: cpu or cuda")
     if options.ranks > 16:
         raise InvalidArgumentError(f"--ranks {options.ranks}: at most 16 CP ranks on one node")
-    if not math.isfinite(options.timeout_s) or options.timeout_s <= 0:
-        raise InvalidArgumentError(f"--timeout must be a finite number of seconds > 0, got {options.timeout_s!r}")
+    checked_timeout_s(options.timeout_s, "--timeout")
     if options.policy not in PrefixTree.POLICIES:
         from cpkv.errors import UnknownPolicyError
 

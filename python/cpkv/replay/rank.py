@@ -8,8 +8,8 @@ wait for the load, write the new KV into the owners' pools, compose every reques
 release, and the commit point (:meth:`~cpkv.tier.CacheController.end_forward`).
 
 The KV of a page is a pure function of (its block id, layer, payload) that tells every such triple
-apart (:func:`kv_rows`): block ids chain (equal ids mean equal prefixes), so the expected bytes of
-every page of every request are known, and a page served for the wrong block is a wrong byte.
+apart (:func:`~cpkv.replay.kv_rows.kv_rows`): block ids chain (equal ids mean equal prefixes), so the expected
+bytes of every page of every request are known, and a page served for the wrong block is a wrong byte.
 """
 
 from __future__ import annotations
@@ -22,34 +22,12 @@ from typing import Any, Callable
 import numpy as np
 
 from cpkv.replay.device import ByteCheck, ExpectedRows, ReplayClock, ReplayDevice, replay_device
-from cpkv.replay.options import KV_ROW_MIN_BYTES, ReplayOptions
+from cpkv.replay.options import ReplayOptions
 from cpkv.traces import block_tokens
 
 # Test hook (set inside a rank process by a test): called with (forward, payload, layer, dense u8 rows)
 # after each compose, before the check, so a test can corrupt one composed byte.
 after_compose: Callable[[int, str, int, Any], None] | None = None
-
-
-def kv_rows(block_ids: np.ndarray, layer: int, payload: int, row_bytes: int) -> np.ndarray:
-    """The expected bytes of pages holding ``block_ids``: ``[len(block_ids), row_bytes]`` uint8.
-
-    A row spells out what it stands for: block id (8 bytes), layer and payload index (4 each),
-    little-endian, repeated over the row and XORed with a fixed ramp (so a shifted or truncated copy
-    differs too). XOR with a constant is a bijection, so two distinct (block, layer, payload) never
-    share a row; nothing is multiplied or reduced, so this check cannot wrap the way the token
-    mapping it verifies might (rows need at least :data:`KV_ROW_MIN_BYTES`).
-    """
-    if row_bytes < KV_ROW_MIN_BYTES:
-        raise ValueError(f"a verified row needs at least {KV_ROW_MIN_BYTES} bytes, got {row_bytes}")
-    ids = np.asarray(block_ids)
-    if ids.size and (ids.dtype.kind not in "iu" or int(ids.min()) < 0):
-        raise ValueError("block ids must be non-negative integers")
-    header = np.empty((len(ids), KV_ROW_MIN_BYTES), dtype=np.uint8)
-    header[:, :8] = ids.astype("<u8").reshape(-1, 1).view(np.uint8)
-    header[:, 8:] = np.array([layer, payload], dtype="<u4").view(np.uint8)
-    reps = -(-row_bytes // KV_ROW_MIN_BYTES)
-    ramp = (np.arange(row_bytes, dtype=np.uint32) * 131 % 251).astype(np.uint8)
-    return np.tile(header, (1, reps))[:, :row_bytes] ^ ramp[None, :]
 
 
 @dataclass
@@ -63,6 +41,9 @@ class _Running:
     cached: int  # leading pages read from the cache (prefix)
     l3_pages: np.ndarray | None = None  # device pages this rank filled from L3 (owned, read back whole)
     l3_data: np.ndarray | None = None  # their L3 pages, uint8 [n, page_bytes]
+    l3_found: int = 0  # pages past the cached prefix that L3 holds (the cluster is asked about the rest)
+    cluster_pages: np.ndarray | None = None  # device pages this rank filled from the cluster tier (owned, checked)
+    cluster_data: np.ndarray | None = None  # their pages, uint8 [n, page_bytes]
 
 
 def replay_rank(rank: int, world: int, options: ReplayOptions, requests: list[tuple[int, ...]],
@@ -87,7 +68,7 @@ def replay_rank(rank: int, world: int, options: ReplayOptions, requests: list[tu
     started = time.perf_counter()
     counters = {"blocks": 0, "device_hit_blocks": 0, "host_hit_blocks": 0, "forwards": 0, "composed_bytes": 0,
                 "verified_bytes": 0, "verification_failures": 0, "requests_uncached": 0, "compose_barriers": 0,
-                "l3_hit_blocks": 0}
+                "l3_hit_blocks": 0, "cluster_hit_blocks": 0}
     with where.open_group(options.timeout_s) as group:
         pools = {name: [group.register_pool(f"{name}@{layer}", rows, spec.page_shape, spec.dtype, 0)
                         for layer in range(options.layers)]
@@ -95,7 +76,9 @@ def replay_rank(rank: int, world: int, options: ReplayOptions, requests: list[tu
         ctl = CacheController(layout=layout, device_pages=options.device_pages, host_pages=options.host_pages,
                               payloads=options.payloads, device_pools=pools, policy=options.policy,
                               process_group=None, settings=settings, l3_dir=options.l3_dir,
-                              l3_bytes=options.l3_bytes, l3_model="cpkv replay")
+                              l3_bytes=options.l3_bytes, l3_model="cpkv replay",
+                              cluster_master=options.cluster_master, cluster_metadata=options.cluster_metadata,
+                              cluster_bytes=options.cluster_bytes)
         # The controller's stream ops (None for CPU pools): the replay times its own work with them.
         clock = ReplayClock(ctl.streams)
         check = ByteCheck(where.device)
@@ -140,10 +123,14 @@ def replay_rank(rank: int, world: int, options: ReplayOptions, requests: list[tu
                 counters["verified_bytes"] -= wrong_bytes
                 for r in running:
                     ctl.insert(r.tokens, r.pages)
+                    if options.cluster_put == "backup":
+                        ctl.put_to_cluster(r.tokens, r.pages, r.cached)
                 for index in admitted:
                     ctl.release(hits[index])
                 if ctl.l3 is not None:
                     counters["l3_hit_blocks"] += ctl.l3.settle()  # C on a forward with L3 hits only
+                if ctl.cluster is not None:
+                    counters["cluster_hit_blocks"] += ctl.cluster.settle()  # C on a forward with cluster hits only
                 ctl.end_forward()
                 clock.end_forward()
                 counters["forwards"] += 1
@@ -153,11 +140,15 @@ def replay_rank(rank: int, world: int, options: ReplayOptions, requests: list[tu
             stats: dict[str, Any] = dict(ctl.stats())
             if ctl.l3 is not None:  # a clean stop: every cached page goes to L3 for the next run
                 stats["l3_pages_spilled_at_stop"] = ctl.spill_all()
+            elif ctl.cluster is not None:  # and to the cluster tier, for the next instance
+                ctl.spill_all()
             ctl.check_agreement()
             stats["agreement_checks"] = ctl.counters["agreement_checks"]
             stats["collectives"] = ctl.counters["collectives"]
             if ctl.l3 is not None:
                 stats.update(ctl.l3.stats())
+            if ctl.cluster is not None:
+                stats.update(ctl.cluster.stats())
             progress.close()
         finally:
             ctl.close()
@@ -178,6 +169,7 @@ def _admit(ctl: Any, requests: list[tuple[int, ...]], admitted: list[int], hits:
            counters: dict) -> list[_Running]:
     """Load-back and new pages for each admitted request (every call replicated)."""
     running = []
+    asks: list[tuple[_Running, np.ndarray, np.ndarray]] = []  # (request, keys, their fresh pages) for the cluster
     loads = ctl.load_batch([hits[index] for index in admitted])
     for index, load in zip(admitted, loads):
         blocks = np.asarray(requests[index], dtype=np.int64)
@@ -203,10 +195,22 @@ def _admit(ctl: Any, requests: list[tuple[int, ...]], admitted: list[int], hits:
                 # found on every rank alike, read by the owner of each one's device page.
                 keys = ctl.core.page_keys(tokens)[keep:len(blocks) - 1]
                 found = ctl.l3.lookup_run(keys)
+                r.l3_found = len(found)
                 if len(found):
                     positions, data = ctl.l3.read(found, fresh)
                     r.l3_pages, r.l3_data = fresh[positions], data
+            if ctl.cluster is not None:
+                # Past the cached prefix and L3's run: asked of the cluster, for the whole batch at once.
+                below = keep + r.l3_found
+                asks.append((r, ctl.core.page_keys(tokens)[below:len(blocks) - 1], fresh[r.l3_found:]))
             running.append(r)
+    if ctl.cluster is not None:
+        # C (skipped alike on every rank when nothing is asked): found on every rank alike, each page
+        # read by the owner of its device page.
+        for (r, _, pages), found in zip(asks, ctl.cluster.find([keys for _, keys, _ in asks])):
+            if len(found):
+                positions, data = ctl.cluster.read(found, pages)
+                r.cluster_pages, r.cluster_data = pages[positions], data
     return running
 
 
@@ -248,6 +252,11 @@ def _forward(ctl: Any, group: Any, running: list[_Running], options: ReplayOptio
         l3_rows = torch.from_numpy(np.concatenate([r.l3_pages for r in l3]) // layout.cp_size).to(device)
         l3_data = torch.from_numpy(np.concatenate([r.l3_data for r in l3])).to(device)
         offsets = ctl.l3.offsets
+    # Pages this rank read from the cluster tier (owned, checked): the same, verified the same way.
+    cluster = [r for r in running if r.cluster_pages is not None and len(r.cluster_pages)]
+    if cluster:
+        cluster_rows = torch.from_numpy(np.concatenate([r.cluster_pages for r in cluster]) // layout.cp_size).to(device)
+        cluster_data = torch.from_numpy(np.concatenate([r.cluster_data for r in cluster])).to(device)
     forward = counters["forwards"]
     for layer in range(options.layers):
         for r in running:
@@ -261,6 +270,9 @@ def _forward(ctl: Any, group: Any, running: list[_Running], options: ReplayOptio
             if l3:
                 at = offsets[name] + layer * row_bytes
                 pool.index_copy_(0, l3_rows, l3_data[:, at:at + row_bytes])
+            if cluster:
+                at = ctl.cluster.offsets[name] + layer * row_bytes
+                pool.index_copy_(0, cluster_rows, cluster_data[:, at:at + row_bytes])
             started = clock.start()
             dense = group.compose(plan, key, nothing_staged[name], layer=layer)
             clock.stop(started, dense.numel() * dense.element_size())

@@ -84,10 +84,37 @@ def report(options: ReplayOptions, requests: list[tuple[int, ...]], results: lis
             ("L3 pages placed at the clean stop", l3["l3_pages_spilled_at_stop"]),
             ("L3 disk MB / cap MB", f"{l3['l3_disk_bytes'] / 1e6:.1f} / {l3['l3_cap_bytes'] / 1e6:.1f}"),
         ]
+    cluster: dict[str, Any] = {}
+    if options.cluster_master is not None:
+        # Replicated counts from rank 0 (hits, availability); puts, reads and corrupt records are each
+        # rank's own, summed.
+        cluster = {"hit_rate_cluster": first["cluster_hit_blocks"] / blocks,
+                   "cluster_pages_put": total_of("cluster_pages_put"),
+                   "cluster_pages_read": total_of("cluster_pages_read"),
+                   "cluster_corrupt_dropped": total_of("cluster_corrupt_dropped"),
+                   "cluster_unavailable_s": max(r["cluster_unavailable_s"] for r in results),
+                   "cluster_unavailable_marks": first["cluster_unavailable_marks"],
+                   "cluster_reattaches": first["cluster_reattaches"]}
+        at = [name for name, _ in rows].index("prefix hit rate with no host tier")
+        rows[at:at] = [
+            ("prefix hit rate: cluster", cluster["hit_rate_cluster"]),
+            ("prefix hit rate: total with the cluster",
+             (first["device_hit_blocks"] + first["host_hit_blocks"] + first.get("l3_hit_blocks", 0)
+              + first["cluster_hit_blocks"]) / blocks),
+        ]
+        at = [name for name, _ in rows].index("MB composed (all ranks)")
+        rows[at:at] = [
+            ("cluster pages put / read (all ranks)",
+             f"{cluster['cluster_pages_put']:,} / {cluster['cluster_pages_read']:,}"),
+            ("cluster records dropped as corrupt", cluster["cluster_corrupt_dropped"]),
+            ("cluster tier unavailable: times / seconds",
+             f"{cluster['cluster_unavailable_marks']} / {cluster['cluster_unavailable_s']:.2f}"),
+        ]
     for name, value in rows:
         table.add(name, value)
     numbers = dict(rows)
     numbers.update(l3)
+    numbers.update(cluster)
     numbers["verified_bytes"] = total_of("verified_bytes")
     numbers["composed_bytes"] = total_of("composed_bytes")
     emit("replay", [table], json_path, report=numbers, per_rank=results)

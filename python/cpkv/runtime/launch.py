@@ -39,7 +39,7 @@ import traceback
 from typing import Any, Callable, Iterator, cast
 
 from cpkv.runtime.shm import unlink_created_by, unlink_owned_and_stop
-from cpkv.runtime.timeouts import as_timedelta
+from cpkv.runtime.timeouts import DEFAULT_TIMEOUT_S, as_timedelta
 
 _context: Any = None
 _preload = ["torch", "torch.distributed", "cpkv"]
@@ -98,7 +98,7 @@ def run_ranks(
     world_size: int,
     *args: Any,
     timeout_s: float = 300.0,
-    collective_timeout_s: float = 30.0,
+    collective_timeout_s: float = DEFAULT_TIMEOUT_S,
     env: dict[str, str] | None = None,
     expect_failures: bool = False,
     deaths_as_text: bool = False,

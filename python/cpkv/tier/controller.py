@@ -81,6 +81,12 @@ class _LoadJob:
     after: list[Any]
 
 
+def torch_uint8() -> Any:
+    import torch
+
+    return torch.uint8
+
+
 def _layer_index(layer: Any, num_layers: int) -> int:
     """``layer`` as an int in ``[0, num_layers)``: ArgumentTypeError for a bool, a float or anything
     else that is no int (even when it would compare equal to one), InvalidArgumentError out of range."""
@@ -194,6 +200,9 @@ class CacheController:
         l3_dir: str | None = None,
         l3_bytes: int | None = None,
         l3_model: str = "cpkv",
+        cluster_master: str | None = None,
+        cluster_metadata: str | None = None,
+        cluster_bytes: int | None = None,
     ) -> None:
         import torch
         import torch.distributed as dist
@@ -263,6 +272,21 @@ class CacheController:
             self.l3 = L3Tier(l3_dir, l3_bytes, slab=self.slab, payloads=self.payloads, num_layers=self.num_layers,
                              page_size=layout.page_size, rank=layout.rank, cp_size=layout.cp_size, model=l3_model,
                              all_reduce_min=self._all_reduce_min)
+        # The cluster tier (cpkv.tier.cluster) below L3 (or the slab): pages host eviction releases are
+        # put there by their writer rank; None when off.
+        self.cluster: Any = None
+        if cluster_master is not None or cluster_metadata is not None or cluster_bytes is not None:
+            from cpkv.tier.cluster.tier import ClusterTier, check_cluster_options
+
+            check_cluster_options(cluster_master, cluster_metadata, cluster_bytes)
+            assert cluster_master is not None and cluster_metadata is not None  # both or neither, checked above
+            self.core.enable_spills()
+            self.cluster = ClusterTier(cluster_master, cluster_metadata, slab=self.slab, payloads=self.payloads,
+                                       num_layers=self.num_layers, page_size=layout.page_size, rank=layout.rank,
+                                       cp_size=layout.cp_size, model=l3_model,
+                                       timeout_s=self.settings.transfer_timeout_s,
+                                       all_reduce_min=self._all_reduce_min,
+                                       segment_bytes=(cluster_bytes or 0) // layout.cp_size)
 
     @property
     def streams(self) -> Any:
@@ -377,10 +401,10 @@ class CacheController:
         """Caches ``tokens`` on ``pages`` and reserves write-through backups (replicated)."""
         self._check_open()
         out = self.core.insert(tokens, pages, namespace)
-        if self.l3 is not None:
+        if self.l3 is not None or self.cluster is not None:
             # Host eviction freed these rows; no rank writes them before the next end_forward, which
             # this rank reaches only once its share is copied out.
-            self.l3.spill(self.core.take_spills())
+            self._spill(self.core.take_spills())
         now = time.monotonic()
         for b in out.backups:
             self._backups.append(_PendingBackup(b.ticket, self._owned(b.device_pages, b.host_pages), now))
@@ -500,25 +524,61 @@ class CacheController:
         return combined_digest(self.core.digest(), self.l3.digest())
 
     def spill_all(self) -> int:
-        """With L3, a clean stop: every cached page leaves device and slab for L3 (replicated; call
-        after the last ``end_forward``, with no lookup held). Returns the pages placed in L3."""
+        """With L3 or the cluster tier, a clean stop: every cached page leaves device and slab for them
+        (replicated; call after the last ``end_forward``, with no lookup held). Returns the pages placed
+        in L3 (with no L3: the pages this rank put in the cluster)."""
         self._check_open()
-        if self.l3 is None:
+        if self.l3 is None and self.cluster is None:
             return 0
         self.core.evict_device(self.core.device_pages)
         self.core.evict_host(self.core.host_pages)
-        placed = self.l3.spill(self.core.take_spills())
-        self.l3.flush()
-        (l3_ok,) = self._all_reduce_min([self.l3.healthy()], "L3 stop spill")
-        if l3_ok == 0:
-            self._stop_l3()
+        placed = self._spill(self.core.take_spills())
+        if self.l3 is not None:
+            self.l3.flush()
+            (l3_ok,) = self._all_reduce_min([self.l3.healthy()], "L3 stop spill")
+            if l3_ok == 0:
+                self._stop_l3()
         return placed
 
     def _stop_l3(self) -> None:
         """C (every rank at the same point): one rank's L3 I/O failed, so the tier takes no more pages."""
+        assert self.l3 is not None
         if self.l3.stopped is None:
             self.l3.stop("another rank's L3 I/O failed")
             self.warnings.warn("l3_stopped", f"L3 stopped taking pages on every rank: {self.l3.stopped}")
+
+    def put_to_cluster(self, tokens: Any, pages: Any, first: int) -> int:
+        """Put on backup (``cpkv replay --cluster-put backup``; CPU pools): pages ``first`` onwards of
+        a request just inserted go to the cluster tier from the device pools, each put by the rank that
+        owns its device page (one copy per cluster; the default puts pages on eviction instead).
+        Not collective. Returns the pages this rank put."""
+        self._check_open()
+        if self.cluster is None:
+            return 0
+        keys = self.core.page_keys(tokens)
+        pages = np.asarray(pages, dtype=np.int64)[:len(keys)]
+        mine = [i for i in range(first, len(pages)) if pages[i] % self.layout.cp_size == self.layout.rank]
+        put = 0
+        for start in range(0, len(mine), self.cluster.batch):
+            part = mine[start:start + self.cluster.batch]
+            rows = pages[part] // self.layout.cp_size
+            put += self.cluster.put_pages([int(keys[i]) for i in part], lambda out, rows=rows: self._gather_pool_rows(
+                rows, out))
+        return put
+
+    def _gather_pool_rows(self, rows: np.ndarray, out: np.ndarray) -> None:
+        """Device pool ``rows`` (CPU pools) laid out as L3 pages into ``out``'s rows."""
+        offsets = self.cluster.offsets
+        for name, spec in self.payloads.items():
+            for layer, pool in enumerate(self._pools[name]):
+                at = offsets[name] + layer * spec.row_bytes
+                out[:, at:at + spec.row_bytes] = pool.view(torch_uint8()).numpy()[rows]
+
+    def _spill(self, spilled: list) -> int:
+        """Pages host eviction released, to L3 and to the cluster tier (each its writer rank's share).
+        Returns the pages L3 placed (with no L3: the pages this rank put in the cluster)."""
+        put = self.cluster.spill(spilled) if self.cluster is not None else 0
+        return self.l3.spill(spilled) if self.l3 is not None else put
 
     def stats(self) -> dict[str, int]:
         """Replicated decision counters, this rank's byte counters and copy times (``backup_copy_ns``,
@@ -530,6 +590,8 @@ class CacheController:
         out["forwards"] = self.forwards
         if self.l3 is not None:
             out.update(self.l3.stats())
+        if self.cluster is not None:
+            out.update({k: v for k, v in self.cluster.stats().items() if isinstance(v, int)})
         out.update({f"warnings_{kind}": n for kind, n in self.warnings.counts.items()})
         return out
 
@@ -552,6 +614,8 @@ class CacheController:
             self.copy_times.settle(wait=True)
         if self.l3 is not None:
             self.l3.close()  # a clean stop: what was written is made durable
+        if self.cluster is not None:
+            self.cluster.close()
         self._copier.clear()  # its source tables hold views of the slab's mapping
         self._slab_rows.clear()
         self._pools.clear()

@@ -1,7 +1,7 @@
 //! `SglangIndex`: the SGLang backend's replicated index (`cpkv_tier::
 //! OffloadIndex`, through its public methods) and its batch calls, each one
-//! native call per SGLang call: checks, index work, key tags, stamps and
-//! copies.
+//! native call per SGLang call: checks and index work here, key tags,
+//! stamps and copies by `cpkv_slab`'s seqlock sequences.
 //!
 //! - `store_pages` (`batch_set`): every page's host range checked first (a
 //!   refused call changes nothing), one index store, then the pages this rank
@@ -15,27 +15,36 @@
 //! - `held` / `present` (`batch_exists`): the same row check, no copy.
 //!
 //! Keys are SGLang's strings (a `str` is its UTF-8 bytes then group 0's four
-//! bytes, as `OffloadIndex` reads it) or `bytes`. A key's tag is 64 bits of
-//! `cpkv_hash` over those bytes, the same in every process.
+//! bytes, as `OffloadIndex` reads it) or `bytes`. A key's tag is
+//! `cpkv_slab::key_tag` of those bytes, the same in every process.
 
-use std::sync::atomic::{fence, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use cpkv_hash::Hasher64;
-use cpkv_tier::{Evicted, OffloadIndex as Core, Placed, GROUP_BYTES};
+use cpkv_slab::rows::{copy_victims, unwritten};
+use cpkv_slab::{key_tag, PageLayout, PoolMemory, RowWrite};
+use cpkv_tier::{
+    push_text_key, Evicted, OffloadIndex as Core, Placed, GROUP_BYTES, MAX_KEYS_PER_CALL,
+};
 use numpy::{PyArray1, PyArray2, PyArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
-use super::pool::{copies_done, SglangPool};
+use super::pool::SglangPool;
 use crate::convert::{describe, invalid, is_numpy_text, ordered_iter, uint, wrong_type, PolicyArg};
 use crate::errors::{tier_error, DivergenceError, InternalError};
-use crate::offload::{placed_words, push_text_key, table};
 use crate::shared::{unshared, Shared};
 
-/// The tag of a key's tags (distinct from the index's own key tokens).
-const KEY_TAG: u64 = 0x7367_6c61_6e67_7467; // "sglangtg"
-/// The most keys one call takes (checked before anything is read).
-const MAX_KEYS_PER_CALL: usize = 1 << 24;
+/// Rows of `columns` int64 values as a 2-D array.
+fn table(py: Python<'_>, flat: Vec<i64>, columns: usize) -> PyResult<Bound<'_, PyArray2<i64>>> {
+    let n = flat.len() / columns;
+    PyArray1::from_vec(py, flat).reshape([n, columns])
+}
+
+/// (row, serial) as int64: rows are below 2**31, serials count from 1 and
+/// never reach 2**63.
+fn placed_words(p: Placed) -> [i64; 2] {
+    [i64::from(p.row), p.serial as i64]
+}
 
 /// A call's keys, packed in one buffer.
 struct Keys {
@@ -140,10 +149,6 @@ impl Keys {
     }
 }
 
-fn key_tag(key: &[u8]) -> i64 {
-    Hasher64::new(KEY_TAG).bytes(key).finish() as i64
-}
-
 /// A single key (the prefix).
 fn one_key(key: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
     let mut keys = Keys {
@@ -174,16 +179,8 @@ type Spilled<'py> = (
     Vec<Bound<'py, PyArray2<u8>>>,
 );
 
-/// A pool whose victims leave the slab, and its buffers while it is open.
-type SpillSide<'a> = (&'a SglangPool, &'a super::pool::Buffers);
-
-/// One page this rank writes: its position in the call, row, handle, tag.
-struct Write {
-    position: usize,
-    row: u64,
-    handle: i64,
-    tag: i64,
-}
+/// A pool whose victims leave the slab, and its memory while it is open.
+type SpillSide<'a> = (&'a PageLayout, &'a PoolMemory);
 
 #[pyclass(frozen, name = "SglangIndex", module = "cpkv._cpkv")]
 pub(crate) struct SglangIndex {
@@ -240,14 +237,14 @@ impl SglangIndex {
     ) -> PyResult<Vec<bool>> {
         let found = self.locate_core(py, keys)?;
         let guard = pool.open(py)?;
-        let buffers = guard.as_ref().expect("open");
-        buffers.prefetch_rows(found.iter().map(|(_, p)| u64::from(p.row)));
+        let stamps = guard.as_ref().expect("open").stamps();
+        stamps.prefetch_rows(found.iter().map(|(_, p)| u64::from(p.row)));
         let mut held = vec![false; keys.len()];
         for (i, p) in found {
             if stop_at_miss && i > 0 && !held[i - 1] {
                 break;
             }
-            held[i] = buffers
+            held[i] = stamps
                 .holds(u64::from(p.row), p.serial as i64, keys.tag(i))
                 .map_err(internal)?;
         }
@@ -256,11 +253,10 @@ impl SglangIndex {
 }
 
 impl SglangIndex {
-    /// Copies out each victim whose row this rank writes and that still
-    /// carries the victim's page in every pool of `sides` (a written stamp and
-    /// its key tag, before and after the copy); the other victims are listed,
-    /// not copied: a page leaves for L3 whole (every pool's bytes) or not at
-    /// all. The pools share the index, so a row has one writer in all of them.
+    /// The victims as a spill out of every pool of `sides` (see
+    /// `cpkv_slab::rows::copy_victims`: a page leaves for L3 whole, every
+    /// pool's bytes, or not at all; the pools share the index, so a row has
+    /// one writer in all of them).
     fn spill_victims<'py>(
         py: Python<'py>,
         sides: &[SpillSide<'_>],
@@ -269,51 +265,22 @@ impl SglangIndex {
         local_rank: u64,
     ) -> PyResult<Spilled<'py>> {
         let rows: Vec<u32> = evicted.iter().map(|&(_, row)| row).collect();
-        let mut copied = vec![false; evicted.len()];
         let mut data: Vec<Vec<u8>> = sides
             .iter()
-            .map(|(pool, _)| vec![0u8; evicted.len() * pool.page_bytes() as usize])
+            .map(|(layout, _)| vec![0u8; evicted.len() * layout.page_bytes() as usize])
             .collect();
-        unshared(py, || -> Result<(), String> {
-            for (i, (key, row)) in evicted.iter().enumerate() {
-                let (row, tag) = (u64::from(*row), key_tag(key));
-                if row % node_size != local_rank {
-                    continue;
-                }
-                let mut whole = true;
-                for ((pool, buffers), out) in sides.iter().zip(data.iter_mut()) {
-                    if !buffers
-                        .carries(row, tag)
-                        .map_err(|e| format!("pool '{}': {e}", pool.name()))?
-                    {
-                        whole = false;
-                        break;
-                    }
-                    let page_bytes = pool.page_bytes() as usize;
-                    pool.copy_row_out(buffers, row, &mut out[i * page_bytes..(i + 1) * page_bytes])
-                        .map_err(|e| format!("pool '{}': {e}", pool.name()))?;
-                }
-                if !whole {
-                    continue;
-                }
-                fence(Ordering::Acquire); // the bytes are read before the stamps are read again
-                let mut still = true;
-                for (pool, buffers) in sides {
-                    still &= buffers
-                        .carries(row, tag)
-                        .map_err(|e| format!("pool '{}': {e}", pool.name()))?;
-                }
-                copied[i] = still;
-            }
-            Ok(())
+        let copied = unshared(py, || {
+            let tags: Vec<i64> = evicted.iter().map(|(key, _)| key_tag(key)).collect();
+            let rows: Vec<u64> = rows.iter().map(|&r| u64::from(r)).collect();
+            copy_victims(sides, &rows, &tags, node_size, local_rank, &mut data)
         })?
         .map_err(internal)?;
         let keys = PyList::new(py, evicted.iter().map(|(k, _)| PyBytes::new(py, k)))?;
         let pages = sides
             .iter()
             .zip(data)
-            .map(|((pool, _), d)| {
-                PyArray1::from_vec(py, d).reshape([evicted.len(), pool.page_bytes() as usize])
+            .map(|((layout, _), d)| {
+                PyArray1::from_vec(py, d).reshape([evicted.len(), layout.page_bytes() as usize])
             })
             .collect::<PyResult<Vec<_>>>()?;
         Ok((keys, rows, copied, pages))
@@ -412,10 +379,10 @@ impl SglangIndex {
         let (placed, evicted) = self.store_evicting(py, &keys, prefix.as_deref())?;
         let stored = PyList::new(py, placed.iter().map(Option::is_some))?;
         let guard = pool.open(py)?;
-        let buffers = guard.as_ref().expect("open");
+        let memory = guard.as_ref().expect("open");
         let spilled = match spill_pools {
             Some(pools) => {
-                // The stored pool's buffers are open already (its read lock is not taken twice).
+                // The stored pool's memory is open already (its read lock is not taken twice).
                 let others = pools
                     .iter()
                     .map(|p| {
@@ -431,8 +398,8 @@ impl SglangIndex {
                     .zip(&others)
                     .map(|(p, g)| {
                         (
-                            *p,
-                            g.as_ref().map_or(buffers, |g| g.as_ref().expect("open")),
+                            p.layout(),
+                            g.as_ref().map_or(memory, |g| g.as_ref().expect("open")),
                         )
                     })
                     .collect();
@@ -442,47 +409,30 @@ impl SglangIndex {
             }
             None => None,
         };
-        buffers.prefetch_rows(placed.iter().flatten().map(|p| u64::from(p.row)));
-        let mut writes = Vec::new();
-        for (position, p) in placed.iter().enumerate() {
-            let Some(p) = p else { continue };
+        // This rank's rows, less those written already (a page stored again).
+        let mine = placed.iter().enumerate().filter_map(|(position, p)| {
+            let p = p.as_ref()?;
             let row = u64::from(p.row);
-            if row % node_size != local_rank {
-                continue;
-            }
-            let (handle, tag) = (p.serial as i64, keys.tag(position));
-            if buffers.holds(row, handle, tag).map_err(internal)? {
-                continue; // already written (a page stored again)
-            }
-            writes.push(Write {
-                position,
-                row,
-                handle,
-                tag,
-            });
-        }
+            (row % node_size == local_rank).then(|| {
+                let (handle, tag) = (p.serial as i64, keys.tag(position));
+                (position, RowWrite { row, handle, tag })
+            })
+        });
+        let stamps = memory.stamps();
+        let (positions, writes): (Vec<usize>, Vec<RowWrite>) = unwritten(stamps, mine.collect())
+            .map_err(internal)?
+            .into_iter()
+            .unzip();
         if writes.is_empty() {
             return Ok((stored, 0, spilled));
         }
-        for w in &writes {
-            buffers.invalidate(w.row, w.handle).map_err(internal)?;
-        }
-        copies_done(); // the stamps are invalid before any byte changes
+        stamps.begin_writes(&writes).map_err(internal)?;
         pool.run_write_hook(py)?;
-        unshared(py, || -> Result<(), String> {
-            pool.copy_pages(
-                buffers,
-                &pages,
-                writes.iter().map(|w| (w.position, w.row)),
-                true,
-            )?;
-            copies_done(); // every byte is in place before a row is published
-            for w in &writes {
-                buffers.publish(w.row, w.handle, w.tag)?;
-            }
-            Ok(())
+        let layout = pool.layout();
+        unshared(py, || {
+            layout.write_pages(memory, &pages, &positions, &writes)
         })?
-        .map_err(|e| internal(format!("pool '{}': {e}", pool.name())))?;
+        .map_err(internal)?;
         Ok((stored, writes.len(), spilled))
     }
 
@@ -516,7 +466,7 @@ impl SglangIndex {
         let sides: Vec<SpillSide<'_>> = pools
             .iter()
             .zip(&guards)
-            .map(|(p, g)| (*p, g.as_ref().expect("open")))
+            .map(|(p, g)| (p.layout(), g.as_ref().expect("open")))
             .collect();
         Self::spill_victims(py, &sides, &resident, node_size, local_rank)
     }
@@ -536,33 +486,20 @@ impl SglangIndex {
         let pages = pool.host_pages(py, host_indices, keys.len())?;
         let found = self.locate_core(py, &keys)?;
         let guard = pool.open(py)?;
-        let buffers = guard.as_ref().expect("open");
-        let (ok, copied) = unshared(py, || -> Result<(Vec<bool>, usize), String> {
-            let mut ok = vec![false; keys.len()];
-            let mut copied = Vec::with_capacity(found.len());
-            // Every row's stamp and tag are fetched, and the keys' tags
-            // computed, before any row is checked: the misses overlap.
-            buffers.prefetch_rows(found.iter().map(|(_, p)| u64::from(p.row)));
-            let tags: Vec<i64> = found.iter().map(|&(i, _)| keys.tag(i)).collect();
-            for (&(i, p), &tag) in found.iter().zip(&tags) {
-                let (row, handle) = (u64::from(p.row), p.serial as i64);
-                if buffers.holds(row, handle, tag)? {
-                    copied.push((i, row, handle, tag));
-                }
-            }
-            pool.copy_pages(
-                buffers,
-                &pages,
-                copied.iter().map(|&(i, row, ..)| (i, row)),
-                false,
-            )?;
-            fence(Ordering::Acquire); // the bytes are read before the stamps are read again
-            for &(i, row, handle, tag) in &copied {
-                ok[i] = buffers.holds(row, handle, tag)?;
-            }
-            Ok((ok, copied.len()))
+        let memory = guard.as_ref().expect("open");
+        let layout = pool.layout();
+        let (served, copied) = unshared(py, || {
+            let found: Vec<(usize, u64, i64)> = found
+                .iter()
+                .map(|&(i, p)| (i, u64::from(p.row), p.serial as i64))
+                .collect();
+            layout.read_pages(memory, &pages, &found, |i| keys.tag(i))
         })?
-        .map_err(|e| internal(format!("pool '{}': {e}", pool.name())))?;
+        .map_err(internal)?;
+        let mut ok = vec![false; keys.len()];
+        for i in served {
+            ok[i] = true;
+        }
         let good = ok.iter().filter(|&&b| b).count();
         Ok((PyList::new(py, ok)?, good, copied - good))
     }

@@ -1,7 +1,9 @@
-//! The SGLang HiCache backend's native side: `SglangIndex` (the replicated
-//! index and one native call per SGLang batch call) over `SglangPool` (one
-//! host pool's layout, its slab region, the checked copies between them), and
-//! `L3Staging` (the node-shared area that reads an L3 record once per node).
+//! The SGLang HiCache backend's native side, wrapping `cpkv_slab` (the byte
+//! protocol: row seqlock, run copies, L3 read staging) and `cpkv_tier`'s
+//! `OffloadIndex`: `SglangIndex` (the replicated index and one native call
+//! per SGLang batch call) over `SglangPool` (one host pool's layout and its
+//! slab region), and `L3Staging` (the node-shared area that reads an L3
+//! record once per node).
 
 mod hook;
 mod index;

@@ -1,30 +1,18 @@
 //! `SglangPool`: one SGLang host pool and its slab region, as the SGLang
-//! backend's batch calls see them.
+//! backend's batch calls see them: the Python side of `cpkv_slab`'s
+//! `PageLayout` (the slab's rows, entry by entry) and `PoolMemory` (the pool's
+//! CPU buffers, the slab's data, stamps and tags), and the conversion of a
+//! call's host indices into `HostPages`.
 //!
 //! Where a page's bytes are in the pool: for the pool classes the backend
-//! models (`cpkv.integrations.sglang.layout`), computed from the pool's layout
-//! here, per page, from its first host index (each entry at `offset +
-//! (first / divisor) * stride` in one of the pool's CPU buffers, `bytes`
-//! long); for any other class, from SGLang's own `get_page_buffer_meta`
-//! (called once per batch). Every entry of every page is checked to lie inside
-//! its buffer before anything is stored or copied, and each copy checks its two
-//! ranges again right where it copies ([`copy_checked`]), against the buffer
-//! lengths given here.
-//!
-//! The slab side: `rows` rows of `page_bytes` (one page each), stored entry
-//! by entry: entry `j` of every row, then entry `j + 1` of every row (so the
-//! entries of consecutive rows lie back to back, as they do in a host buffer,
-//! and a batch copies in runs rather than page pieces); and per row a stamp
-//! and a key tag (int64, shared memory: other
-//! processes of the node read and write them, so every access is atomic).
-//! A row's writer stamps it `-handle`, copies, sets the tag, then stamps it
-//! `handle`; a reader checks stamp and tag before and after it copies (a
-//! seqlock), so a row overwritten under it is a miss, never torn bytes.
+//! models (`cpkv.integrations.sglang.layout`), from the pool's layout table
+//! (`cpkv_slab::Entry`); for any other class, from SGLang's own
+//! `get_page_buffer_meta` (called once per batch). Every entry of every page
+//! is checked to lie inside its buffer before anything is stored or copied.
 
-use std::ptr;
-use std::sync::atomic::{fence, AtomicI64, Ordering};
 use std::sync::{PoisonError, RwLock, RwLockReadGuard, TryLockError};
 
+use cpkv_slab::{Entry, HostPages, PageLayout, PoolMemory, ReadOutcome, Region, RowWrite};
 use numpy::{
     PyArray1, PyArray2, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods,
 };
@@ -35,123 +23,43 @@ use pyo3::types::PyList;
 use super::hook::TestHook;
 use crate::convert::{describe, invalid, wrong_type};
 use crate::errors::InternalError;
+use crate::shared::unshared;
 
-/// One live CPU buffer: where it is and how long (its owner is held by the
-/// pool, so the memory stays valid while the pool is open).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Region {
-    address: usize,
-    bytes: usize,
-}
-
-impl Region {
-    /// A CPU, contiguous torch tensor's bytes.
-    pub(crate) fn of_tensor(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Self> {
-        let py = obj.py();
-        let not_tensor = || {
-            wrong_type(format!(
-                "{what} must be a CPU torch tensor, got {}",
-                describe(obj)
-            ))
-        };
-        let is_cpu: bool = obj
-            .getattr(intern!(py, "is_cpu"))
-            .map_err(|_| not_tensor())?
-            .extract()
-            .map_err(|_| not_tensor())?;
-        if !is_cpu {
-            return Err(invalid(format!("{what} is not in CPU memory")));
-        }
-        if !obj
-            .call_method0(intern!(py, "is_contiguous"))?
-            .extract::<bool>()?
-        {
-            return Err(invalid(format!("{what} must be contiguous")));
-        }
-        let numel: usize = obj.call_method0(intern!(py, "numel"))?.extract()?;
-        let item: usize = obj.call_method0(intern!(py, "element_size"))?.extract()?;
-        let address: usize = obj.call_method0(intern!(py, "data_ptr"))?.extract()?;
-        let bytes = numel
-            .checked_mul(item)
-            .filter(|&b| b <= isize::MAX as usize && address.checked_add(b).is_some())
-            .ok_or_else(|| invalid(format!("{what}: {numel} elements of {item} bytes overflow")))?;
-        Ok(Self { address, bytes })
+/// A CPU, contiguous torch tensor's bytes, as a region. The caller keeps the
+/// tensor alive for as long as it uses the region (a pool or staging area
+/// holds its tensors until it is closed; a call, its arguments).
+#[allow(unsafe_code)] // the one place a tensor's address becomes a `Region`
+pub(crate) fn tensor_region(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Region> {
+    let py = obj.py();
+    let not_tensor = || {
+        wrong_type(format!(
+            "{what} must be a CPU torch tensor, got {}",
+            describe(obj)
+        ))
+    };
+    let is_cpu: bool = obj
+        .getattr(intern!(py, "is_cpu"))
+        .map_err(|_| not_tensor())?
+        .extract()
+        .map_err(|_| not_tensor())?;
+    if !is_cpu {
+        return Err(invalid(format!("{what} is not in CPU memory")));
     }
-
-    /// A byte slice this process owns (a call's scratch or output).
-    pub(crate) fn of_slice(bytes: &[u8]) -> Self {
-        Self {
-            address: bytes.as_ptr() as usize,
-            bytes: bytes.len(),
-        }
+    if !obj
+        .call_method0(intern!(py, "is_contiguous"))?
+        .extract::<bool>()?
+    {
+        return Err(invalid(format!("{what} must be contiguous")));
     }
-
-    pub(crate) fn len(&self) -> usize {
-        self.bytes
-    }
-
-    pub(crate) fn address(&self) -> usize {
-        self.address
-    }
-
-    pub(crate) fn overlaps(&self, other: &Region) -> bool {
-        self.bytes > 0
-            && other.bytes > 0
-            && self.address < other.address + other.bytes
-            && other.address < self.address + self.bytes
-    }
-
-    /// Whether `[at, at + bytes)` lies inside this buffer.
-    fn holds(&self, at: u64, bytes: u64) -> bool {
-        at.checked_add(bytes)
-            .is_some_and(|end| end <= self.bytes as u64)
-    }
-}
-
-/// Copies `bytes` bytes from `src` at `src_at` to `dst` at `dst_at`, both
-/// ranges checked against their buffers right here; a range outside its buffer
-/// is an error and nothing is copied.
-#[allow(unsafe_code)] // the one raw copy of the SGLang backend, on ranges checked here
-pub(crate) fn copy_checked(
-    dst: Region,
-    dst_at: u64,
-    src: Region,
-    src_at: u64,
-    bytes: u64,
-) -> Result<(), String> {
-    if !dst.holds(dst_at, bytes) || !src.holds(src_at, bytes) {
-        return Err(format!(
-            "a copy of {bytes} bytes from {src_at} of a {}-byte buffer to {dst_at} of a {}-byte buffer \
-             is outside a buffer",
-            src.bytes, dst.bytes
-        ));
-    }
-    if bytes == 0 {
-        return Ok(());
-    }
-    // SAFETY: both ranges lie inside live buffers (checked just above; their
-    // owners are held by the pool, and the slab stays mapped while the pool's
-    // read lock is held), and a host buffer never overlaps the slab (checked
-    // when the pool was built). The slab's bytes may be written by another
-    // process at the same time: the seqlock (stamps) makes such a copy a miss.
-    unsafe {
-        ptr::copy_nonoverlapping(
-            (src.address + src_at as usize) as *const u8,
-            (dst.address + dst_at as usize) as *mut u8,
-            bytes as usize,
-        );
-    }
-    Ok(())
-}
-
-/// Where one entry of a page lies in the host pool, by the pool's layout.
-#[derive(Clone, Copy, Debug)]
-struct Entry {
-    buffer: usize,
-    offset: u64,
-    stride: u64,
-    divisor: u64,
-    bytes: u64,
+    let numel: usize = obj.call_method0(intern!(py, "numel"))?.extract()?;
+    let item: usize = obj.call_method0(intern!(py, "element_size"))?.extract()?;
+    let address: usize = obj.call_method0(intern!(py, "data_ptr"))?.extract()?;
+    let bytes = numel
+        .checked_mul(item)
+        .ok_or_else(|| invalid(format!("{what}: {numel} elements of {item} bytes overflow")))?;
+    // SAFETY: a live CPU tensor's contiguous storage, kept alive by the
+    // caller while the region is used (see above).
+    unsafe { Region::new(address, bytes) }.map_err(|e| invalid(format!("{what}: {e}")))
 }
 
 /// How a page's entries are found in the host pool.
@@ -162,146 +70,15 @@ enum HostMap {
     Meta(Py<PyAny>),
 }
 
-/// Bytes of one copy: from `host_at` of host buffer `buffer` to or from
-/// `slab_at` of the slab.
-struct Run {
-    buffer: usize,
-    host_at: u64,
-    slab_at: u64,
-    bytes: u64,
-}
-
-impl Run {
-    /// Whether `next` starts where this run ends, on both sides.
-    fn continued_by(&self, next: &Run) -> bool {
-        next.buffer == self.buffer
-            && Some(next.host_at) == self.host_at.checked_add(self.bytes)
-            && Some(next.slab_at) == self.slab_at.checked_add(self.bytes)
-    }
-}
-
-/// Every page's entries in the host pool, page after page: (buffer, byte
-/// offset) each.
-pub(crate) struct HostPages {
-    entries: usize,
-    at: Vec<(usize, u64)>,
-}
-
-impl HostPages {
-    fn page(&self, page: usize) -> &[(usize, u64)] {
-        &self.at[page * self.entries..(page + 1) * self.entries]
-    }
-}
-
-/// The memory a pool copies between, while it is open.
-pub(crate) struct Buffers {
-    host: Vec<Region>,
-    data: Region,
-    stamps: Region,
-    tags: Region,
-    rows: u64,
-}
-
-impl Buffers {
-    /// The stamp and tag of a row (`row < rows`, checked).
-    #[allow(unsafe_code)] // an aligned int64 of the slab's shared memory as an atomic
-    fn cells(&self, row: u64) -> Result<(&AtomicI64, &AtomicI64), String> {
-        if row >= self.rows {
-            return Err(format!(
-                "slab row {row} is outside the slab's {} rows",
-                self.rows
-            ));
-        }
-        let at = row as usize * 8;
-        // SAFETY: `row < rows` and both regions hold `rows` int64s, 8-byte
-        // aligned (checked when the pool was built), mapped while the pool's
-        // read lock is held; other processes access them atomically too.
-        unsafe {
-            Ok((
-                &*((self.stamps.address + at) as *const AtomicI64),
-                &*((self.tags.address + at) as *const AtomicI64),
-            ))
-        }
-    }
-
-    /// Starts fetching the stamp and tag of each row (rows outside the slab
-    /// are skipped: `holds` refuses them), so a batch's misses overlap
-    /// before its rows are checked one by one; a hint, it reads nothing.
-    pub(crate) fn prefetch_rows(&self, rows: impl IntoIterator<Item = u64>) {
-        for row in rows.into_iter().filter(|&row| row < self.rows) {
-            let at = row as usize * 8;
-            prefetch(self.stamps.address + at);
-            prefetch(self.tags.address + at);
-        }
-    }
-
-    /// Whether `row` holds the page stamped `handle` with key tag `tag` now.
-    pub(crate) fn holds(&self, row: u64, handle: i64, tag: i64) -> Result<bool, String> {
-        let (stamp, key) = self.cells(row)?;
-        Ok(stamp.load(Ordering::Acquire) == handle && key.load(Ordering::Acquire) == tag)
-    }
-
-    /// Whether `row` holds a fully written page (any handle) of key tag `tag`.
-    pub(crate) fn carries(&self, row: u64, tag: i64) -> Result<bool, String> {
-        let (stamp, key) = self.cells(row)?;
-        Ok(stamp.load(Ordering::Acquire) > 0 && key.load(Ordering::Acquire) == tag)
-    }
-
-    /// Marks `row` invalid while its bytes change.
-    pub(crate) fn invalidate(&self, row: u64, handle: i64) -> Result<(), String> {
-        self.cells(row)?.0.store(-handle, Ordering::Release);
-        Ok(())
-    }
-
-    /// Publishes `row` as the page of `handle` with key tag `tag`.
-    pub(crate) fn publish(&self, row: u64, handle: i64, tag: i64) -> Result<(), String> {
-        let (stamp, key) = self.cells(row)?;
-        key.store(tag, Ordering::Release);
-        stamp.store(handle, Ordering::Release);
-        Ok(())
-    }
-}
-
-/// Starts fetching the cache line at `address` into every cache level: a
-/// hint, with no effect on what any code reads.
-#[inline]
-fn prefetch(address: usize) {
-    #[cfg(target_arch = "x86_64")]
-    #[allow(unsafe_code)]
-    // SAFETY: a prefetch reads nothing a program sees and never faults,
-    // whatever the address (here one inside the slab's stamps or tags).
-    unsafe {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        _mm_prefetch::<_MM_HINT_T0>(address as *const i8);
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = address;
-}
-
-/// Orders every byte copied before it against every stamp stored after it (a
-/// full fence: it orders streaming stores a `memcpy` may use, too).
-pub(crate) fn copies_done() {
-    fence(Ordering::SeqCst);
-}
-
 #[pyclass(frozen, name = "SglangPool", module = "cpkv._cpkv")]
 pub(crate) struct SglangPool {
-    name: String,
     page_size: u64,
     pool_tokens: u64,
-    page_bytes: u64,
-    /// Each entry's size, and its offset in a slab row.
-    sizes: Vec<u64>,
-    /// Where entry `j` of every row starts in the slab's data: row `r`'s
-    /// entry `j` is at `entry_bases[j] + r * sizes[j]`.
-    entry_bases: Vec<u64>,
-    /// Where entry `j` starts in a page laid out whole (an L3 record's
-    /// payload): the sizes of the entries before it.
-    page_offsets: Vec<u64>,
+    layout: PageLayout,
     map: HostMap,
     /// Held so the buffers stay valid while the pool is open.
     _owners: Vec<Py<PyAny>>,
-    buffers: RwLock<Option<Buffers>>,
+    memory: RwLock<Option<PoolMemory>>,
     write_hook: TestHook,
 }
 
@@ -374,12 +151,12 @@ fn page_firsts(
 }
 
 impl SglangPool {
-    pub(crate) fn name(&self) -> &str {
-        &self.name
+    pub(crate) fn layout(&self) -> &PageLayout {
+        &self.layout
     }
 
-    pub(crate) fn page_bytes(&self) -> u64 {
-        self.page_bytes
+    pub(crate) fn name(&self) -> &str {
+        self.layout.name()
     }
 
     /// Every page's entries in the host pool, each checked to lie inside its
@@ -391,7 +168,7 @@ impl SglangPool {
         host_indices: &Bound<'_, PyAny>,
         pages: usize,
     ) -> PyResult<HostPages> {
-        let name = &self.name;
+        let name = self.name();
         let firsts = page_firsts(py, name, host_indices, pages, self.page_size)?;
         if self.pool_tokens > 0 {
             if let Some((page, &first)) = firsts
@@ -406,53 +183,12 @@ impl SglangPool {
             }
         }
         let guard = self.open(py)?;
-        let buffers = guard.as_ref().expect("open");
-        let outside = |page: usize, entry: usize, at: String| {
-            invalid(format!(
-                "pool '{name}': page {page} (host index {}) entry {entry} at {at} is outside the pool's buffers",
-                firsts[page]
-            ))
-        };
-        match &self.map {
-            HostMap::Layout(entries) => {
-                let mut at = Vec::with_capacity(firsts.len() * entries.len());
-                for (page, &first) in firsts.iter().enumerate() {
-                    for (j, e) in entries.iter().enumerate() {
-                        let unit = (first.max(0) as u64) / e.divisor;
-                        match unit
-                            .checked_mul(e.stride)
-                            .and_then(|o| o.checked_add(e.offset))
-                        {
-                            Some(offset) if buffers.host[e.buffer].holds(offset, e.bytes) => {
-                                at.push((e.buffer, offset));
-                            }
-                            _ => {
-                                return Err(outside(
-                                    page,
-                                    j,
-                                    format!(
-                                        "buffer {} + {unit} * {} + {} bytes",
-                                        e.buffer, e.stride, e.bytes
-                                    ),
-                                ))
-                            }
-                        }
-                    }
-                }
-                Ok(HostPages {
-                    entries: entries.len(),
-                    at,
-                })
-            }
+        let host = guard.as_ref().expect("open").host();
+        let found = match &self.map {
+            HostMap::Layout(table) => HostPages::from_layout(table, host, &firsts),
+            HostMap::Meta(_) if pages == 0 => Ok(HostPages::empty(self.layout.sizes().len())),
             HostMap::Meta(meta) => {
-                let sizes = &self.sizes;
-                let per = sizes.len();
-                if pages == 0 {
-                    return Ok(HostPages {
-                        entries: per,
-                        at: Vec::new(),
-                    });
-                }
+                let per = self.layout.sizes().len();
                 let got = meta.bind(py).call1((host_indices,))?;
                 let (ptrs, lens): (Vec<u64>, Vec<u64>) = got.extract().map_err(|_| {
                     InternalError::new_err(format!(
@@ -467,134 +203,34 @@ impl SglangPool {
                         lens.len()
                     )));
                 }
-                let mut at = Vec::with_capacity(ptrs.len());
-                for (k, (&ptr, &len)) in ptrs.iter().zip(&lens).enumerate() {
-                    let (page, j) = (k / per, k % per);
-                    let found = buffers.host.iter().enumerate().find_map(|(b, r)| {
-                        let offset = ptr.checked_sub(r.address as u64)?;
-                        (len == sizes[j] && r.holds(offset, len)).then_some((b, offset))
-                    });
-                    at.push(
-                        found.ok_or_else(|| outside(page, j, format!("{ptr:#x} + {len} bytes")))?,
-                    );
-                }
-                Ok(HostPages { entries: per, at })
+                HostPages::from_addresses(self.layout.sizes(), host, &ptrs, &lens)
             }
-        }
+        };
+        found.map_err(|o| {
+            invalid(format!(
+                "pool '{name}': page {} (host index {}) entry {} at {} is outside the pool's buffers",
+                o.page, firsts[o.page], o.entry, o.at
+            ))
+        })
     }
 
-    /// The pool's buffers while it is open (a read lock: `close` waits for
+    /// The pool's memory while it is open (a read lock: `close` waits for
     /// every copy in flight); waited for without the GIL.
-    pub(crate) fn open(&self, py: Python<'_>) -> PyResult<RwLockReadGuard<'_, Option<Buffers>>> {
+    pub(crate) fn open(&self, py: Python<'_>) -> PyResult<RwLockReadGuard<'_, Option<PoolMemory>>> {
         let guard = loop {
-            match self.buffers.try_read() {
+            match self.memory.try_read() {
                 Ok(g) => break g,
                 Err(TryLockError::Poisoned(p)) => break p.into_inner(),
                 // `close` holds it: wait for it without the GIL, then try again.
                 Err(TryLockError::WouldBlock) => py.detach(|| {
-                    drop(self.buffers.read());
+                    drop(self.memory.read());
                 }),
             }
         };
         if guard.is_none() {
-            return Err(invalid(format!("pool '{}' is closed", self.name)));
+            return Err(invalid(format!("pool '{}' is closed", self.name())));
         }
         Ok(guard)
-    }
-
-    /// Copies pages between the host pool and the slab: `(page, row)` each,
-    /// page `page` of `pages` to or from slab row `row`. Entries that lie back
-    /// to back in both the host buffer and the slab (an entry of consecutive
-    /// pages placed in consecutive rows) go as one copy: at 4 KB pages the
-    /// per-copy work, not the bytes, is the cost.
-    pub(crate) fn copy_pages(
-        &self,
-        buffers: &Buffers,
-        pages: &HostPages,
-        which: impl IntoIterator<Item = (usize, u64)>,
-        to_slab: bool,
-    ) -> Result<(), String> {
-        let copy = |run: &Run| {
-            let host = buffers.host[run.buffer];
-            if to_slab {
-                copy_checked(buffers.data, run.slab_at, host, run.host_at, run.bytes)
-            } else {
-                copy_checked(host, run.host_at, buffers.data, run.slab_at, run.bytes)
-            }
-        };
-        // Entry by entry, page after page: entry `j` of consecutive rows lies
-        // back to back in the slab (entry-major rows), and in SGLang's host
-        // buffers for consecutive pages, so a batch is a few long copies.
-        let which: Vec<(usize, u64)> = which.into_iter().collect();
-        let mut run: Option<Run> = None;
-        for j in 0..pages.entries {
-            for &(page, row) in &which {
-                let (buffer, host_at) = pages.page(page)[j];
-                let next = Run {
-                    buffer,
-                    host_at,
-                    slab_at: self.slab_at(row, j)?,
-                    bytes: self.sizes[j],
-                };
-                match &mut run {
-                    Some(r) if r.continued_by(&next) => r.bytes += next.bytes,
-                    _ => {
-                        if let Some(done) = run.replace(next) {
-                            copy(&done)?;
-                        }
-                    }
-                }
-            }
-        }
-        run.as_ref().map_or(Ok(()), copy)
-    }
-
-    /// Where entry `j` of slab row `row` starts in the slab's data.
-    fn slab_at(&self, row: u64, j: usize) -> Result<u64, String> {
-        row.checked_mul(self.sizes[j])
-            .and_then(|at| at.checked_add(self.entry_bases[j]))
-            .ok_or_else(|| format!("slab row {row} overflows"))
-    }
-
-    /// Copies slab `row` into `out` (`page_bytes` long, its entries in
-    /// order, as an L3 record holds a page): a victim's bytes leaving the
-    /// slab for L3, before its row is written again.
-    pub(crate) fn copy_row_out(
-        &self,
-        buffers: &Buffers,
-        row: u64,
-        out: &mut [u8],
-    ) -> Result<(), String> {
-        let dst = Region {
-            address: out.as_mut_ptr() as usize,
-            bytes: out.len(),
-        };
-        for j in 0..self.sizes.len() {
-            let at = self.slab_at(row, j)?;
-            copy_checked(dst, self.page_offsets[j], buffers.data, at, self.sizes[j])?;
-        }
-        Ok(())
-    }
-
-    /// Copies one page laid out as L3 holds it (`src`, `page_bytes` long,
-    /// its entries in order) into its host pages, entry by entry.
-    fn copy_page_from(
-        &self,
-        buffers: &Buffers,
-        pages: &HostPages,
-        page: usize,
-        src: Region,
-    ) -> Result<(), String> {
-        for (j, &(buffer, host_at)) in pages.page(page).iter().enumerate() {
-            copy_checked(
-                buffers.host[buffer],
-                host_at,
-                src,
-                self.page_offsets[j],
-                self.sizes[j],
-            )?;
-        }
-        Ok(())
     }
 
     /// Runs the write hook, if one is set (fault-injection tests): after a
@@ -627,23 +263,12 @@ fn layout_entries(table: &Bound<'_, PyAny>, buffers: usize) -> PyResult<Vec<Entr
     view.rows()
         .into_iter()
         .enumerate()
-        .map(|(j, r)| {
-            let [buffer, offset, stride, divisor, bytes] = [r[0], r[1], r[2], r[3], r[4]];
-            if buffer < 0 || buffer as usize >= buffers || offset < 0 || stride < 0 || divisor < 1 || bytes < 1 {
-                return Err(invalid(format!(
-                    "entry {j}: (buffer {buffer}, offset {offset}, stride {stride}, divisor {divisor}, bytes {bytes}) \
-                     is not an entry of {buffers} buffers"
-                )));
-            }
-            Ok(Entry {
-                buffer: buffer as usize,
-                offset: offset as u64,
-                stride: stride as u64,
-                divisor: divisor as u64,
-                bytes: bytes as u64,
-            })
-        })
+        .map(|(j, r)| Entry::checked(j, [r[0], r[1], r[2], r[3], r[4]], buffers).map_err(invalid))
         .collect()
+}
+
+fn internal(message: String) -> PyErr {
+    InternalError::new_err(message)
 }
 
 #[pymethods]
@@ -652,7 +277,7 @@ impl SglangPool {
     /// layout table (int64 `[E, 5]`: buffer, offset, stride, divisor, bytes),
     /// or `None` and `meta` (SGLang's `get_page_buffer_meta`) with
     /// `entry_sizes`; `data`: the slab's `rows * page_bytes` uint8 bytes
-    /// (entry by entry, see the module docs);
+    /// (entry by entry, see `cpkv_slab::layout`);
     /// `stamps`, `tags`: its int64 `[rows]` (any shape of `rows` elements).
     #[new]
     #[pyo3(signature = (name, host_buffers, entries, meta, entry_sizes, page_size, pool_tokens, data, stamps, tags))]
@@ -675,7 +300,7 @@ impl SglangPool {
         let host = host_buffers
             .iter()
             .enumerate()
-            .map(|(i, b)| Region::of_tensor(&b, &format!("pool '{name}': host buffer {i}")))
+            .map(|(i, b)| tensor_region(&b, &format!("pool '{name}': host buffer {i}")))
             .collect::<PyResult<Vec<_>>>()?;
         let (map, sizes) = if entries.is_none() {
             if !meta.is_callable() {
@@ -690,76 +315,21 @@ impl SglangPool {
             let sizes = table.iter().map(|e| e.bytes).collect();
             (HostMap::Layout(table), sizes)
         };
-        if sizes.is_empty() || sizes.contains(&0) {
-            return Err(invalid(format!(
-                "pool '{name}': entry sizes must be >= 1 and at least one, got {sizes:?}"
-            )));
-        }
-        let mut page_offsets = Vec::with_capacity(sizes.len());
-        let mut page_bytes = 0u64;
-        for &s in &sizes {
-            page_offsets.push(page_bytes);
-            page_bytes = page_bytes
-                .checked_add(s)
-                .ok_or_else(|| invalid(format!("pool '{name}': a page's size overflows")))?;
-        }
-        let data_region = Region::of_tensor(data, &format!("pool '{name}': slab data"))?;
-        let stamp_region = Region::of_tensor(stamps, &format!("pool '{name}': slab stamps"))?;
-        let tag_region = Region::of_tensor(tags, &format!("pool '{name}': slab tags"))?;
-        let rows = (data_region.bytes as u64) / page_bytes;
-        if data_region.bytes as u64 != rows * page_bytes
-            || stamp_region.bytes as u64 != rows * 8
-            || tag_region.bytes as u64 != rows * 8
-            || stamp_region.address % 8 != 0
-            || tag_region.address % 8 != 0
-        {
-            return Err(invalid(format!(
-                "pool '{name}': the slab's data ({} bytes), stamps ({} bytes) and tags ({} bytes) are not \
-                 {rows} rows of {page_bytes} bytes and two aligned int64 each",
-                data_region.bytes, stamp_region.bytes, tag_region.bytes
-            )));
-        }
-        // Bounded by the data's bytes (checked above): no overflow.
-        let entry_bases = sizes
-            .iter()
-            .scan(0u64, |at, &s| {
-                let base = *at;
-                *at += rows * s;
-                Some(base)
-            })
-            .collect();
-        for (i, h) in host.iter().enumerate() {
-            for (what, r) in [
-                ("data", &data_region),
-                ("stamps", &stamp_region),
-                ("tags", &tag_region),
-            ] {
-                if h.overlaps(r) {
-                    return Err(invalid(format!(
-                        "pool '{name}': host buffer {i} overlaps the slab's {what}"
-                    )));
-                }
-            }
-        }
+        let [data_region, stamp_region, tag_region] =
+            [(data, "data"), (stamps, "stamps"), (tags, "tags")]
+                .map(|(t, what)| tensor_region(t, &format!("pool '{name}': slab {what}")));
+        let (layout, memory) =
+            PageLayout::open(&name, sizes, host, data_region?, stamp_region?, tag_region?)
+                .map_err(invalid)?;
         let mut owners: Vec<Py<PyAny>> = host_buffers.iter().map(Bound::unbind).collect();
         owners.extend([data, stamps, tags].map(|t| t.clone().unbind()));
         Ok(Self {
-            name,
             page_size,
             pool_tokens,
-            page_bytes,
-            sizes,
-            entry_bases,
-            page_offsets,
+            layout,
             map,
             _owners: owners,
-            buffers: RwLock::new(Some(Buffers {
-                host,
-                data: data_region,
-                stamps: stamp_region,
-                tags: tag_region,
-                rows,
-            })),
+            memory: RwLock::new(Some(memory)),
             write_hook: TestHook::default(),
         })
     }
@@ -783,12 +353,12 @@ impl SglangPool {
         positions: Vec<usize>,
         data: &Bound<'_, PyArray2<u8>>,
     ) -> PyResult<()> {
+        let page_bytes = self.layout.page_bytes();
         let shape = data.shape();
-        if shape[0] != positions.len() || shape[1] as u64 != self.page_bytes {
+        if shape[0] != positions.len() || shape[1] as u64 != page_bytes {
             return Err(invalid(format!(
-                "data has shape {shape:?}, {} pages of {} bytes were expected",
+                "data has shape {shape:?}, {} pages of {page_bytes} bytes were expected",
                 positions.len(),
-                self.page_bytes
             )));
         }
         if !data.is_c_contiguous() {
@@ -801,20 +371,18 @@ impl SglangPool {
         }
         let found = self.host_pages(py, host_indices, pages)?;
         let guard = self.open(py)?;
-        let buffers = guard.as_ref().expect("open");
+        let memory = guard.as_ref().expect("open");
         let readonly = data.readonly();
         let bytes = readonly
             .as_slice()
             .map_err(|e| invalid(format!("data: {e}")))?;
-        let page_bytes = self.page_bytes as usize;
-        for (j, &position) in positions.iter().enumerate() {
-            let row = &bytes[j * page_bytes..(j + 1) * page_bytes];
-            let src = Region {
-                address: row.as_ptr() as usize,
-                bytes: row.len(),
-            };
-            self.copy_page_from(buffers, &found, position, src)
-                .map_err(|e| InternalError::new_err(format!("pool '{}': {e}", self.name)))?;
+        for (position, page) in positions
+            .iter()
+            .zip(bytes.chunks_exact(page_bytes as usize))
+        {
+            self.layout
+                .copy_page_in(memory, &found, *position, page)
+                .map_err(internal)?;
         }
         Ok(())
     }
@@ -830,13 +398,88 @@ impl SglangPool {
     ) -> PyResult<Bound<'py, PyArray2<i64>>> {
         let found = self.host_pages(py, host_indices, pages)?;
         let guard = self.open(py)?;
-        let buffers = guard.as_ref().expect("open");
+        let host = guard.as_ref().expect("open").host();
         let flat: Vec<i64> = found
-            .at
-            .iter()
-            .map(|&(b, at)| (buffers.host[b].address as u64 + at) as i64)
+            .addresses(host)
+            .into_iter()
+            .map(|a| a as i64)
             .collect();
-        PyArray1::from_vec(py, flat).reshape([pages, self.sizes.len()])
+        PyArray1::from_vec(py, flat).reshape([pages, self.layout.sizes().len()])
+    }
+
+    /// The tensor call `get`: slab `row` into `out` (a CPU uint8 tensor of
+    /// `page_bytes`, the page's entries in order) while it holds `handle` and
+    /// `tag`, before and after the copy. "missing" (nothing copied), "torn"
+    /// (the row changed under the copy) or "served".
+    fn read_page(
+        &self,
+        py: Python<'_>,
+        row: u64,
+        handle: i64,
+        tag: i64,
+        out: &Bound<'_, PyAny>,
+    ) -> PyResult<&'static str> {
+        let out = tensor_region(out, "out")?;
+        let guard = self.open(py)?;
+        let memory = guard.as_ref().expect("open");
+        let outcome = unshared(py, || self.layout.read_page(memory, row, handle, tag, out))?
+            .map_err(internal)?;
+        Ok(match outcome {
+            ReadOutcome::Missing => "missing",
+            ReadOutcome::Torn => "torn",
+            ReadOutcome::Served => "served",
+        })
+    }
+
+    /// The tensor call `batch_set`'s rows this rank writes: `values[i]` (a CPU
+    /// uint8 tensor of `page_bytes`) into `rows[i]` as the page of
+    /// `handles[i]` and `tags[i]`, by the seqlock's sequence (every row marked
+    /// invalid, a fence, the copies, a fence, every row published); rows that
+    /// hold their page already are skipped; the write hook runs as in a batch
+    /// write, after the rows are marked invalid. How many rows were written.
+    fn write_values(
+        &self,
+        py: Python<'_>,
+        rows: Vec<u64>,
+        handles: Vec<i64>,
+        tags: Vec<i64>,
+        values: Vec<Bound<'_, PyAny>>,
+    ) -> PyResult<usize> {
+        if rows.len() != handles.len() || rows.len() != tags.len() || rows.len() != values.len() {
+            return Err(invalid(format!(
+                "rows, handles, tags and values differ in length: {}, {}, {}, {}",
+                rows.len(),
+                handles.len(),
+                tags.len(),
+                values.len()
+            )));
+        }
+        let values = values
+            .iter()
+            .enumerate()
+            .map(|(i, v)| tensor_region(v, &format!("value {i}")))
+            .collect::<PyResult<Vec<_>>>()?;
+        let writes: Vec<RowWrite> = (0..rows.len())
+            .map(|i| RowWrite {
+                row: rows[i],
+                handle: handles[i],
+                tag: tags[i],
+            })
+            .collect();
+        let guard = self.open(py)?;
+        let memory = guard.as_ref().expect("open");
+        let write = |hook: &mut dyn FnMut() -> Result<(), String>| {
+            self.layout.write_values(memory, &writes, &values, hook)
+        };
+        match self.write_hook.get(py) {
+            None => unshared(py, || write(&mut || Ok(())))?,
+            Some(hook) => write(&mut || {
+                hook.call0(py)
+                    .map(drop)
+                    .map_err(|e| format!("the write hook raised: {e}"))
+            }),
+        }
+        .map_err(internal)
     }
 
     /// A callable run after a write has marked its rows invalid and before it
@@ -850,19 +493,19 @@ impl SglangPool {
     /// slab may be unmapped after this returns).
     fn close(&self, py: Python<'_>) {
         py.detach(|| {
-            *self.buffers.write().unwrap_or_else(PoisonError::into_inner) = None;
+            *self.memory.write().unwrap_or_else(PoisonError::into_inner) = None;
         });
     }
 
-    #[getter(page_bytes)]
-    fn page_bytes_py(&self) -> u64 {
-        self.page_bytes
+    #[getter]
+    fn page_bytes(&self) -> u64 {
+        self.layout.page_bytes()
     }
 
     /// Each entry's size in bytes.
     #[getter]
     fn entry_sizes(&self) -> Vec<u64> {
-        self.sizes.clone()
+        self.layout.sizes().to_vec()
     }
 
     /// "layout" (computed from the pool's layout) or "meta" (SGLang's
@@ -878,9 +521,9 @@ impl SglangPool {
     fn __repr__(&self) -> String {
         format!(
             "SglangPool(name='{}', entries={}, page_bytes={}, mode={})",
-            self.name,
-            self.sizes.len(),
-            self.page_bytes,
+            self.name(),
+            self.layout.sizes().len(),
+            self.layout.page_bytes(),
             self.mode()
         )
     }

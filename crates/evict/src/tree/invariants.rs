@@ -110,6 +110,17 @@ impl PrefixTree {
                 }
             }
         }
+        let locked: usize = self
+            .nodes()
+            .filter(|n| n.locks > 0)
+            .map(|n| n.device.as_ref().map_or(0, Vec::len))
+            .sum();
+        if locked != self.locked_device_pages {
+            return Err(format!(
+                "{} locked device pages counted, {locked} recounted",
+                self.locked_device_pages
+            ));
+        }
         if !self.live_pages.agrees_with(&pages_seen) {
             return Err("live page set out of sync".into());
         }

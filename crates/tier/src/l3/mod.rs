@@ -15,16 +15,23 @@
 //!   model, dtype, KV layout, page size, CP/TP geometry), as one id.
 //! - `log`: the index log's 32-byte checksummed entries and the file header;
 //!   recovery rebuilds the index from them without reading page data.
+//! - `batch`: a read's or a write's records sealed or checked in one call,
+//!   every argument checked first; an index rebuilt from a node's logs.
 //! - `index`: key -> (slot, sequence), lowest-free-slot placement in the
 //!   preallocated data files, LRU eviction by a logical clock under the
 //!   slot cap, the writer rank of each page, the digest.
 
+mod batch;
 mod error;
 mod index;
 mod log;
 mod namespace;
 mod record;
 
+pub use batch::{
+    check_into, check_packed, check_split, recover_logs, seal_packed, seal_records, seal_tails,
+    LogRecovery, RecordBatch,
+};
 pub use error::L3Error;
 pub use index::{writer_rank, L3Index, L3Placement, L3Recovery, MAX_L3_SLOTS};
 pub use log::{

@@ -10,6 +10,10 @@ use crate::error::{Result, TierError};
 /// Bytes a key needs at least: the four that name its group.
 pub const GROUP_BYTES: usize = 4;
 
+/// The most keys one engine call takes: a binding checks it before it reads
+/// a key.
+pub const MAX_KEYS_PER_CALL: usize = 1 << 24;
+
 const TOKEN_TAG: u64 = 0x6f66_6c64_746f_6b6e; // "ofldtokn"
 
 pub(super) fn group_of(key: &[u8]) -> u32 {
@@ -21,6 +25,13 @@ pub(super) fn group_of(key: &[u8]) -> u32 {
 
 pub(super) fn token_of(key: &[u8]) -> u64 {
     Hasher64::new(TOKEN_TAG).bytes(key).finish()
+}
+
+/// A text key's bytes (SGLang's page hashes), appended to `buf`: its UTF-8
+/// then group 0's four bytes, the same in every process.
+pub fn push_text_key(buf: &mut Vec<u8>, text: &str) {
+    buf.extend_from_slice(text.as_bytes());
+    buf.extend_from_slice(&[0; GROUP_BYTES]);
 }
 
 /// An engine key as errors name it: its bytes in hex.
@@ -104,7 +115,7 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(plan.store, [0]);
-        index.complete_store(&[&a], true);
+        index.complete_store(&[&a], true).unwrap();
         let before = index.digest();
         let err = index.prepare_store("s", &[&b], &[Some(1)]);
         assert!(matches!(err, Err(TierError::BadKey { .. })), "{err:?}");

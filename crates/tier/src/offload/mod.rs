@@ -58,7 +58,7 @@ use crate::error::{Result, TierError};
 use crate::host_index::HostIndex;
 
 pub use chunks::{KeyState, Placed};
-pub use keys::{key_hex, GROUP_BYTES};
+pub use keys::{key_hex, push_text_key, GROUP_BYTES, MAX_KEYS_PER_CALL};
 pub use store::{Evicted, StorePlan};
 pub use views::OffloadStats;
 
@@ -85,7 +85,8 @@ pub struct OffloadIndex {
     policy: Policy,
     tokens_per_chunk: Vec<u64>,
     /// The host tier's core: the tree (a chunk is one page of one token,
-    /// its row the page), the row stack, the pins, the digest.
+    /// its row the page), the rows (first-fit allocator), the pins, the
+    /// digest.
     host: HostIndex,
     slots: Vec<Option<Chunk>>,
     free_slots: Vec<u32>,

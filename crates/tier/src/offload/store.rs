@@ -1,15 +1,16 @@
 //! Writes: `prepare_store` places the offered keys that are not on the
-//! host (evicting unpinned leaves in policy order), `complete_store` makes
-//! them readable, and the synchronous `store` is those calls in a row.
-//! Rows come from the host tier's one row stack; a victim's rows go back
-//! to it together.
+//! host (evicting unpinned leaves in policy order) all together or none of
+//! them, `complete_store` makes them readable (or, failed, takes them
+//! back), and the synchronous `store` is those calls in a row, placing
+//! what fits. Rows come from the host tier's one allocator; a victim's
+//! rows go back to it together.
 
 use std::collections::hash_map::Entry;
 
 use cpkv_evict::Namespace;
 
 use super::chunks::{chunk_term, Chunk, Placed, State};
-use super::keys::{group_of, token_of};
+use super::keys::{group_of, key_hex, token_of};
 use super::{KeyState, Map, OffloadIndex, NO_SLOT, STORE_REQUEST};
 use crate::error::{Result, TierError};
 
@@ -40,6 +41,16 @@ struct Placement {
     stored: Vec<u32>,
 }
 
+/// How `place_offer` places: all new keys or none (`prepare_store`), or
+/// what fits from the head (`prepare_store_fitting`, and `store`, whose
+/// request ends with the call, so it remembers none of its chunks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Whole,
+    Fitting,
+    Synchronous,
+}
+
 /// Evicted keys, in eviction order, and the row each held.
 type Victims = (Vec<Box<[u8]>>, Vec<u32>);
 
@@ -63,18 +74,44 @@ pub struct StorePlan {
 
 impl OffloadIndex {
     /// Places the offered keys that are not on the host (evicting in policy
-    /// order to make room) and rewrites failed ones; `None` when nothing can
-    /// be placed. Resident offered keys, and the parents of new ones, stay.
+    /// order to make room) and rewrites failed ones. All of them or none:
+    /// `None`, changing nothing, when eviction cannot free a row for every
+    /// new key (vLLM's `OffloadingManager` contract: its scheduler offers
+    /// the request's chunks again after a `None`, never after a partial
+    /// store). Resident offered keys, and the parents of new ones, stay.
     pub fn prepare_store(
         &mut self,
         request: &str,
         keys: &[&[u8]],
         positions: &[Option<u64>],
     ) -> Result<Option<StorePlan>> {
+        self.plan_offer(request, keys, positions, Mode::Whole)
+    }
+
+    /// `prepare_store`, but placing the new keys that fit, from the head of
+    /// the offer (after evicting all it can); `None` when none fits. What
+    /// the synchronous `store` does.
+    pub fn prepare_store_fitting(
+        &mut self,
+        request: &str,
+        keys: &[&[u8]],
+        positions: &[Option<u64>],
+    ) -> Result<Option<StorePlan>> {
+        self.plan_offer(request, keys, positions, Mode::Fitting)
+    }
+
+    /// A store plan for the offer, placed as `mode` says.
+    fn plan_offer(
+        &mut self,
+        request: &str,
+        keys: &[&[u8]],
+        positions: &[Option<u64>],
+        mode: Mode,
+    ) -> Result<Option<StorePlan>> {
         Self::check_call(keys, positions)?;
         let offer = self.offer(keys)?;
         Ok(self
-            .place_offer(request, keys, positions, offer, true)?
+            .place_offer(request, keys, positions, offer, mode)?
             .plan)
     }
 
@@ -123,16 +160,14 @@ impl OffloadIndex {
         })
     }
 
-    /// `prepare_store` once its keys are checked. `remember`: record the
-    /// stored chunks under `request` for its later stores (`store` finishes
-    /// its request at once, so it has none).
+    /// `prepare_store` (or `store`, by `mode`) once its keys are checked.
     fn place_offer(
         &mut self,
         request: &str,
         keys: &[&[u8]],
         positions: &[Option<u64>],
         offer: Offer,
-        remember: bool,
+        mode: Mode,
     ) -> Result<Placement> {
         let Offer { tokens, unique, .. } = offer;
         // Each key's slot: resident ones now, new ones as they are placed.
@@ -179,6 +214,18 @@ impl OffloadIndex {
             })
             .collect();
         guarded.extend(resident.iter().copied());
+        if mode == Mode::Whole && new.len() > self.free_rows() as usize {
+            // Decided before the guard's locks stamp anything: a refusal
+            // leaves the digest as it was.
+            let short = new.len() - self.free_rows() as usize;
+            if short > self.evictable_sparing(&guarded) {
+                return Ok(Placement {
+                    plan: None,
+                    slots,
+                    stored: Vec::new(),
+                });
+            }
+        }
         let guard = self.lock(&guarded)?;
 
         let rewrite: Vec<u32> = resident
@@ -246,7 +293,7 @@ impl OffloadIndex {
                 stored_positions.push(positions[i]);
             }
         }
-        if remember {
+        if mode != Mode::Synchronous {
             self.remember(request, &stored, &stored_positions);
         }
         Ok(Placement {
@@ -256,23 +303,116 @@ impl OffloadIndex {
         })
     }
 
-    /// Marks stored keys readable (or, on failure, unreadable until a later
-    /// offer rewrites them); keys not in flight are ignored.
-    /// Returns the indexes of the keys that became readable.
+    /// Marks stored keys readable, or, on failure, takes them back as vLLM
+    /// does: a failed chunk leaves the host and its row is free at once,
+    /// unless chunks placed since continue it or a lock still covers it
+    /// (then it stays, unreadable, until an offer rewrites it or it is
+    /// evicted, silently: it was never stored). Keys not in flight are
+    /// ignored. Returns the indexes of the keys whose store completed: they
+    /// became readable, or (failed) were removed.
     ///
     /// The result does not depend on the keys' order (vLLM completes a
-    /// Python `set`): each key only changes its own chunk and pin, and a
-    /// pin's release stamps nothing.
-    pub fn complete_store(&mut self, keys: &[&[u8]], success: bool) -> Vec<usize> {
-        let mut stored = Vec::new();
+    /// Python `set`): each key only changes its own chunk and pin, a pin's
+    /// release stamps nothing, and failed chunks are taken back once every
+    /// key is completed, each with the failed chunks before it.
+    pub fn complete_store(&mut self, keys: &[&[u8]], success: bool) -> Result<Vec<usize>> {
+        let mut done = Vec::new();
+        let mut failed = Vec::new();
         for (i, key) in keys.iter().enumerate() {
             if let Some(slot) = self.slot_of(key) {
-                if self.complete_slot(slot, success) && success {
-                    stored.push(i);
+                if self.complete_slot(slot, success) {
+                    done.push(i);
+                    failed.extend((!success).then_some(slot));
                 }
             }
         }
-        stored
+        // Deepest first (then by serial: the order of the keys given never
+        // shows), so a failed run leaves whole.
+        failed
+            .sort_unstable_by_key(|&s| (std::cmp::Reverse(self.depth_of(s)), self.chunk(s).serial));
+        for slot in failed {
+            self.take_back(slot)?;
+        }
+        Ok(done)
+    }
+
+    /// Takes failed chunk `slot` off the host, and then each failed chunk
+    /// before it that this leaves at the end of its path; stops at the
+    /// first that something continues or a lock covers.
+    fn take_back(&mut self, mut slot: u32) -> Result<()> {
+        while slot != NO_SLOT && self.slots[slot as usize].is_some() {
+            let c = self.chunk(slot);
+            if c.state != State::Failed || c.store_pin.is_some() {
+                break;
+            }
+            let (parent, row) = (c.parent, c.row);
+            let namespace = Namespace::Id(u64::from(c.group));
+            let (tokens, _) = self.path(slot);
+            let tree = self.host.tree_mut();
+            let Some((node, true)) = tree.node_ending(&tokens, &namespace) else {
+                break;
+            };
+            let Some(pages) = tree.drop_tail(node, 1) else {
+                break;
+            };
+            if pages != [u64::from(row)] {
+                return Err(TierError::Divergence(format!(
+                    "failed chunk {} held row {row}, its tree page was {pages:?}",
+                    key_hex(&self.chunk(slot).key)
+                )));
+            }
+            let serial = self.forget(slot).serial;
+            self.host.rows_mut().release(serial)?;
+            slot = parent;
+        }
+        Ok(())
+    }
+
+    /// Chunks on `slot`'s path, itself included.
+    fn depth_of(&self, mut slot: u32) -> usize {
+        let mut depth = 0;
+        while slot != NO_SLOT {
+            depth += 1;
+            slot = self.chunk(slot).parent;
+        }
+        depth
+    }
+
+    /// Rows eviction could free with `guarded`'s paths locked too: pages no
+    /// lock covers, less those the guard's locks would cover. Reads only.
+    fn evictable_sparing(&mut self, guarded: &[u32]) -> usize {
+        self.epoch += 1;
+        let epoch = self.epoch;
+        let mut paths = Vec::new();
+        // Deepest last in the offer: walking from it covers the ones before.
+        for &slot in guarded.iter().rev() {
+            if self.chunk(slot).mark == epoch {
+                continue;
+            }
+            let namespace = Namespace::Id(u64::from(self.chunk(slot).group));
+            paths.push((self.path(slot).0, namespace));
+            let mut at = slot;
+            while at != NO_SLOT && self.chunk(at).mark != epoch {
+                self.chunk_mut(at).mark = epoch;
+                at = self.chunk(at).parent;
+            }
+        }
+        let tree = self.host.tree();
+        let refs: Vec<(&[u64], &Namespace)> =
+            paths.iter().map(|(t, n)| (t.as_slice(), n)).collect();
+        let locked = tree.locked_device_pages() + tree.pages_locking_adds(&refs);
+        tree.device_pages().saturating_sub(locked)
+    }
+
+    /// Removes chunk `slot` from the index's tables (not from the tree, nor
+    /// its row from the allocator); returns it.
+    fn forget(&mut self, slot: u32) -> Chunk {
+        let chunk = self.slots[slot as usize].take().expect("a live chunk");
+        self.by_row[chunk.row as usize] = NO_SLOT;
+        self.chunk_digest = self.chunk_digest.wrapping_sub(chunk_term(&chunk));
+        self.by_token.remove(&chunk.token);
+        self.free_slots.push(slot);
+        chunk
     }
 
     /// `complete_store` of one resident chunk; whether it was in flight.
@@ -299,7 +439,7 @@ impl OffloadIndex {
     /// `keys[0]` in the sequence, when known) and each other, and are
     /// written when the call returns. Exactly `prepare_load` of a readable
     /// prefix (which pins the path the call continues and names it as the
-    /// first key's parent), `prepare_store`, `complete_store` (success),
+    /// first key's parent), `prepare_store_fitting`, `complete_store` (success),
     /// `complete_load`, `request_finished`, as one request whose positions
     /// are the prefix's 0 and then one chunk per key. So resident keys are
     /// touched, new ones placed (evicting unpinned leaves in policy order,
@@ -341,7 +481,7 @@ impl OffloadIndex {
             self.prepare_load(STORE_REQUEST, &[p], &[Some(0)])?;
         }
         let first = std::mem::take(&mut offer.first);
-        let placement = self.place_offer(STORE_REQUEST, keys, &positions, offer, false);
+        let placement = self.place_offer(STORE_REQUEST, keys, &positions, offer, Mode::Synchronous);
         if let Ok(placement) = &placement {
             for &slot in &placement.stored {
                 self.complete_slot(slot, true);
@@ -368,7 +508,8 @@ impl OffloadIndex {
     }
 
     /// Evicts in policy order until `needed` rows are free or nothing else
-    /// can go; returns the victims' keys and the row each held.
+    /// can go; returns the victims' keys and the row each held, less failed
+    /// chunks (never stored: their removal was reported when they failed).
     fn make_room(&mut self, needed: usize) -> Result<Victims> {
         let free = self.free_rows() as usize;
         if needed <= free {
@@ -376,20 +517,19 @@ impl OffloadIndex {
         }
         let mut evicted = Vec::new();
         let mut evicted_rows = Vec::new();
+        let mut serials = Vec::new();
         for victim in self.host.tree_mut().evict(needed - free) {
-            let rows: Vec<u32> = victim.pages.iter().map(|&row| row as u32).collect();
-            for &row in &rows {
-                let slot = std::mem::replace(&mut self.by_row[row as usize], NO_SLOT);
-                let chunk = self.slots[slot as usize]
-                    .take()
-                    .expect("a victim's row holds a chunk");
-                self.chunk_digest = self.chunk_digest.wrapping_sub(chunk_term(&chunk));
-                self.by_token.remove(&chunk.token);
-                self.free_slots.push(slot);
-                evicted.push(chunk.key);
-                evicted_rows.push(row);
+            serials.clear();
+            for &row in &victim.pages {
+                let slot = self.by_row[row as usize];
+                let chunk = self.forget(slot);
+                serials.push(chunk.serial);
+                if chunk.state != State::Failed {
+                    evicted.push(chunk.key);
+                    evicted_rows.push(row as u32);
+                }
             }
-            self.host.rows_mut().give_back(&rows);
+            self.host.rows_mut().release_many(&serials)?;
         }
         self.evicted += evicted.len() as u64;
         Ok((evicted, evicted_rows))
@@ -407,13 +547,25 @@ impl OffloadIndex {
         slots: &mut [u32],
     ) -> Result<()> {
         let mut runs: Vec<Vec<u32>> = Vec::new();
-        for &i in new {
+        // One reservation for the call's blocks: one allocator object per
+        // chunk, keyed by its serial, so each is freed on its own.
+        let serials: Vec<u64> = (self.next_serial..).take(new.len()).collect();
+        let rows: Vec<u32> = self
+            .host
+            .rows_mut()
+            .reserve_each_row(&serials)?
+            .ok_or_else(|| {
+                TierError::Divergence(format!("{} rows admitted, fewer free", new.len()))
+            })?
+            .iter()
+            .map(|&row| row as u32)
+            .collect();
+        for (&i, row) in new.iter().zip(rows) {
             let parent = match parents[i] {
                 Parent::Slot(s) => s,
                 Parent::InCall(j) => slots[j],
                 Parent::None => NO_SLOT,
             };
-            let row = self.host.rows_mut().take_one();
             if self.by_row.len() <= row as usize {
                 self.by_row.resize(row as usize + 1, NO_SLOT);
             }

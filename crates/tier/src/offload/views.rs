@@ -60,9 +60,16 @@ impl OffloadIndex {
         )
     }
 
-    /// Resident keys in the order they were placed.
+    /// Resident keys in the order they were placed (not failed stores that
+    /// stay while chunks placed since continue them: their removal was
+    /// reported).
     pub fn resident_keys(&self) -> Vec<Box<[u8]>> {
-        let mut live: Vec<&Chunk> = self.slots.iter().flatten().collect();
+        let mut live: Vec<&Chunk> = self
+            .slots
+            .iter()
+            .flatten()
+            .filter(|c| c.state != State::Failed)
+            .collect();
         live.sort_unstable_by_key(|c| c.serial);
         live.into_iter().map(|c| c.key.clone()).collect()
     }

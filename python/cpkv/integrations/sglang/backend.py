@@ -28,13 +28,15 @@ every rank. What each part does:
   a miss, never another key's bytes. Once no store is in flight on any rank, every rank's index
   and every stamp agree, so every rank gives the same answer.
 
+Below the slab: the L3 tier (:mod:`.l3`, ``cpkv_l3_dir``) and the cluster tier (:mod:`.cluster`,
+``cpkv_cluster_master``), both fed the slab's victims by their node writer rank.
+
 Reads never change the index (see :mod:`.index`). Errors from the digest check stick: every
 later call raises the same error class, naming the first failure.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import queue
 import threading
@@ -59,7 +61,9 @@ from cpkv.errors import (
     UnknownPayloadError,
 )
 from cpkv.runtime.agree import agree, all_reduce_min, decode, encode
+from cpkv.tier.l3.keys import combined_digest
 
+from .cluster import SglangClusterTier
 from .config import CpkvStorageSettings
 from .index import ReplicatedIndex
 from .kv_format import stated_kv_cache_dtype
@@ -77,8 +81,7 @@ KV = str(PoolName.KV)
 
 def _combined(*digests: int) -> int:
     """One 64-bit digest of several (the slab index's and the L3's), the same on every rank."""
-    raw = b"".join(int(d).to_bytes(8, "little") for d in digests)
-    return int.from_bytes(hashlib.blake2b(raw, digest_size=8, person=b"cpkv-sgl-agree").digest(), "little")
+    return combined_digest(*digests, person=b"cpkv-sgl-agree")
 
 
 # -- the backend ----------------------------------------------------------------------------------
@@ -100,6 +103,7 @@ class CpkvHiCacheStorage(HiCacheStorage):
         self.index = ReplicatedIndex(self.settings.pages, self.settings.policy)
         self.pools: dict[str, PoolSlab] = {}
         self.l3: SglangL3Tier | None = None  # opened once SGLang has registered every pool
+        self.cluster: SglangClusterTier | None = None  # likewise (below L3, or below the slab)
         self._broken: CpkvError | None = None
         self._closed = False
         self._counters_lock = threading.Lock()
@@ -131,18 +135,24 @@ class CpkvHiCacheStorage(HiCacheStorage):
         """Collective over this node's CP ranks (SGLang registers pools on every rank in one order)."""
         if name in self.pools:
             return
-        if self.l3 is not None:
+        if self.l3 is not None or self.cluster is not None:
+            key = "cpkv_l3_dir" if self.l3 is not None else "cpkv_cluster_master"
             raise InvalidArgumentError(
-                f"extra config key 'cpkv_l3_dir': host pool {name!r} was registered after SGLang's initial "
-                f"registration (on_host_pools_registered), when the L3 tier had already split its cap between "
-                f"the pools {list(self.pools)}; run this model without cpkv_l3_dir")
+                f"extra config key {key!r}: host pool {name!r} was registered after SGLang's initial registration "
+                f"(on_host_pools_registered), when the tiers below the slab had already been opened for the pools "
+                f"{list(self.pools)} (a page is a hit only with every pool's bytes); run this model without it")
         self.pools[name] = PoolSlab(name, host_pool, self.settings.pages, self.topology.node_group,
                                     self.settings.timeout_s)
 
     def on_host_pools_registered(self) -> None:
-        """SGLang's registration burst is over (every pool of the model is known): opens the L3 tier,
-        one store per pool (collective over the node, in the pools' order, the same on every rank)."""
+        """SGLang's registration burst is over (every pool of the model is known): opens the cluster tier
+        (collective over the store group) and the L3 tier, one store per pool (collective over the
+        node, in the pools' order, the same on every rank)."""
         super().on_host_pools_registered()
+        if self.settings.cluster_master is not None and self.cluster is None:
+            self.cluster = SglangClusterTier(self.settings, self.pools, model=self.storage_config.model_name,
+                                             kv_cache_dtype=stated_kv_cache_dtype(), topology=self.topology,
+                                             tp_size=int(self.storage_config.tp_size))
         if self.settings.l3_dir is None or self.settings.l3_bytes is None or self.l3 is not None:
             return
         self.l3 = SglangL3Tier(self.settings.l3_dir, self.settings.l3_bytes, self.pools,
@@ -166,6 +176,9 @@ class CpkvHiCacheStorage(HiCacheStorage):
         if self.l3 is None and self.settings.l3_dir is not None:
             raise InvalidArgumentError("extra config key 'cpkv_l3_dir': SGLang never called the backend's "
                                        "on_host_pools_registered, so the L3 tier was never opened")
+        if self.cluster is None and self.settings.cluster_master is not None:
+            raise InvalidArgumentError("extra config key 'cpkv_cluster_master': SGLang never called the backend's "
+                                       "on_host_pools_registered, so the cluster tier was never opened")
         if self._broken is not None:
             raise type(self._broken)(f"cpkv storage backend stopped after an earlier failure: {self._broken}")
 
@@ -250,6 +263,13 @@ class CpkvHiCacheStorage(HiCacheStorage):
                                             step=f"{step} (this node's L3 writes)", timeout_s=timeout_s)
                 if healthy == 0:
                     self.l3.stop("a rank of this node could not write its L3 pages")
+            if self.cluster is not None and topo.group is not None:
+                # A rank whose cluster call failed makes no more calls (its misses are every rank's
+                # through SGLang's MIN); here every rank of the store group marks the tier off too.
+                (reachable,) = all_reduce_min([self.cluster.healthy()], group=topo.group, rank=topo.rank,
+                                              step=f"{step} (the cluster tier's health)", timeout_s=timeout_s)
+                if reachable == 0:
+                    self.cluster.mark_unavailable(f"a rank of this store group lost the cluster store at {step}")
         except CpkvError as err:
             raise self._fail(err) from err
         with self._counters_lock:
@@ -269,11 +289,11 @@ class CpkvHiCacheStorage(HiCacheStorage):
         started = time.perf_counter()
         topo = self.topology
         # Every pool's bytes of a victim leave with it (the pools share the index and the row).
-        spill = [p.native for p in self.pools.values()] if self.l3 is not None else None
+        spill = [p.native for p in self.pools.values()] if self.l3 is not None or self.cluster is not None else None
         stored, written, spilled = self.index.store_pages(keys, prefix, pool.native, host_indices, topo.node_size,
                                                           topo.local_rank, spill)
-        if self.l3 is not None and spilled is not None:
-            self.l3.spill(*spilled)  # the victims leave the slab for L3 (this rank's share written, durable)
+        if spilled is not None:
+            self._spill(spilled)
         with self._counters_lock:
             self.counters["stores"] += 1
             self.counters["pages_offered"] += len(keys)
@@ -281,6 +301,14 @@ class CpkvHiCacheStorage(HiCacheStorage):
         self._account_write(pool, written, started)
         self._after_store()
         return stored
+
+    def _spill(self, spilled: Any) -> None:
+        """Pages leaving the slab, to L3 (this rank's share written, durable) and to the cluster (this
+        rank's share put, once per cluster)."""
+        if self.l3 is not None:
+            self.l3.spill(*spilled)
+        if self.cluster is not None:
+            self.cluster.spill(*spilled)
 
     # -- reads (no replicated state changes) ------------------------------------------------------
 
@@ -290,6 +318,12 @@ class CpkvHiCacheStorage(HiCacheStorage):
         l3 = self.l3.pool(pool.name) if self.l3 is not None else None
         if l3 is not None and not all(ok):
             served = l3.read_into(keys, [i for i, hit in enumerate(ok) if not hit], pool.native, host_indices)
+            for i in served:
+                ok[i] = True
+            good += len(served)
+        if self.cluster is not None and not all(ok):
+            served = self.cluster.read_into(pool.name, keys, [i for i, hit in enumerate(ok) if not hit], pool.native,
+                                            host_indices)
             for i in served:
                 ok[i] = True
             good += len(served)
@@ -304,23 +338,39 @@ class CpkvHiCacheStorage(HiCacheStorage):
 
     def _run(self, keys: list[str], pool: PoolSlab) -> int:
         """The leading run of ``keys`` whose page of ``pool`` is in the slab, or whole in L3 (every
-        pool's record indexed; no disk read here)."""
+        pool's record indexed; no disk read here), or whole in the cluster (every pool's record there)."""
         hits = self.index.present(keys, pool.native)
-        if self.l3 is not None and hits < len(keys):
+        if (self.l3 is not None or self.cluster is not None) and hits < len(keys):
             rest = keys[hits:]
-            for key, in_slab in zip(rest, self.index.held(rest, pool.native)):
-                if not (in_slab or self.l3.holds(key)):
+            in_slab = self.index.held(rest, pool.native)
+            in_l3 = [self.l3.holds(key) for key in rest] if self.l3 is not None else [False] * len(rest)
+            below = [i for i, (s, l3) in enumerate(zip(in_slab, in_l3)) if not (s or l3)]
+            in_cluster = [False] * len(rest)
+            if self.cluster is not None and below:  # one batch for every page slab and L3 lack
+                for i, held in zip(below, self.cluster.holds([rest[i] for i in below])):
+                    in_cluster[i] = held
+            for s, l3, cluster in zip(in_slab, in_l3, in_cluster):
+                if not (s or l3 or cluster):
                     break
                 hits += 1
-                if not in_slab and pool.name == KV:
-                    self.l3.anchor.counters["l3_exists_hit_pages"] += 1
+                if pool.name == KV and not s:
+                    if l3:
+                        assert self.l3 is not None
+                        self.l3.anchor.counters["l3_exists_hit_pages"] += 1
+                    else:
+                        assert self.cluster is not None
+                        self.cluster.counters["cluster_exists_hit_pages"] += 1
         return hits
 
     def _held(self, keys: list[str], pool: PoolSlab) -> list[bool]:
-        """Per key: its page of ``pool`` is in the slab, or whole in L3."""
+        """Per key: its page of ``pool`` is in the slab, or whole in L3 or in the cluster."""
         held = self.index.held(keys, pool.native)
         if self.l3 is not None:
             held = [h or self.l3.holds(k) for k, h in zip(keys, held)]
+        if self.cluster is not None and not all(held):
+            below = [i for i, h in enumerate(held) if not h]
+            for i, h in zip(below, self.cluster.holds([keys[i] for i in below])):
+                held[i] = h
         return held
 
     def batch_exists(self, keys: list[str], extra_info: HiCacheStorageExtraInfo | None = None) -> int:
@@ -422,22 +472,27 @@ class CpkvHiCacheStorage(HiCacheStorage):
         return self.batch_exists([key]) == 1
 
     def get(self, key: str, target_location: Any | None = None, target_sizes: Any | None = None) -> Any:
+        """The tensor call: the key's page into ``target_location`` through the native seqlock read
+        (stamp and tag checked before and after the copy, a fence between), or None."""
         self._check_usable()
         pool = self._pool(KV)
         e = self.index.get(key)
         if e is None or target_location is None:
             return None
-        tag = self.index.key_tags([key])[0]
-        if pool.stamps[e.row] != e.handle or pool.tags[e.row] != tag:
-            return None
         out = target_location.view(-1).view(torch.uint8)
         if out.numel() != pool.page_bytes:
             raise InvalidArgumentError(f"get {key!r}: target has {out.numel()} bytes, a page has {pool.page_bytes}")
-        pool.read_row(e.row, out)
-        if pool.stamps[e.row] != e.handle or pool.tags[e.row] != tag:
+        direct = out.is_cpu and out.is_contiguous()
+        landing = out if direct else torch.empty(pool.page_bytes, dtype=torch.uint8)
+        tag = int(self.index.key_tags([key])[0])
+        found = pool.native.read_page(e.row, e.handle, tag, landing)
+        if found == "torn":
             with self._counters_lock:
                 self.counters["torn_reads_refused"] += 1
+        if found != "served":
             return None
+        if not direct:
+            out.copy_(landing)
         return target_location
 
     def batch_get(self, keys: list[str], target_locations: Any | None = None,
@@ -467,17 +522,13 @@ class CpkvHiCacheStorage(HiCacheStorage):
             data.append(flat)
         placed = self._store(keys, None)
         tags = self.index.key_tags(keys)
-        written = 0
-        for (row, handle), tag, flat in zip(placed.tolist(), tags.tolist(), data):
-            if row < 0 or row % self.topology.node_size != self.topology.local_rank:
-                continue
-            if pool.stamps[row] == handle and pool.tags[row] == tag:
-                continue
-            pool.stamps[row] = -handle
-            pool.write_row(row, flat)
-            pool.tags[row] = tag
-            pool.stamps[row] = handle
-            written += 1
+        # This rank's rows, written natively by the seqlock's sequence (rows marked invalid, a fence,
+        # the copies, a fence, rows published; a row holding its page already is skipped).
+        node_size, local_rank = self.topology.node_size, self.topology.local_rank
+        mine = [i for i, row in enumerate(placed[:, 0].tolist()) if row >= 0 and row % node_size == local_rank]
+        written = pool.native.write_values(
+            [int(placed[i, 0]) for i in mine], [int(placed[i, 1]) for i in mine], [int(tags[i]) for i in mine],
+            [data[i].cpu().contiguous() for i in mine])
         with self._counters_lock:
             self.counters["pages_written"] += written
             self.counters["bytes_written"] += written * pool.page_bytes
@@ -517,6 +568,8 @@ class CpkvHiCacheStorage(HiCacheStorage):
         })
         if self.l3 is not None:
             out.update(self.l3.stats())
+        if self.cluster is not None:
+            out.update(self.cluster.stats())
         return out
 
     def get_stats(self) -> Any:
@@ -537,17 +590,19 @@ class CpkvHiCacheStorage(HiCacheStorage):
         if self._checker is not None:
             self._checks.put(None)
             self._checker.join(self.settings.timeout_s)
-        if self.l3 is not None and self._broken is None:
+        if (self.l3 is not None or self.cluster is not None) and self._broken is None:
             # A clean stop (SGLang's detach_storage_backend; every rank): the slab's pages, of every
-            # pool, go to L3 too, so a restart on the directory is warm with everything, not only
-            # the evicted pages.
+            # pool, go to L3 and the cluster too, so a restart on the directory, and every other
+            # instance, is warm with everything, not only the evicted pages.
             topo = self.topology
             natives = [p.native for p in self.pools.values()]
-            self.l3.spill(*self.index.spill_resident(natives, topo.node_size, topo.local_rank))
+            self._spill(self.index.spill_resident(natives, topo.node_size, topo.local_rank))
         for pool in self.pools.values():
             pool.close()
         if self.l3 is not None:
             self.l3.close()
+        if self.cluster is not None:
+            self.cluster.close()
         import torch.distributed as dist
 
         for group in self.topology.groups:

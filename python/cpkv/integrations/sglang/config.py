@@ -7,17 +7,18 @@ module does not know, or a bad value, fails at construction with a typed error n
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 from cpkv._cpkv import DEFAULT_POLICY, OffloadIndex
-from cpkv.errors import InvalidArgumentError, UnknownPolicyError
-from cpkv.runtime.timeouts import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S, MIN_TIMEOUT_S, checked_timeout_s
+from cpkv.errors import InvalidArgumentError
+from cpkv.integrations._adapter import CLUSTER_KEYS, CpkvKeys
+from cpkv.runtime.timeouts import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S, MIN_TIMEOUT_S
 
 # SGLang 0.5.23 holds every page replicated on the ranks of a store group (see README: "What SGLang
 # holds"): per-rank slices come only from --enable-kv-cache-sharding, which refuses storage backends.
 LAYOUTS = ("replicated",)
+CHECK_EVERY = 64  # stores between digest comparisons across the CP ranks
 
 KEYS = {
     "cpkv_pages": "slab rows per node (one row holds one SGLang page of every rank that shares it), int >= 1; required",
@@ -33,7 +34,9 @@ KEYS = {
                               "int from 1 to cpkv._cpkv.L3Staging.MAX_ENTRIES (default: 256 MiB of records, at "
                               "least 64, at most the L3 slots; with cpkv_l3_dir)"),
     "cpkv_timeout_s": (f"seconds any rank waits for its peers in a collective, {MIN_TIMEOUT_S:g} to {MAX_TIMEOUT_S:g} "
-                       f"(cpkv.runtime.timeouts' one rule; default {DEFAULT_TIMEOUT_S:g})"),
+                       f"(cpkv.runtime.timeouts' one rule; default {DEFAULT_TIMEOUT_S:g}); bounds every cluster "
+                       "tier call too"),
+    **CLUSTER_KEYS,
 }
 
 
@@ -43,12 +46,15 @@ class CpkvStorageSettings:
     policy: str = DEFAULT_POLICY
     layout: str = "replicated"
     ranks_per_node: int | None = None
-    check_every: int = 64
+    check_every: int = CHECK_EVERY
     timeout_s: float = DEFAULT_TIMEOUT_S
     interface_v1: bool = False
     l3_dir: str | None = None
     l3_bytes: int | None = None
     l3_staging_pages: int | None = None
+    cluster_master: str | None = None
+    cluster_metadata: str | None = None
+    cluster_bytes: int = 0
 
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, Any] | None) -> CpkvStorageSettings:
@@ -56,80 +62,49 @@ class CpkvStorageSettings:
             extra = {}
         if not isinstance(extra, Mapping):
             raise InvalidArgumentError(f"hicache storage extra config must be a JSON object, got {extra!r}")
-        for key in extra:
-            if isinstance(key, str) and key.startswith("cpkv_") and key not in KEYS:
-                known = ", ".join(KEYS)
-                raise InvalidArgumentError(f"extra config key {key!r} is not a cpkv setting (known: {known})")
+        keys = CpkvKeys(extra, KEYS, _label)
         if "cpkv_pages" not in extra:
             raise InvalidArgumentError("extra config key 'cpkv_pages' is required: " + KEYS["cpkv_pages"])
-        pages = _int(extra, "cpkv_pages", 1)
-        if pages > OffloadIndex.MAX_ROWS:
-            raise InvalidArgumentError(
-                f"extra config key 'cpkv_pages': {pages} is out of range (at most {OffloadIndex.MAX_ROWS})")
-        policy = extra.get("cpkv_policy", DEFAULT_POLICY)
-        from cpkv import PrefixTree
+        from cpkv import MAX_PAGES  # the one page limit of the core
 
-        if not isinstance(policy, str) or policy not in PrefixTree.POLICIES:
-            raise UnknownPolicyError(
-                f"extra config key 'cpkv_policy': unknown eviction policy {policy!r} "
-                f"(known: {', '.join(PrefixTree.POLICIES)})")
+        pages = keys.int_in("cpkv_pages", 1, min(OffloadIndex.MAX_ROWS, MAX_PAGES))
+        policy = keys.policy()
         layout = extra.get("cpkv_layout", "replicated")
         if layout not in LAYOUTS:
             raise InvalidArgumentError(
                 f"extra config key 'cpkv_layout': {layout!r} is not one of {', '.join(LAYOUTS)} (SGLang 0.5.23 "
                 "holds every page replicated on the ranks that share it)")
-        ranks_per_node = _int(extra, "cpkv_ranks_per_node", 1) if extra.get("cpkv_ranks_per_node") is not None else None
-        check_every = _int(extra, "cpkv_check_every", 1) if "cpkv_check_every" in extra else 64
-        timeout_s = checked_timeout_s(extra.get("cpkv_timeout_s", DEFAULT_TIMEOUT_S), "extra config key 'cpkv_timeout_s'")
+        ranks_per_node = None if extra.get("cpkv_ranks_per_node") is None else keys.int_in("cpkv_ranks_per_node", 1,
+                                                                                            MAX_PAGES)
+        check_every = keys.int_in("cpkv_check_every", 1, MAX_PAGES, CHECK_EVERY)
+        timeout_s = keys.timeout_s()
         v1 = extra.get("interface_v1", 0)
         if v1 not in (0, 1, True, False):
             raise InvalidArgumentError(f"extra config key 'interface_v1' must be 0 or 1, got {v1!r}")
-        l3_dir, l3_bytes = _l3(extra, bool(v1))
-        staging = _staging_pages(extra, l3_dir)
-        return cls(pages, policy, layout, ranks_per_node, check_every, timeout_s, bool(v1), l3_dir, l3_bytes, staging)
+        l3_dir, l3_bytes = keys.l3()
+        if l3_dir is not None and not v1:
+            raise InvalidArgumentError("extra config key 'cpkv_l3_dir' needs 'interface_v1': 1 (the v1 store calls "
+                                       "are where the slab's victims are copied out to L3)")
+        staging = _staging_pages(keys, l3_dir)
+        master, metadata, cluster_bytes = keys.cluster()
+        if master is not None and not v1:
+            raise InvalidArgumentError("extra config key 'cpkv_cluster_master' needs 'interface_v1': 1 (the v1 store "
+                                       "calls are where the slab's victims are put in the cluster)")
+        return cls(pages, policy, layout, ranks_per_node, check_every, timeout_s, bool(v1), l3_dir, l3_bytes, staging,
+                   master, metadata, cluster_bytes)
 
 
-def _staging_pages(extra: Mapping[str, Any], l3_dir: str | None) -> int | None:
+def _staging_pages(keys: CpkvKeys, l3_dir: str | None) -> int | None:
     """``cpkv_l3_staging_pages``: entries of the L3 read-staging area, with ``cpkv_l3_dir`` only."""
-    if "cpkv_l3_staging_pages" not in extra:
+    if "cpkv_l3_staging_pages" not in keys.extra:
         return None
-    value = extra["cpkv_l3_staging_pages"]
     if l3_dir is None:
         raise InvalidArgumentError("extra config key 'cpkv_l3_staging_pages' needs 'cpkv_l3_dir' (it sizes the L3 "
                                    "tier's read-staging area)")
     from cpkv._cpkv import L3Staging  # the one limit, in the core
 
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= L3Staging.MAX_ENTRIES:
-        raise InvalidArgumentError(f"extra config key 'cpkv_l3_staging_pages' must be an int in "
-                                   f"[1, {L3Staging.MAX_ENTRIES}], got {value!r}")
-    return value
+    return keys.int_in("cpkv_l3_staging_pages", 1, L3Staging.MAX_ENTRIES)
 
 
-def _l3(extra: Mapping[str, Any], interface_v1: bool) -> tuple[str | None, int | None]:
-    """``cpkv_l3_dir`` and ``cpkv_l3_bytes``: both or neither, an existing directory, a positive size,
-    and SGLang's v1 calls (the store path that spills the slab's victims)."""
-    directory, cap = extra.get("cpkv_l3_dir"), extra.get("cpkv_l3_bytes")
-    if (directory is None) != (cap is None):
-        given, missing = ("cpkv_l3_dir", "cpkv_l3_bytes") if directory is not None else ("cpkv_l3_bytes", "cpkv_l3_dir")
-        raise InvalidArgumentError(f"extra config key {given!r} needs {missing!r} too")
-    if directory is None:
-        return None, None
-    if not isinstance(directory, str) or not directory or not os.path.isdir(directory):
-        raise InvalidArgumentError(f"extra config key 'cpkv_l3_dir': {directory!r} is not an existing directory")
-    if isinstance(cap, bool) or not isinstance(cap, int) or not 1 <= cap < 1 << 63:
-        raise InvalidArgumentError(f"extra config key 'cpkv_l3_bytes' must be an int in [1, 2**63), got {cap!r}")
-    if not interface_v1:
-        raise InvalidArgumentError("extra config key 'cpkv_l3_dir' needs 'interface_v1': 1 (the v1 store calls are "
-                                   "where the slab's victims are copied out to L3)")
-    return directory, cap
-
-
-def _int(extra: Mapping[str, Any], key: str, minimum: int) -> int:
-    value = extra.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise InvalidArgumentError(f"extra config key {key!r} must be an int >= {minimum}, got {value!r}")
-    from cpkv import MAX_PAGES  # the one page limit of the core
-
-    if value > MAX_PAGES:
-        raise InvalidArgumentError(f"extra config key {key!r}: {value} is out of range (at most {MAX_PAGES})")
-    return value
+def _label(key: str) -> str:
+    return f"extra config key {key!r}"

@@ -48,7 +48,6 @@ four bytes), the same in every process and after a restart.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import shutil
 import threading
@@ -63,6 +62,7 @@ from cpkv.errors import InvalidArgumentError
 from cpkv.runtime.agree import agree
 from cpkv.tier.l3.direct import errno_name
 from cpkv.tier.l3.directory import DirectoryLock, check_room, tree_bytes, try_lock
+from cpkv.tier.l3.keys import hash64
 from cpkv.tier.l3.order import NOT_WRITTEN
 from cpkv.tier.l3.staging import L3ReadStaging, default_entries
 from cpkv.tier.l3.store import L3Namespace, L3Store, slots_for
@@ -80,7 +80,7 @@ log = logging.getLogger(__name__)
 def l3_key(key: str | bytes) -> int:
     """The L3 key of a slab index key (a ``str`` is SGLang's page hash; ``bytes`` the index's own)."""
     raw = key.encode() + GROUP0 if isinstance(key, str) else bytes(key)
-    return int.from_bytes(hashlib.blake2b(raw, digest_size=8, person=b"cpkv-sgl-l3").digest(), "little")
+    return hash64(raw, b"cpkv-sgl-l3")
 
 
 def group_dir_name(store_key: tuple, node: int) -> str:
@@ -202,6 +202,19 @@ def _claim_made(directory: Path, group: Path, pools: list[str], cap_bytes: int, 
     return lock
 
 
+def pool_namespace(model: str, kv_format: str, pool_name: str, host_pool: Any, *, page_bytes: int, page_size: int,
+                   topology: Any, tp_size: int) -> L3Namespace:
+    """What a page of one pool must share with its reader to be served (the L3 tier's and the cluster
+    tier's): the model, the KV format it computes in, the pool, its layout, the store group's content
+    and the geometry. One pool's record is never another's page."""
+    return L3Namespace(
+        model=model,
+        dtype=f"KV cache {kv_format}; {type(host_pool).__name__}:{getattr(host_pool, 'dtype', '?')}",
+        kv_layout=f"pool {pool_name}: {getattr(host_pool, 'layout', None)}; store group {tuple(topology.store_key)}; "
+                  f"slab row of {page_bytes} bytes",
+        page_size=page_size, cp_size=topology.size, tp_size=tp_size, page_bytes=page_bytes)
+
+
 class SglangL3:
     """One rank's L3 under one pool's slab (opened on every rank of the node: collective), in
     ``directory/group-<group>-node<node>/<pool_name>/``."""
@@ -215,16 +228,11 @@ class SglangL3:
             raise InvalidArgumentError("extra config key 'cpkv_l3_dir': SGLang's storage config names no model "
                                        "(model_name), and an L3 page is served only to the model that wrote it")
         self.node_size, self.local_rank = topology.node_size, topology.local_rank
-        layout = getattr(host_pool, "layout", None)
         if not pool_name or "/" in pool_name or pool_name.startswith("."):
             raise InvalidArgumentError(f"host pool name {pool_name!r} cannot name an L3 subdirectory")
         self.pool_name = pool_name
-        namespace = L3Namespace(  # names the KV format and the pool: one pool's record is never another's page
-            model=model,
-            dtype=f"KV cache {kv_format}; {type(host_pool).__name__}:{getattr(host_pool, 'dtype', '?')}",
-            kv_layout=f"pool {pool_name}: {layout}; store group {tuple(topology.store_key)}; "
-                      f"slab row of {page_bytes} bytes",
-            page_size=page_size, cp_size=topology.size, tp_size=tp_size, page_bytes=page_bytes)
+        namespace = pool_namespace(model, kv_format, pool_name, host_pool, page_bytes=page_bytes, page_size=page_size,
+                                   topology=topology, tp_size=tp_size)
         self.path = Path(directory) / group_dir_name(topology.store_key, topology.node) / pool_name
         self.path.mkdir(parents=True, exist_ok=True)
         self.store = L3Store(self.path, cap_bytes, namespace, rank=topology.local_rank,
@@ -424,7 +432,7 @@ class SglangL3Tier:
         """One 64-bit digest of every pool's L3 index, in pool order."""
         raw = b"".join(name.encode() + b"\0" + int(l3.digest()).to_bytes(8, "little")
                        for name, l3 in self.pools.items())
-        return int.from_bytes(hashlib.blake2b(raw, digest_size=8, person=b"cpkv-sgl-l3d").digest(), "little")
+        return hash64(raw, b"cpkv-sgl-l3d")
 
     def stats(self) -> dict[str, Any]:
         """The anchor (KV) pool's page counters (a page counts once, whole), read failures summed over

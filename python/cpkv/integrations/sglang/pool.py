@@ -7,8 +7,9 @@ buffer it belongs to. A call that fails a check raises :class:`~cpkv.errors.Inva
 naming the page and the index, and nothing is stored or copied. Where the entries lie is computed
 natively from the pool's layout (:mod:`.layout`, checked against SGLang's ``get_page_buffer_meta``
 at registration), or, for a pool class :mod:`.layout` does not model, taken from
-``get_page_buffer_meta`` once per batch. The copies themselves (``cpkv._cpkv.SglangPool``, driven
-by ``SglangIndex``'s batch calls) check each range again where they copy, entries of any sizes.
+``get_page_buffer_meta`` once per batch. The copies themselves (``cpkv._cpkv.SglangPool`` over the
+``crates/slab`` protocol, driven by ``SglangIndex``'s batch calls and the tensor calls' ``read_page`` /
+``write_values``) go through ``crates/copy``'s run tables, each checked against both buffers first.
 
 A slab row holds one page; next to it the row's stamp (the occupant's handle, ``-handle`` while
 its bytes change) and its key tag (64 bits of a hash of the key), so a row is read as a key's page
@@ -74,16 +75,11 @@ class PoolSlab:
             {"data": SlabSpec((self.page_bytes,), torch.uint8), "stamp": SlabSpec((1,), torch.int64),
              "tag": SlabSpec((1,), torch.int64)},
             num_pages=rows, num_layers=1, process_group=node_group, timeout_s=timeout_s, pin=False)
-        self.data = self.slab.rows("data")[0]  # rows * page_bytes uint8, entry-major (below)
+        self.data = self.slab.rows("data")[0]  # rows * page_bytes uint8, entry-major (cpkv_slab's layout)
         # Entry j of every row, then entry j + 1 (the native pool's layout): an entry of consecutive rows
         # lies back to back, as in a host buffer, so a batch copies in runs.
-        flat, at = self.data.view(-1), 0
-        self.entry_rows: list[torch.Tensor] = []
-        for size in sizes:
-            self.entry_rows.append(flat[at:at + rows * size].view(rows, size))
-            at += rows * size
         stamps, tags = self.slab.view("stamp")[0], self.slab.view("tag")[0]  # int64 [rows, 1]
-        self.stamps = stamps.numpy()[:, 0]  # the tensor calls' and tests' view; the batch calls go native
+        self.stamps = stamps.numpy()[:, 0]  # tests' and stats' read-only view; every write goes native
         self.tags = tags.numpy()[:, 0]
         self.native = SglangPool(name, list(buffers), entries, meta, sizes, self.page_size, self.pool_tokens,
                                  self.data, stamps, tags)
@@ -95,22 +91,7 @@ class PoolSlab:
         """``layout`` (addresses computed natively) or ``meta`` (SGLang's ``get_page_buffer_meta``)."""
         return self.native.mode
 
-    def read_row(self, row: int, out: torch.Tensor) -> None:
-        """Copies slab row ``row`` (its entries in order) into the uint8 ``out`` of ``page_bytes``."""
-        at = 0
-        for entry in self.entry_rows:
-            out[at:at + entry.shape[1]].copy_(entry[row])
-            at += entry.shape[1]
-
-    def write_row(self, row: int, flat: torch.Tensor) -> None:
-        """Copies the uint8 ``flat`` of ``page_bytes`` (entries in order) into slab row ``row``."""
-        at = 0
-        for entry in self.entry_rows:
-            entry[row].copy_(flat[at:at + entry.shape[1]])
-            at += entry.shape[1]
-
     def close(self) -> None:
         self.native.close()  # waits for any copy in flight; the slab may be unmapped after it
         self.data = self.stamps = self.tags = None
-        self.entry_rows = []
         self.slab.close()

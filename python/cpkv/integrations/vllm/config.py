@@ -12,7 +12,8 @@ key, a typo such as ``cpkv_polcy``, is refused naming it and the known ones):
 - ``cpkv_timeout_s``: seconds a worker waits for its peers while the shared slab is set up, by the
   one timeout rule of :mod:`cpkv.runtime.timeouts` (default 30);
 - ``cpkv_l3_dir`` / ``cpkv_l3_bytes`` (both or neither): the durable disk tier below the host
-  (:mod:`cpkv.integrations.vllm.l3`): an existing directory and its cap in bytes, an int >= 1.
+  (:mod:`cpkv.integrations.vllm.l3`): an existing directory and its cap in bytes, an int in [1, 2**63)
+  (checked by :mod:`cpkv.integrations._adapter`, as every engine's shared keys).
   Refused (naming ``cpkv_l3_dir``) when vLLM's block-hash root changes across restarts
   (:func:`check_stable_block_hashes`).
 
@@ -29,16 +30,20 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from cpkv._cpkv import DEFAULT_POLICY, OffloadIndex
-from cpkv.errors import InvalidArgumentError, UnknownPolicyError
-from cpkv.runtime.timeouts import DEFAULT_TIMEOUT_S, checked_timeout_s
+from cpkv.errors import InvalidArgumentError
+from cpkv.integrations._adapter import (
+    CLUSTER_KEYS,
+    CLUSTER_MASTER_KEY,
+    L3_BYTES_KEY,
+    L3_DIR_KEY,
+    POLICY_KEY,
+    TIMEOUT_KEY,
+    CpkvKeys,
+)
+from cpkv.runtime.timeouts import DEFAULT_TIMEOUT_S
 
-PREFIX = "cpkv_"
 HOST_BLOCKS_KEY = "cpkv_host_blocks"
-POLICY_KEY = "cpkv_policy"
 SLAB_KEY = "cpkv_slab"
-TIMEOUT_KEY = "cpkv_timeout_s"
-L3_DIR_KEY = "cpkv_l3_dir"
-L3_BYTES_KEY = "cpkv_l3_bytes"
 KNOWN_KEYS = (HOST_BLOCKS_KEY, POLICY_KEY, SLAB_KEY, TIMEOUT_KEY, L3_DIR_KEY, L3_BYTES_KEY)
 SLAB_KINDS = ("shared", "private")
 # One host block is one row of the core's index, so its limit is the index's.
@@ -59,51 +64,39 @@ class CpkvOffloadConfig:
         if extra is None or not isinstance(extra, Mapping):
             raise InvalidArgumentError(
                 f"kv_connector_extra_config must be a mapping with {HOST_BLOCKS_KEY!r}, got {extra!r}")
-        unknown = sorted(k for k in extra if isinstance(k, str) and k.startswith(PREFIX) and k not in KNOWN_KEYS)
-        if unknown:
+        cluster = sorted(k for k in CLUSTER_KEYS if k in extra)
+        if cluster:  # named, not "not a cpkv setting": the tier exists, in another place of vLLM's config
             raise InvalidArgumentError(
-                f"kv_connector_extra_config: unknown cpkv key {unknown[0]!r} (known: {', '.join(KNOWN_KEYS)})")
+                f"{_label(cluster[0])}: cpkv's vLLM connector (CpkvOffloadingSpec) has no cluster tier; cpkv's cluster "
+                "tier runs under vLLM's own CPU tier: spec_name 'TieringOffloadingSpec' with secondary_tiers "
+                "[{'type': 'CpkvClusterTier', 'module_path': 'cpkv.integrations.vllm.cluster_tier', "
+                f"{CLUSTER_MASTER_KEY!r}: ..., 'cpkv_cluster_metadata': ...}}] (README: the cluster tier in vLLM)")
+        keys = CpkvKeys(extra, KNOWN_KEYS, _label)
         if HOST_BLOCKS_KEY not in extra:
             raise InvalidArgumentError(
                 f"kv_connector_extra_config needs {HOST_BLOCKS_KEY!r} (host capacity in offloaded blocks, "
                 f"an int in [1, {MAX_HOST_BLOCKS}])")
-        return cls(
-            host_blocks=_host_blocks(extra[HOST_BLOCKS_KEY]),
-            policy=_policy(extra.get(POLICY_KEY, DEFAULT_POLICY)),
-            slab=_slab(extra.get(SLAB_KEY, "shared")),
-            timeout_s=checked_timeout_s(extra.get(TIMEOUT_KEY, DEFAULT_TIMEOUT_S),
-                                        f"kv_connector_extra_config[{TIMEOUT_KEY!r}]"),
-            **_l3(extra),
-        )
+        l3_dir, l3_bytes = keys.l3()
+        return cls(host_blocks=_host_blocks(extra[HOST_BLOCKS_KEY]), policy=keys.policy(),
+                   slab=_slab(extra.get(SLAB_KEY, "shared")), timeout_s=keys.timeout_s(), l3_dir=l3_dir,
+                   l3_bytes=l3_bytes)
 
 
-def _l3(extra: Mapping[str, Any]) -> dict[str, Any]:
-    directory, cap = extra.get(L3_DIR_KEY), extra.get(L3_BYTES_KEY)
-    if (directory is None) != (cap is None):
-        given, missing = (L3_DIR_KEY, L3_BYTES_KEY) if directory is not None else (L3_BYTES_KEY, L3_DIR_KEY)
-        raise InvalidArgumentError(f"kv_connector_extra_config[{given!r}] needs {missing!r} too (both or neither)")
-    if directory is None:
-        return {}
-    if not isinstance(directory, (str, os.PathLike)) or not os.path.isdir(directory):
-        raise InvalidArgumentError(
-            f"kv_connector_extra_config[{L3_DIR_KEY!r}] must be an existing directory, got {directory!r}")
-    what = f"kv_connector_extra_config[{L3_BYTES_KEY!r}]"
-    if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
-        raise InvalidArgumentError(f"{what} must be an int >= 1 (bytes), got {cap!r}")
-    return {"l3_dir": os.fspath(directory), "l3_bytes": cap}
+def _label(key: str) -> str:
+    return f"kv_connector_extra_config[{key!r}]"
 
 
-def check_stable_block_hashes(hash_algo: str | None) -> None:
+def check_stable_block_hashes(hash_algo: str | None, setting: str = f"kv_connector_extra_config[{L3_DIR_KEY!r}]") -> None:
     """L3 outlives the process, so its keys must too: vLLM derives every block hash from a root
     (``NONE_HASH``) seeded by ``resolve_none_hash_seed``: ``PYTHONHASHSEED`` when set, else a fixed
     seed for the cryptographic algorithms (sha256, sha256_cbor) and fresh random bytes for the
     others (xxhash, xxhash_cbor). vLLM's own rule decides here: two resolutions that differ mean
     a random root. ``hash_algo`` None (vLLM's config not in reach): only ``PYTHONHASHSEED`` proves
-    a stable root."""
+    a stable root. ``setting``: the key that needs stable keys (an L3 directory, a cluster tier)."""
     if hash_algo is None:
         if os.environ.get("PYTHONHASHSEED") is None:
             raise InvalidArgumentError(
-                f"kv_connector_extra_config[{L3_DIR_KEY!r}]: vLLM's prefix_caching_hash_algo is not known here and "
+                f"{setting}: vLLM's prefix_caching_hash_algo is not known here and "
                 "PYTHONHASHSEED is not set, so block hashes may change across restarts; set PYTHONHASHSEED")
         return
     from vllm.utils.hashing import get_hash_fn_by_name
@@ -112,7 +105,7 @@ def check_stable_block_hashes(hash_algo: str | None) -> None:
     hash_fn = get_hash_fn_by_name(hash_algo)
     if resolve_none_hash_seed(hash_fn) != resolve_none_hash_seed(hash_fn):
         raise InvalidArgumentError(
-            f"kv_connector_extra_config[{L3_DIR_KEY!r}]: prefix_caching_hash_algo={hash_algo!r} without "
+            f"{setting}: prefix_caching_hash_algo={hash_algo!r} without "
             "PYTHONHASHSEED seeds vLLM's block-hash root with random bytes, so a restart would change every "
             "key on disk; set PYTHONHASHSEED or use sha256 / sha256_cbor")
 
@@ -132,16 +125,6 @@ def _host_blocks(value: Any) -> int:
     if not 1 <= blocks <= MAX_HOST_BLOCKS:
         raise InvalidArgumentError(f"{what} must be in [1, {MAX_HOST_BLOCKS}] (OffloadIndex.MAX_ROWS), got {value!r}")
     return blocks
-
-
-def _policy(value: Any) -> str:
-    from cpkv import PrefixTree
-
-    if not isinstance(value, str) or value not in PrefixTree.POLICIES:
-        raise UnknownPolicyError(
-            f"kv_connector_extra_config[{POLICY_KEY!r}]: unknown eviction policy {value!r} "
-            f"(known: {', '.join(PrefixTree.POLICIES)})")
-    return value
 
 
 def _slab(value: Any) -> str:

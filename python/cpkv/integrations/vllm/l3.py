@@ -46,6 +46,12 @@ buffered, the reason in ``stats()``); reads stay buffered with read-ahead off, s
 read from disk once per node: by the scheduler's check, the worker's fill then finding it in the page
 cache (and dropping it).
 
+An I/O error at run time (a full disk, a failed write or sync) stops the tier, never the engine:
+the catalog places nothing more, forgets what it has not logged and keeps serving what it has. A
+worker may not fail its job, so one whose write fails removes its shard's ``writing`` file before
+vLLM hears of the job, and the catalog, which looks for every shard's file before it logs a batch,
+logs none of that job's chunks and stops (:meth:`L3Catalog.stop`, :meth:`L3Shard._stop`).
+
 Every record is self-describing and CRC32C-checked (``cpkv._cpkv.l3_seal``/``l3_check``); its
 namespace names the model, dtype, KV layout, chunk size, parallel geometry and the shard, so a page
 of another configuration is never served.
@@ -54,7 +60,7 @@ of another configuration is never served.
 from __future__ import annotations
 
 import errno
-import hashlib
+import logging
 import os
 import queue
 import threading
@@ -67,9 +73,12 @@ import numpy as np
 
 from cpkv import _cpkv
 from cpkv.errors import InvalidArgumentError
-from cpkv.tier.l3.direct import AlignedScratch, probe_direct, slot_runs, write_fully
+from cpkv.tier.l3.direct import AlignedScratch, errno_name, probe_direct, slot_runs, write_fully
 from cpkv.tier.l3.directory import InstanceLock, check_room, tree_bytes
-from cpkv.tier.l3.store import COMPACT_ENTRIES_PER_SLOT, DATA_FILE_BYTES, HEADER, L3Namespace, slots_for
+from cpkv.tier.l3.files import DataFiles
+from cpkv.tier.l3.keys import hash64
+from cpkv.tier.l3.log import IndexLog, read_log
+from cpkv.tier.l3.store import HEADER, L3Namespace, slots_for
 
 CATALOG_LOG = "catalog.log"
 DIR_SETTING = "kv_connector_extra_config['cpkv_l3_dir']"
@@ -79,6 +88,8 @@ STOP_BATCH = 256  # chunks the catalog takes in from the stop copies per write, 
 WRITE_GROUP_BYTES = 64 << 20  # records a worker seals in aligned scratch memory per write group
 STOP_SEQUENCE = 0  # the sequence of every stop-copy record (its namespace tells it from a slot's)
 STOP_SHARE = 8  # the stop copy's reserve: 1/STOP_SHARE of the slots a worker's share of the cap would hold
+WRITING = "writing"  # an empty file in a shard's directory while its worker writes every record it is given
+log = logging.getLogger(__name__)
 
 
 def _random_reader(path: Path) -> int:
@@ -90,7 +101,7 @@ def _random_reader(path: Path) -> int:
 
 def l3_key(key: bytes) -> int:
     """The L3 key of a vLLM offload key (its chained block hash and group): 64 bits of BLAKE2b."""
-    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little")
+    return hash64(key)
 
 
 @dataclass(frozen=True)
@@ -157,13 +168,20 @@ class L3Geometry:
     def stop_copy(self, rank: int) -> Path:
         return self.shard_dir(rank) / STOP_COPY
 
+    def writing(self, rank: int) -> Path:
+        """Present while worker ``rank`` writes its shard: its worker creates it at open and removes it
+        at its first failed write (a removal needs no room on a full disk)."""
+        return self.shard_dir(rank) / WRITING
+
+    def data_files(self, rank: int) -> DataFiles:
+        return DataFiles(self.shard_dir(rank), self.slots, self.slot_bytes)
+
     def slots_per_file(self) -> int:
-        return max(1, min(self.slots, DATA_FILE_BYTES // self.slot_bytes))
+        return self.data_files(0).per_file
 
     def where(self, slot: int) -> tuple[int, int]:
-        """(data file index, byte offset) of ``slot``."""
-        per = self.slots_per_file()
-        return slot // per, (slot % per) * self.slot_bytes
+        """(data file index, byte offset) of ``slot`` (the same in every shard)."""
+        return self.data_files(0).where(slot)
 
 
 @dataclass
@@ -197,15 +215,15 @@ class L3Catalog:
         self.namespace = geometry.namespace(None)
         self.slots = geometry.slots
         path = geometry.directory / CATALOG_LOG
-        self._log_fd = -1
+        self._log: IndexLog | None = None
         self._hold = geometry.hold()  # before the log is read or truncated: no other engine's
         existed = path.exists()
         try:
             self._open_log(path)
         except BaseException:  # what this open created goes again; the directory is free for a retry
-            if self._log_fd >= 0:
-                os.close(self._log_fd)
-                self._log_fd = -1
+            if self._log is not None:
+                self._log.close()
+                self._log = None
             if not existed:
                 path.unlink(missing_ok=True)
             self._hold.release()
@@ -219,6 +237,7 @@ class L3Catalog:
                          "corrupt_dropped": 0, "promoted": 0, "no_host_room": 0, "compactions": 0,
                          "stop_spilled": 0, "stop_unproven": 0}
         self.rejects: dict[str, int] = {}
+        self.stopped: str | None = None  # why no more chunks go to disk (an I/O error, here or on a worker)
         self._inflight = 0  # checks started and not yet finished
         self._idle = threading.Condition()
         self._checks: queue.SimpleQueue[tuple[int, int, int] | None] = queue.SimpleQueue()
@@ -227,24 +246,11 @@ class L3Catalog:
         self._thread.start()
 
     def _open_log(self, path: Path) -> None:
-        geometry = self.geometry
-        try:
-            log = path.read_bytes()
-        except FileNotFoundError:
-            log = b""
-        self.index, report, valid = _cpkv.L3Index.recover(self.slots, 1, [log], self.namespace, geometry.slot_bytes)
+        slot_bytes = self.geometry.slot_bytes
+        self.index, report, valid = _cpkv.L3Index.recover(self.slots, 1, [read_log(path)], self.namespace, slot_bytes)
         self.recovered = int(report["kept"])
-        self._log_path = path
-        self._log_fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
-        if valid[0] == 0:  # no log, or one of another namespace or shape: start afresh
-            os.ftruncate(self._log_fd, 0)
-            os.write(self._log_fd, _cpkv.l3_log_header(self.namespace, geometry.slot_bytes, self.slots))
-            os.fdatasync(self._log_fd)
-            self._log_entries = 0
-        else:
-            if os.fstat(self._log_fd).st_size != valid[0]:
-                os.ftruncate(self._log_fd, valid[0])  # a torn tail: cut at the last whole entry
-            self._log_entries = (valid[0] - _cpkv.L3_LOG_HEADER_BYTES) // _cpkv.L3_LOG_ENTRY_BYTES
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        self._log = IndexLog(path, fd, self.namespace, slot_bytes, self.slots, valid[0])
 
     # -- spills ---------------------------------------------------------------------------------
 
@@ -253,6 +259,9 @@ class L3Catalog:
         ``protected``: chunks a load has yet to read from disk. They are used first, so the index's
         least-recently-used choice cannot take their slots, and the batch is cut to the slots left."""
         new = [(k, r) for k, r in zip(keys, rows) if self.index.peek(k) is None]
+        if self.stopped is not None:
+            self.counters["not_spilled"] += len(new)
+            return None
         kept = [k for k in protected if self.index.lookup(k) is not None]
         if len(new) > self.slots - len(kept):
             self.counters["not_spilled"] += len(new) - max(0, self.slots - len(kept))
@@ -279,7 +288,9 @@ class L3Catalog:
 
     def commit(self, batch_ids: Sequence[int]) -> None:
         """A job carrying these batches completed on every worker: their records are durable, so
-        their log entries are appended and synced."""
+        their log entries are appended and synced. When a worker has stopped writing (its
+        :meth:`L3Geometry.writing` file is gone: removed before it reported the job) or the append
+        fails, they are not logged, and the tier stops (:meth:`stop`)."""
         entries = []
         for batch_id in batch_ids:
             batch = self.pending.pop(batch_id, None)
@@ -291,12 +302,40 @@ class L3Catalog:
                 self._uncommitted.discard(key)
         if not entries:
             return
-        os.write(self._log_fd, _cpkv.l3_log_entries(entries))
-        os.fdatasync(self._log_fd)
-        self._log_entries += len(entries)
+        assert self._log is not None, "the catalog is closed"
+        failed = self._stopped_shard()
+        if failed is None:
+            try:
+                self._log.append(entries)  # whole or nothing: a failed append leaves the log as it was
+            except OSError as err:
+                failed = f"its log append failed: {errno_name(err)} ({err.strerror})"
+        if failed is not None:
+            for key, _, _, _ in entries:
+                self.index.drop(key)  # never logged: no tombstone needed
+            self.stop(failed)
+            return
         self.counters["committed"] += len(entries)
-        if self._log_entries > COMPACT_ENTRIES_PER_SLOT * self.slots:
-            self._compact()
+        if self._log.due:
+            try:
+                self._compact()
+            except OSError as err:  # the log is still the one before, whole
+                self.stop(f"its log compaction failed: {errno_name(err)} ({err.strerror})")
+
+    def _stopped_shard(self) -> str | None:
+        for rank in range(self.geometry.world):
+            if not self.geometry.writing(rank).exists():
+                return f"worker rank {rank} stopped writing its shard (its log names the error)"
+        return None
+
+    def stop(self, reason: str) -> None:
+        """No more chunks go to disk, on any worker: nothing more is placed (every worker writes only
+        what the catalog places) and the placements not logged yet are forgotten. The chunks already
+        logged are still found, checked and served. Warned once, naming the directory."""
+        if self.stopped is not None:
+            return
+        self.stopped = reason
+        self.forget_pending()
+        log.warning("cpkv L3 in %s takes no more chunks: %s", self.geometry.directory, reason)
 
     def forget_pending(self) -> None:
         """A cache reset: batches not acknowledged may never be written; forget their keys."""
@@ -351,8 +390,13 @@ class L3Catalog:
             return
         self.counters["corrupt_dropped"] += 1
         self.rejects[reason] = self.rejects.get(reason, 0) + 1
-        os.write(self._log_fd, tombstone)  # not synced: a lost tombstone costs a counted miss, never a wrong page
-        self._log_entries += 1
+        assert self._log is not None, "the catalog is closed"
+        if self.stopped is not None:
+            return  # a lost tombstone costs a counted miss after a restart, never a wrong page
+        try:
+            self._log.append_tombstone(tombstone)
+        except OSError as err:
+            self.stop(f"its log append failed: {errno_name(err)} ({err.strerror})")
 
     def _check_loop(self) -> None:
         g = self.geometry
@@ -370,7 +414,7 @@ class L3Catalog:
             for rank in range(g.world):
                 try:
                     if (rank, file) not in readers:  # opened once: the workers create their files
-                        readers[(rank, file)] = _random_reader(g.shard_dir(rank) / f"data-{file}.bin")
+                        readers[(rank, file)] = _random_reader(g.data_files(rank).path(file))
                     record = np.frombuffer(os.pread(readers[(rank, file)], g.slot_bytes, offset), dtype=np.uint8)
                     reason = _cpkv.l3_check(record, namespaces[rank], key, sequence, g.page_bytes)
                 except OSError as err:
@@ -384,26 +428,10 @@ class L3Catalog:
                 self._idle.notify_all()
 
     def _compact(self) -> None:
-        """Rewrites the log as its live entries (temporary file, sync, rename, sync directory)."""
-        entries = [(key, sequence, slot, self.geometry.page_bytes) for key, slot, sequence in self.index.entries()
-                   if key not in self._uncommitted]
-        tmp = self._log_path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, _cpkv.l3_log_header(self.namespace, self.geometry.slot_bytes, self.slots)
-                     + _cpkv.l3_log_entries(entries))
-            os.fdatasync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self._log_path)
-        dir_fd = os.open(self.geometry.directory, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-        os.close(self._log_fd)
-        self._log_fd = os.open(self._log_path, os.O_RDWR | os.O_APPEND)
-        self._log_entries = len(entries)
+        """Rewrites the log as its live (logged) entries."""
+        assert self._log is not None, "the catalog is closed"
+        self._log.compact([(key, sequence, slot, self.geometry.page_bytes)
+                           for key, slot, sequence in self.index.entries() if key not in self._uncommitted])
         self.counters["compactions"] += 1
 
     # -- the clean stop ---------------------------------------------------------------------------
@@ -428,6 +456,9 @@ class L3Catalog:
         data: dict[tuple[int, int], int] = {}
         logged = 0
         try:
+            if self.stopped is not None:
+                self.counters["not_spilled"] += len(wanted)
+                return 0
             try:
                 copies = [os.open(g.stop_copy(rank), os.O_RDONLY) for rank in range(g.world)]
             except FileNotFoundError:  # a worker that did not close (or closed after this)
@@ -470,19 +501,23 @@ class L3Catalog:
                     for rank, record in enumerate(proven[key]):
                         _cpkv.l3_seal(record, namespaces[rank], key, sequence, g.page_bytes)
                         if (rank, file) not in data:
-                            data[(rank, file)] = os.open(g.shard_dir(rank) / f"data-{file}.bin", os.O_WRONLY)
+                            data[(rank, file)] = os.open(g.data_files(rank).path(file), os.O_WRONLY)
                         write_fully(data[(rank, file)], [record], offset)
                         touched.add((rank, file))
                 for where in sorted(touched):
                     os.fdatasync(data[where])
                 self.commit([batch.id])  # every record of the batch is on disk: log it
+                if self.stopped is not None:
+                    break
                 logged += len(batch.keys)
+        except OSError as err:  # placed, not logged: forgotten by the stop
+            self.stop(f"its stop spill failed: {errno_name(err)} ({err.strerror})")
         finally:
             for fd in [*copies, *data.values()]:
                 os.close(fd)
-        for rank in range(g.world):
-            g.stop_copy(rank).unlink(missing_ok=True)
-        self.counters["stop_spilled"] += logged
+            for rank in range(g.world):
+                g.stop_copy(rank).unlink(missing_ok=True)
+            self.counters["stop_spilled"] += logged
         return logged
 
     def stats(self) -> dict[str, Any]:
@@ -490,19 +525,19 @@ class L3Catalog:
         out.update({"l3_slots": self.slots, "l3_resident": len(self.index), "l3_recovered": self.recovered,
                     "l3_pending_batches": len(self.pending), "l3_rejects": dict(self.rejects),
                     "l3_io": self.io_mode, "l3_io_reason": self.io_reason,
-                    "l3_digest": int(self.index.digest())})
+                    "l3_digest": int(self.index.digest()), "l3_stopped": self.stopped})
         return out
 
     @property
     def closed(self) -> bool:
-        return self._log_fd < 0
+        return self._log is None
 
     def close(self) -> None:
         self._checks.put(None)
         self._thread.join(timeout=30)
-        if self._log_fd >= 0:
-            os.close(self._log_fd)
-            self._log_fd = -1
+        if self._log is not None:
+            self._log.close()
+            self._log = None
         self._hold.release()
 
 
@@ -530,7 +565,8 @@ class L3Shard:
                     path.unlink(missing_ok=True)
             raise
         self.applied_upto = 0  # the last batch id written
-        self.counters = {"pages_written": 0, "pages_read": 0, "stop_copied": 0}
+        self.counters = {"pages_written": 0, "pages_read": 0, "stop_copied": 0, "pages_not_written": 0}
+        self.stopped: str | None = None  # why this worker writes no more records (its first failed write)
         # host row -> (the L3 key of the chunk this worker last put there by a store or a fill it
         # ran, that job's number, the chunk's place in the job): what its stop copy seals each row
         # with, and the order in which it chooses rows
@@ -544,32 +580,22 @@ class L3Shard:
             created.append(self.directory)
         # A stop copy the last life's catalog never took in goes before the data files may grow.
         geometry.stop_copy(rank).unlink(missing_ok=True)
-        slots, per = geometry.slots, geometry.slots_per_file()
-        files = -(-slots // per)
-        for i in range(files):
-            size = min(per, slots - i * per) * geometry.slot_bytes
-            path = self.directory / f"data-{i}.bin"
-            if not path.exists():
-                created.append(path)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                if os.fstat(fd).st_size > size:
-                    os.ftruncate(fd, size)  # reopened smaller: give the blocks back
-                os.posix_fallocate(fd, 0, size)
-            finally:
-                os.close(fd)
+        files = geometry.data_files(rank)
+        files.allocate(created)
         # Writes O_DIRECT where the file system takes it (else buffered, the reason in stats());
         # reads buffered with no read-ahead: see read().
         self._scratch = AlignedScratch()
-        self.mode, self.mode_reason = probe_direct(self.directory / "data-0.bin", self._scratch)
+        self.mode, self.mode_reason = probe_direct(files.path(0), self._scratch)
         direct = os.O_DIRECT if self.mode == "o_direct" else 0
-        for i in range(files):  # one by one: a failure part way closes the ones opened
-            self._fds.append(os.open(self.directory / f"data-{i}.bin", os.O_RDWR | direct))
-            self._read_fds.append(_random_reader(self.directory / f"data-{i}.bin"))
-        for stale in self.directory.glob("data-*.bin"):
-            index = stale.stem.removeprefix("data-")
-            if index.isdigit() and int(index) >= files:
-                stale.unlink(missing_ok=True)
+        for i in range(files.count):  # one by one: a failure part way closes the ones opened
+            self._fds.append(os.open(files.path(i), os.O_RDWR | direct))
+            self._read_fds.append(_random_reader(files.path(i)))
+        for stale in files.stale():
+            stale.unlink(missing_ok=True)
+        writing = geometry.writing(rank)
+        if not writing.exists():
+            os.close(os.open(writing, os.O_WRONLY | os.O_CREAT, 0o644))
+            created.append(writing)
 
     def note_store(self, rows: np.ndarray, keys: Sequence[int], released: np.ndarray) -> None:
         """A store ran: the rows its eviction released hold no chunk of this worker's any more
@@ -597,21 +623,32 @@ class L3Shard:
         """At this worker's close: its shard of the rows ``stop_copy_rows`` names, one sealed record
         each, back to back in ``stop.bin`` (at most ``stop_rows`` records: the reserve the cap keeps
         for them; not synced: the catalog checks, rewrites and syncs what it takes in). Written even
-        when empty: the catalog tells a worker that closed from one that did not. Returns the rows written."""
+        when empty: the catalog tells a worker that closed from one that did not. A worker that has
+        stopped writing, or whose copy fails (a full disk), leaves none: the catalog then takes in
+        nothing. Returns the rows written."""
         g = self.geometry
+        path = g.stop_copy(self.rank)
+        if self.stopped is not None:
+            path.unlink(missing_ok=True)
+            return 0
         namespace = g.namespace(self.rank, stop_copy=True)
         chosen = self.stop_copy_rows()
-        fd = os.open(g.stop_copy(self.rank), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            for start in range(0, len(chosen), STOP_BATCH):
-                part = chosen[start:start + STOP_BATCH]
-                pages = pages_of(np.asarray([row for row, _ in part], dtype=np.int64))
-                records = np.empty(len(part) * g.slot_bytes, dtype=np.uint8)
-                _cpkv.l3_seal_records(records, list(pages), namespace, [key for _, key in part],
-                                      [STOP_SEQUENCE] * len(part), g.page_bytes)
-                write_fully(fd, [records], start * g.slot_bytes)
-        finally:
-            os.close(fd)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                for start in range(0, len(chosen), STOP_BATCH):
+                    part = chosen[start:start + STOP_BATCH]
+                    pages = pages_of(np.asarray([row for row, _ in part], dtype=np.int64))
+                    records = np.empty(len(part) * g.slot_bytes, dtype=np.uint8)
+                    _cpkv.l3_seal_records(records, list(pages), namespace, [key for _, key in part],
+                                          [STOP_SEQUENCE] * len(part), g.page_bytes)
+                    write_fully(fd, [records], start * g.slot_bytes)
+            finally:
+                os.close(fd)
+        except OSError as err:
+            path.unlink(missing_ok=True)
+            self._stop(err, "stop copy")
+            return 0
         self.counters["stop_copied"] += len(chosen)
         return len(chosen)
 
@@ -619,28 +656,54 @@ class L3Shard:
         """Writes the batches not written yet, in id order, then syncs: ``pages_of(rows)`` gives
         uint8 ``[len(rows), page_bytes]`` of host rows (read before any of them is written again).
         Records are sealed in page-aligned scratch memory and written a run of consecutive slots at
-        a time (O_DIRECT where the file system takes it: spills never fill the page cache)."""
+        a time (O_DIRECT where the file system takes it: spills never fill the page cache). A failed
+        write or sync stops this worker's writes (:meth:`_stop`); the job goes on."""
         g = self.geometry
         per_group = max(1, WRITE_GROUP_BYTES // g.slot_bytes)  # scratch is sized by a group, not a batch
-        touched = set()
+        touched: set[int] = set()
         for batch in batches:
             if batch.id <= self.applied_upto:
                 continue  # a gap below is a batch a cache reset forgot: never carried again
-            pages = pages_of(batch.rows)
-            order = sorted(range(len(batch.keys)), key=lambda i: batch.slots[i])
-            for first in range(0, len(order), per_group):
-                group = order[first:first + per_group]
-                _cpkv.l3_seal_records(self._scratch.take(len(group) * g.slot_bytes), [pages[i] for i in group],
-                                      self.namespace, [batch.keys[i] for i in group],
-                                      [batch.sequences[i] for i in group], g.page_bytes)
-                for start, stop in slot_runs([batch.slots[i] for i in group], g.slots_per_file()):
-                    file, offset = g.where(batch.slots[group[start]])
-                    write_fully(self._fds[file], [self._scratch.view(start * g.slot_bytes, stop * g.slot_bytes)], offset)
-                    touched.add(file)
-            self.counters["pages_written"] += len(batch.keys)
+            if self.stopped is None:
+                try:
+                    self._write_batch(batch, pages_of, per_group, touched)
+                except OSError as err:
+                    self._stop(err, "write")
+            if self.stopped is not None:
+                self.counters["pages_not_written"] += len(batch.keys)
             self.applied_upto = batch.id
-        for file in sorted(touched):
-            os.fdatasync(self._fds[file])
+        if self.stopped is None:
+            try:
+                for file in sorted(touched):
+                    os.fdatasync(self._fds[file])
+            except OSError as err:
+                self._stop(err, "sync")
+
+    def _write_batch(self, batch: SpillBatch, pages_of: Any, per_group: int, touched: set[int]) -> None:
+        g = self.geometry
+        pages = pages_of(batch.rows)
+        order = sorted(range(len(batch.keys)), key=lambda i: batch.slots[i])
+        for first in range(0, len(order), per_group):
+            group = order[first:first + per_group]
+            _cpkv.l3_seal_records(self._scratch.take(len(group) * g.slot_bytes), [pages[i] for i in group],
+                                  self.namespace, [batch.keys[i] for i in group],
+                                  [batch.sequences[i] for i in group], g.page_bytes)
+            for start, stop in slot_runs([batch.slots[i] for i in group], g.slots_per_file()):
+                file, offset = g.where(batch.slots[group[start]])
+                touched.add(file)
+                write_fully(self._fds[file], [self._scratch.view(start * g.slot_bytes, stop * g.slot_bytes)], offset)
+        self.counters["pages_written"] += len(batch.keys)
+
+    def _stop(self, err: OSError, what: str) -> None:
+        """This worker's first failed write (a full disk, an I/O error): it writes nothing more, and
+        removes its :meth:`L3Geometry.writing` file before vLLM hears of the job, so the catalog logs
+        none of the job's records and stops placing chunks for every worker (:meth:`L3Catalog.stop`).
+        vLLM's connector asserts that a worker's job succeeded: the job itself (the host copy) goes on."""
+        if self.stopped is not None:
+            return
+        self.stopped = f"rank {self.rank}'s {what} failed: {errno_name(err)} ({err.strerror})"
+        self.geometry.writing(self.rank).unlink(missing_ok=True)
+        log.warning("cpkv L3 shard %s writes no more records: %s", self.directory, self.stopped)
 
     def read(self, fill: Fill) -> np.ndarray:
         """The checked payload of a promoted chunk. The scheduler checked this record before it
@@ -663,7 +726,7 @@ class L3Shard:
 
     def stats(self) -> dict[str, Any]:
         return {**{f"l3_{k}": v for k, v in self.counters.items()}, "l3_io": self.mode,
-                "l3_io_reason": self.mode_reason}
+                "l3_io_reason": self.mode_reason, "l3_stopped": self.stopped}
 
     def close(self) -> None:
         for fd in [*self._fds, *self._read_fds]:

@@ -21,14 +21,18 @@ ending one chunk earlier in the same request, when this request loaded, touched 
 chunk whose parent is not on the host starts a new path under the namespace root; that is still
 exact, because the chained hash alone names the whole prefix.
 
-A failed store leaves its chunks on the host but unreadable (``lookup`` says MISS) and unpinned;
-the next offer of such a chunk rewrites it in its own row.
+vLLM 0.33's ``OffloadingManager`` contract, as its ``CPUOffloadingManager`` keeps it: an offer is
+placed whole or not at all (``None``, nothing changed: vLLM's scheduler offers the request's chunks
+again next step, and never after a partial store), and a failed store takes its chunks back (their
+rows are free at once) with a metadata-only removal event. A failed chunk that chunks placed since
+continue stays, unreadable, until an offer rewrites it or it is evicted (silently: never stored).
 """
 
 from __future__ import annotations
 
 from collections import Counter, deque
 from collections.abc import Collection, Iterable, Sequence
+from dataclasses import replace
 from typing import Any, cast
 
 import numpy as np
@@ -56,6 +60,7 @@ __all__ = ["CpkvLoadStoreSpec", "CpkvOffloadingManager"]
 PAYLOAD = "kv"  # the slab payload name prefix the worker uses
 RECENT_EVICTIONS = 1 << 16  # evicted keys kept for inspection (bounded: a server runs for months)
 _LOOKUP_RESULTS = (LookupResult.MISS, LookupResult.HIT, LookupResult.HIT_PENDING)
+MISS, HIT = LookupResult.MISS, LookupResult.HIT
 
 
 def _offload_keys(keys: list[bytes]) -> list[OffloadKey]:
@@ -128,7 +133,6 @@ class CpkvOffloadingManager(OffloadingManager):
         self.l3 = l3
         if l3 is not None:
             self.lookup = self._lookup_with_l3  # type: ignore[method-assign,assignment,unused-ignore]
-            self._failed: set[bytes] = set()  # stored with success=False: their rows hold no chunk
             self._checks: dict[int, tuple[int, int, str]] = {}  # l3 key -> (slot, sequence, "checking"/"ok")
             self._fills: dict[bytes, Fill] = {}  # promoted: row taken, filled from disk by the next load
             self._from_disk: dict[str, set[bytes]] = {}  # per request: keys it found on disk
@@ -194,14 +198,19 @@ class CpkvOffloadingManager(OffloadingManager):
 
     def complete_store(self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True) -> None:
         if self.l3 is not None:
-            self._commit(("store", frozenset(keys)))
-            (self._failed.difference_update if success else self._failed.update)(keys)
+            job = ("store", frozenset(keys))
+            if success:
+                self._commit(job)
+            else:  # not known written: its spills stay pending, carried (and committed) by a later job
+                self._carried.pop(job, None)
         if self._events is None:
             self._core.complete_store(keys, success)
             return
-        stored = _offload_keys(self._core.complete_store(keys, success, True))
-        if stored:
-            self._events.append(OffloadingEvent(keys=stored, medium=self.medium, removed=False))
+        done = _offload_keys(self._core.complete_store(keys, success, True))
+        if done:
+            # A failure is vLLM's metadata-only removal: the chunks were never announced as stored.
+            self._events.append(OffloadingEvent(keys=done, medium=self.medium, removed=not success,
+                                                metadata_only=not success))
 
     def on_request_finished(self, req_context: ReqContext) -> None:
         self._core.request_finished(req_context.req_id)
@@ -216,7 +225,15 @@ class CpkvOffloadingManager(OffloadingManager):
         if self._events is None:
             return ()
         events, self._events = self._events, []
-        return events
+        out = []
+        for event in events:
+            if event.metadata_only:  # as vLLM's manager: a failed chunk placed again since is not removed
+                keys = [k for k in event.keys if self._core.lookup(k) is MISS]
+                if not keys:
+                    continue
+                event = replace(event, keys=keys)
+            out.append(event)
+        return out
 
     def reset_cache(self) -> None:
         """Drops everything (vLLM guarantees no completion of an earlier job arrives afterwards).
@@ -224,7 +241,6 @@ class CpkvOffloadingManager(OffloadingManager):
         self._core.reset()
         if self.l3 is not None:
             self.l3.forget_pending()
-            self._failed.clear()
             self._checks.clear()
             self._fills.clear()
             self._carried.clear()
@@ -241,25 +257,22 @@ class CpkvOffloadingManager(OffloadingManager):
                 self.l3.close()
 
     def _held_chunks(self) -> list[tuple[int, int]]:
-        """(L3 key, host row) of every chunk whose bytes are in host memory: resident, its store
-        completed and successful, not a promoted chunk whose fill has not run."""
+        """(L3 key, host row) of every chunk whose bytes are in host memory: readable (its store
+        completed and successful), not a promoted chunk whose fill has not run."""
         out = []
         for key in self._core.resident_keys():
-            if key not in self._failed and key not in self._fills and not self._core.is_storing(key):
+            if key not in self._fills and self._core.lookup(key) is HIT:
                 out.append((l3_key(key), self._core.row_of(key)))
         return out
 
     # -- L3: spills on eviction, lookups that fall through to disk ------------------------------
 
     def _spill(self, evicted: list[OffloadKey], rows: np.ndarray) -> None:
-        """Evicted chunks go to disk, except rows that hold no chunk (a failed store, or a promoted
-        chunk whose fill never ran: its record is still on disk)."""
+        """Evicted chunks go to disk, except rows that hold no chunk: a promoted chunk whose fill
+        never ran (its record is still on disk). The core never reports a failed store as evicted."""
         assert self.l3 is not None
         keys, spill_rows = [], []
         for key, row in zip(evicted, rows.tolist()):
-            if key in self._failed:
-                self._failed.discard(key)
-                continue
             fill = self._fills.pop(key, None)
             if fill is None:
                 keys.append(l3_key(key))
@@ -291,7 +304,7 @@ class CpkvOffloadingManager(OffloadingManager):
         failed check is a counted miss."""
         assert self.l3 is not None
         result = cast(LookupResult, self._core.lookup(key, req_context))
-        if result is not LookupResult.MISS or key in self._failed:
+        if result is not LookupResult.MISS:
             return result
         for k, sequence, reason in self.l3.checked():
             state = self._checks.get(k)

@@ -1,5 +1,7 @@
 """An L3 directory's room and its holder: the checks before an L3 store allocates anything.
 
+- **The setting** (:func:`check_l3_pair`): a directory and a cap, both or neither, the one rule for
+  the main job's ``--l3-dir``/``--l3-bytes`` and every engine's ``cpkv_l3_dir``/``cpkv_l3_bytes``.
 - **Room** (:func:`check_room`): a cap larger than what the file system can give (its free space
   less a margin, :func:`margin_bytes`, plus what the directory's own L3 files already hold and a
   reopen reuses) is refused by name before a byte is allocated. Preallocating past the free space
@@ -23,15 +25,36 @@ import os
 import re
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 from cpkv.errors import InvalidArgumentError
 from cpkv.tier.l3.direct import errno_name
 
+# An L3 cap is a byte count the disk APIs take (off_t).
+MAX_L3_BYTES = (1 << 63) - 1
 LOCK_FILE = "cpkv-l3.lock"
 LIVE_PREFIX = "cpkv-l3.live-"
 # The room a cap must leave free on the file system: 2 % of it, at most 256 MiB.
 MARGIN_SHARE = 50
 MARGIN_MAX = 256 << 20
+
+
+def check_l3_pair(directory: Any, cap_bytes: Any, dir_name: str, bytes_name: str,
+                  label: Callable[[str], str] = str, spell: Callable[[str], str] = str) -> tuple[str | None, int | None]:
+    """The L3 setting: ``directory`` (an existing one) and ``cap_bytes`` (an int in ``[1,
+    MAX_L3_BYTES]``), both or neither; ``(None, None)`` when neither. ``dir_name``/``bytes_name``
+    are the two settings' names; in errors ``label`` spells a setting's place, ``spell`` its bare
+    name (a command line's flag as it is, an engine's key quoted)."""
+    if (directory is None) != (cap_bytes is None):
+        given, missing = (dir_name, bytes_name) if directory is not None else (bytes_name, dir_name)
+        raise InvalidArgumentError(f"{label(given)} needs {spell(missing)} too (both or neither)")
+    if directory is None:
+        return None, None
+    if not isinstance(directory, (str, os.PathLike)) or not os.fspath(directory) or not os.path.isdir(directory):
+        raise InvalidArgumentError(f"{label(dir_name)}: {directory!r} is not an existing directory")
+    if isinstance(cap_bytes, bool) or not isinstance(cap_bytes, int) or not 1 <= cap_bytes <= MAX_L3_BYTES:
+        raise InvalidArgumentError(f"{label(bytes_name)} must be an int in [1, 2**63) (bytes), got {cap_bytes!r}")
+    return os.fspath(directory), cap_bytes
 
 
 def file_bytes(path: str | os.PathLike) -> int:

@@ -41,18 +41,14 @@ from cpkv import _cpkv
 from cpkv.errors import InvalidArgumentError
 from cpkv.tier.l3.direct import AlignedScratch, probe_direct, slot_runs, write_fully
 from cpkv.tier.l3.directory import check_room, file_bytes
+from cpkv.tier.l3.files import DATA_FILE_BYTES, DataFiles
+from cpkv.tier.l3.log import COMPACT_ENTRIES_PER_SLOT, LOG_ENTRY, IndexLog, read_log
 from cpkv.tier.l3.order import BYTES_PER_SLOT, NOT_WRITTEN, TABLE_NAME, SlotOrder
 
 ALIGN = _cpkv.L3_RECORD_ALIGN
 HEADER = _cpkv.L3_HEADER_BYTES
 # The most records one pwritev/preadv moves from their own memory (two buffers each, under IOV_MAX).
 SPLIT_RECORDS_PER_CALL = max(1, os.sysconf("SC_IOV_MAX") // 2) if hasattr(os, "sysconf") else 512
-LOG_HEADER = _cpkv.L3_LOG_HEADER_BYTES
-LOG_ENTRY = _cpkv.L3_LOG_ENTRY_BYTES
-# The largest data file; a store of more slots uses several.
-DATA_FILE_BYTES = 1 << 30
-# A log is compacted once it holds this many entries per slot of the store.
-COMPACT_ENTRIES_PER_SLOT = 2
 
 
 @dataclass(frozen=True)
@@ -74,12 +70,16 @@ class L3Namespace:
 
 
 def disk_bytes(directory: str | os.PathLike) -> int:
-    """Bytes the directory's files hold on disk (allocated blocks, not lengths)."""
+    """Bytes the directory's files hold on disk (allocated blocks, not lengths). Other ranks share the
+    directory, so a file listed may be gone (a compaction's temporary file renamed) before its stat."""
     total = 0
     with os.scandir(os.fspath(directory)) as entries:
         for entry in entries:
-            if entry.is_file(follow_symlinks=False):
-                total += entry.stat(follow_symlinks=False).st_blocks * 512
+            try:
+                if entry.is_file(follow_symlinks=False):
+                    total += entry.stat(follow_symlinks=False).st_blocks * 512
+            except FileNotFoundError:
+                continue
     return total
 
 
@@ -128,7 +128,8 @@ class L3Store:
         if self.slots < 1:
             raise InvalidArgumentError(f"--l3-bytes {cap_bytes} holds no page of {page_bytes} bytes "
                                        f"(a slot takes {self.slot_bytes} bytes plus its log)")
-        self.slots_per_file = max(1, min(self.slots, DATA_FILE_BYTES // self.slot_bytes))
+        self.files = DataFiles(self.directory, self.slots, self.slot_bytes)
+        self.slots_per_file = self.files.per_file
         # *_in_place: pages moved straight between their own memory and the disk (no copy through scratch).
         self.counters = {"pages_written": 0, "bytes_written": 0, "pages_read": 0, "bytes_read": 0,
                          "pages_written_in_place": 0, "pages_read_in_place": 0,
@@ -137,9 +138,8 @@ class L3Store:
         self.rejects: dict[str, int] = {}
         self._scratch = AlignedScratch()
         self._fds: list[int] = []
-        self._log_fd = -1
+        self._log: IndexLog | None = None
         self.order: SlotOrder | None = None
-        self._log_entries = 0
         self._pending: list[tuple[int, int, int, int]] = []  # log entries of records not yet synced
         self._own: set[tuple[int, int]] = set()  # (key, sequence) of the records this rank wrote
         self._unsynced: set[int] = set()
@@ -174,35 +174,21 @@ class L3Store:
 
     def _open_files(self, direct: bool, created: list[Path]) -> None:
         started = time.perf_counter()
-        files = -(-self.slots // self.slots_per_file)
+        files = self.files.count
         if self.rank == 0:  # files of a store of more slots or more ranks: given back before allocating
             for stale in self._own_files():
                 kind, _, index = stale.stem.partition("-")
                 number = index.removeprefix("r")
                 if number.isdigit() and int(number) >= (files if kind == "data" else self.ranks_on_node):
                     stale.unlink(missing_ok=True)
-        for i in range(files):
-            size = min(self.slots_per_file, self.slots - i * self.slots_per_file) * self.slot_bytes
-            path = self.directory / f"data-{i}.bin"
-            fd = self._create(path, created)
-            try:
-                if os.fstat(fd).st_size > size:
-                    os.ftruncate(fd, size)  # a store reopened smaller: give the blocks back
-                os.posix_fallocate(fd, 0, size)
-            finally:
-                os.close(fd)
+        self.files.allocate(created)
         stale_tmp = self._log_path(self.rank).with_suffix(".tmp")
         stale_tmp.unlink(missing_ok=True)  # a compaction cut short by a crash
         self.mode, self.mode_reason = self._probe_direct() if direct else ("buffered", "O_DIRECT not asked for")
         extra = os.O_DIRECT if self.mode == "o_direct" else 0
         for i in range(files):  # one by one: a failure part way closes the ones opened (_release)
-            self._fds.append(os.open(self.directory / f"data-{i}.bin", os.O_RDWR | extra))
-        logs = []
-        for r in range(self.ranks_on_node):
-            try:
-                logs.append(self._log_path(r).read_bytes())
-            except FileNotFoundError:
-                logs.append(b"")
+            self._fds.append(os.open(self.files.path(i), os.O_RDWR | extra))
+        logs = [read_log(self._log_path(r)) for r in range(self.ranks_on_node)]
         self.index, report, valid = _cpkv.L3Index.recover(self.slots, self.ranks_on_node, logs, self.namespace_id,
                                                            self.slot_bytes)
         # This rank's own records: what its log names (a record's writer logs it; compaction and
@@ -212,16 +198,8 @@ class L3Store:
         self._own = {(key, sequence) for key, _, sequence in own_index.entries()}
         self.recovery: dict[str, float] = dict(report)
         own = self._log_path(self.rank)
-        self._log_fd = self._create(own, created, os.O_APPEND)
-        if valid[self.rank] == 0:  # no log, or one of another namespace or shape: start it afresh
-            os.ftruncate(self._log_fd, 0)
-            os.write(self._log_fd, _cpkv.l3_log_header(self.namespace_id, self.slot_bytes, self.slots))
-            os.fdatasync(self._log_fd)
-            self._log_entries = 0
-        else:
-            if os.fstat(self._log_fd).st_size != valid[self.rank]:
-                os.ftruncate(self._log_fd, valid[self.rank])  # a torn tail: cut at the last whole entry
-            self._log_entries = (valid[self.rank] - LOG_HEADER) // LOG_ENTRY
+        self._log = IndexLog(own, self._create(own, created, os.O_APPEND), self.namespace_id, self.slot_bytes,
+                             self.slots, valid[self.rank])
         # Rank 0 rewrites the node's slot order from the recovered index (before any rank writes).
         if not (self.directory / TABLE_NAME).exists():
             created.append(self.directory / TABLE_NAME)
@@ -246,7 +224,7 @@ class L3Store:
         """A clean stop: everything written is made durable first (the descriptors are closed
         whatever that flush raises)."""
         try:
-            if self._fds and self._log_fd >= 0:
+            if self._fds and self._log is not None:
                 self.flush()
         finally:
             self._release()
@@ -256,9 +234,9 @@ class L3Store:
         for fd in self._fds:
             os.close(fd)
         self._fds = []
-        if self._log_fd >= 0:
-            os.close(self._log_fd)
-            self._log_fd = -1
+        if self._log is not None:
+            self._log.close()
+            self._log = None
         if self.order is not None:
             self.order.close()
             self.order = None
@@ -295,13 +273,14 @@ class L3Store:
             self.rejects[reason] = self.rejects.get(reason, 0) + 1
             if (key, found[1]) in self._own:
                 self._own.discard((key, found[1]))
-                os.write(self._log_fd, tombstone)  # not synced: a lost tombstone costs a counted miss, never a wrong page
-                self._log_entries += 1
+                assert self._log is not None, "the store is closed"
+                self._log.append_tombstone(tombstone)
 
     # --- I/O ------------------------------------------------------------------------------
 
     def _where(self, slot: int) -> tuple[int, int]:
-        return self._fds[slot // self.slots_per_file], (slot % self.slots_per_file) * self.slot_bytes
+        file, offset = self.files.where(slot)
+        return self._fds[file], offset
 
     def put(self, pages: Sequence[tuple[int, np.ndarray | bytes | None]], *, durable: bool = True,
             writers: Sequence[int] | None = None) -> list[tuple[int, int, int, int | None, int]]:
@@ -413,14 +392,19 @@ class L3Store:
         number of pages acknowledged."""
         if not self._pending:
             return 0
-        for fd in self._unsynced:
-            os.fdatasync(fd)
-        self._unsynced.clear()
+        # Taken before the syncs: a flush that fails acknowledges none of these records, then or
+        # later (a later sync may succeed where this one failed without their bytes being on disk).
         entries, self._pending = self._pending, []
-        os.write(self._log_fd, _cpkv.l3_log_entries(entries))
-        os.fdatasync(self._log_fd)
-        self._log_entries += len(entries)
-        if self._log_entries > COMPACT_ENTRIES_PER_SLOT * self.slots:
+        unsynced, self._unsynced = self._unsynced, set()
+        assert self._log is not None, "the store is closed"
+        try:
+            for fd in unsynced:
+                os.fdatasync(fd)
+            self._log.append(entries)
+        except BaseException:
+            self._own.difference_update((key, sequence) for key, sequence, _, _ in entries)  # never compacted in
+            raise
+        if self._log.due:
             self._compact()
         return len(entries)
 
@@ -518,24 +502,8 @@ class L3Store:
         entries = [(key, sequence, slot, self.page_bytes) for key, slot, sequence in self.index.entries()
                    if (key, sequence) in self._own]
         self._own = {(key, sequence) for key, sequence, _, _ in entries}
-        path = self._log_path(self.rank)
-        tmp = path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, _cpkv.l3_log_header(self.namespace_id, self.slot_bytes, self.slots)
-                     + _cpkv.l3_log_entries(entries))
-            os.fdatasync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        dir_fd = os.open(self.directory, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-        os.close(self._log_fd)
-        self._log_fd = os.open(path, os.O_RDWR | os.O_APPEND)
-        self._log_entries = len(entries)
+        assert self._log is not None, "the store is closed"
+        self._log.compact(entries)
         self.counters["compactions"] += 1
 
     def stats(self) -> dict:

@@ -15,7 +15,6 @@ its ``num_layers`` rows of ``row_bytes`` one after another.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -23,7 +22,9 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from cpkv.errors import InvalidArgumentError
+from cpkv.tier.l3 import keys
 from cpkv.tier.l3.direct import aligned_empty, errno_name
+from cpkv.tier.l3.directory import check_l3_pair
 from cpkv.tier.l3.order import NOT_WRITTEN
 from cpkv.tier.l3.store import L3Namespace, L3Store
 
@@ -56,6 +57,28 @@ def page_layout(payloads: Mapping[str, Any], num_layers: int) -> dict[str, int]:
     return offsets
 
 
+def page_namespace(payloads: Mapping[str, Any], num_layers: int, *, page_size: int, cp_size: int,
+                   model: str) -> L3Namespace:
+    """What a page laid out by :func:`page_layout` must share with its reader to be served (the L3
+    tier's and the cluster tier's)."""
+    described = ",".join(f"{name}:{'x'.join(map(str, spec.page_shape))}:{spec.dtype}" for name, spec in payloads.items())
+    return L3Namespace(model=model, dtype=described, kv_layout=f"slab row: payload-major, {num_layers} layers",
+                       page_size=page_size, cp_size=cp_size, tp_size=1,
+                       page_bytes=page_layout(payloads, num_layers)[""])
+
+
+def gather_pages(slab: Any, offsets: Mapping[str, int], num_layers: int, rows: np.ndarray, out: np.ndarray) -> None:
+    """Pages of slab ``rows`` laid out by :func:`page_layout` into the first ``offsets[""]`` bytes of
+    each row of ``out`` (uint8 ``[len(rows), >= page bytes]``)."""
+    for name, at in offsets.items():
+        if not name:
+            continue
+        region = slab.rows(name)  # uint8 [layers, pages, row_bytes], shared
+        region = region.numpy() if hasattr(region, "numpy") else np.asarray(region)
+        layers = out[:, at:at + num_layers * region.shape[2]].reshape(len(rows), num_layers, -1)
+        layers[:] = region[:, rows, :].transpose(1, 0, 2)
+
+
 class L3Tier:
     """One rank's L3 under a controller; open is collective (every rank of the node, then a
     barrier: recovery reads every rank's log before any rank writes)."""
@@ -70,10 +93,7 @@ class L3Tier:
         self.page_bytes = self.offsets[""]
         self.rank, self.cp_size = rank, cp_size
         self._all_reduce_min = all_reduce_min  # (values, what) -> values, bounded by the collective timeout
-        described = ",".join(f"{name}:{'x'.join(map(str, spec.page_shape))}:{spec.dtype}"
-                             for name, spec in self.payloads.items())
-        namespace = L3Namespace(model=model, dtype=described, kv_layout=f"slab row: payload-major, {num_layers} layers",
-                                page_size=page_size, cp_size=cp_size, tp_size=1, page_bytes=self.page_bytes)
+        namespace = page_namespace(self.payloads, num_layers, page_size=page_size, cp_size=cp_size, model=model)
         self.counters = {"l3_pages_spilled": 0, "l3_hit_pages": 0, "l3_lookups": 0, "l3_read_failures": 0,
                          "l3_not_written_misses": 0}
         self._unsettled: list[tuple[int, int]] = []  # (key, outcome on this rank) of this forward's hits, in order
@@ -108,12 +128,7 @@ class L3Tier:
         """uint8 ``[len(rows), page_bytes]``: the L3 pages of slab ``rows``, gathered once into
         page-aligned memory (the store writes each page from there, :func:`aligned_empty`)."""
         out = aligned_empty(len(rows), self.page_bytes)
-        for name in self.payloads:
-            region = self._slab.rows(name)  # uint8 [layers, pages, row_bytes], shared
-            region = region.numpy() if hasattr(region, "numpy") else np.asarray(region)
-            at = self.offsets[name]
-            layers = out[:, at:at + self.num_layers * region.shape[2]].reshape(len(rows), self.num_layers, -1)
-            layers[:] = region[:, rows, :].transpose(1, 0, 2)
+        gather_pages(self._slab, self.offsets, self.num_layers, rows, out)
         return out
 
     def spill(self, spilled: Sequence[tuple[np.ndarray, np.ndarray]]) -> int:
@@ -253,18 +268,9 @@ class L3Tier:
 
 def combined_digest(tier_digest: int, l3_digest: int) -> int:
     """One 64-bit value for the agreement check over the two tiers' digests and the L3 index's."""
-    data = int(tier_digest).to_bytes(8, "little") + int(l3_digest).to_bytes(8, "little")
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+    return keys.combined_digest(tier_digest, l3_digest)
 
 
 def check_l3_options(directory: Any, cap_bytes: Any) -> None:
-    """``--l3-dir`` and ``--l3-bytes``: both or neither, an existing directory, a positive size."""
-    if (directory is None) != (cap_bytes is None):
-        given, missing = ("--l3-dir", "--l3-bytes") if directory is not None else ("--l3-bytes", "--l3-dir")
-        raise InvalidArgumentError(f"{given} needs {missing} too")
-    if directory is None:
-        return
-    if not os.path.isdir(directory):
-        raise InvalidArgumentError(f"--l3-dir {directory}: not an existing directory")
-    if isinstance(cap_bytes, bool) or not isinstance(cap_bytes, int) or cap_bytes < 1:
-        raise InvalidArgumentError(f"--l3-bytes must be a positive number of bytes, got {cap_bytes!r}")
+    """``--l3-dir`` and ``--l3-bytes`` by the one L3 setting rule (:func:`~.directory.check_l3_pair`)."""
+    check_l3_pair(directory, cap_bytes, "--l3-dir", "--l3-bytes")
