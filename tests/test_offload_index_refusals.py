@@ -1,5 +1,5 @@
-"""cpkv._cpkv.OffloadIndex refuses what it cannot take exactly, by name, and a refused call changes
-nothing: key collections whose order is not the caller's, numpy text keys that lost their trailing
+"""cpkv._cpkv.OffloadIndex (and SglangIndex, its synchronous ``store``/``locate`` for SGLang) refuses
+what it cannot take exactly, by name, and a refused call changes nothing: key collections whose order is not the caller's, numpy text keys that lost their trailing
 NUL bytes, keys too short to name their group (on every call), flags and results of the wrong type;
 and one hypothesis test over every call, good and bad arguments mixed."""
 
@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import cpkv
-from cpkv._cpkv import OffloadIndex
+from cpkv._cpkv import OffloadIndex, SglangIndex
 from cpkv.errors import ArgumentTypeError, CpkvError, InvalidArgumentError
 
 MISS, HIT, PENDING = "miss", "hit", "pending"
@@ -42,19 +42,48 @@ def loaded_index() -> OffloadIndex:
     return ix
 
 
-def observed(ix: OffloadIndex) -> tuple:
+def loaded_sglang_index() -> SglangIndex:
+    """Two readable keys, stored the synchronous way."""
+    ix = SglangIndex(8, "lru")
+    ix.store(chain(1, 2))
+    return ix
+
+
+def observed(ix: OffloadIndex | SglangIndex) -> tuple:
     """Everything a caller can see of an index."""
+    if isinstance(ix, SglangIndex):
+        return ix.digest(), len(ix), ix.stats(), ix.readable().tolist()
     return (ix.digest(), ix.resident_keys(), ix.pinned_keys(), ix.num_pins, len(ix), ix.stats(),
-            ix.readable().tolist())
+            [ix.row_of(k) for k in ix.resident_keys()])
 
 
-def refused(ix: OffloadIndex, call, error: type, *words: str) -> None:
+def loaded(call) -> OffloadIndex | SglangIndex:
+    """The loaded index a call is made on: SglangIndex for its own calls."""
+    return loaded_sglang_index() if call in SGLANG_CALLS else loaded_index()
+
+
+def refused(ix: OffloadIndex | SglangIndex, call, error: type, *words: str) -> None:
     before = observed(ix)
     with pytest.raises(error) as caught:
         call(ix)
     for word in words:
         assert word in str(caught.value), str(caught.value)
     assert observed(ix) == before
+
+
+def sglang_store(ix, ks):
+    return ix.store(ks)
+
+
+def sglang_locate(ix, ks):
+    return ix.locate(ks)
+
+
+def sglang_store_prefix(ix, prefix):
+    return ix.store(["x"], prefix)
+
+
+SGLANG_CALLS = (sglang_store, sglang_locate, sglang_store_prefix)
 
 
 # ---- order: what decides rows and paths must come in the caller's order ----------------------------
@@ -74,11 +103,11 @@ UNORDERED = [
     lambda ix, ks: ix.prepare_store(ks, "r"),
     lambda ix, ks: ix.prepare_load(ks, "r"),
     lambda ix, ks: ix.touch(ks, "r"),
-    lambda ix, ks: ix.store(ks),
-    lambda ix, ks: ix.locate(ks),
+    sglang_store,
+    sglang_locate,
 ], ids=["prepare_store", "prepare_load", "touch", "store", "locate"])
 def test_unordered_key_collections_are_refused(call, make):
-    refused(loaded_index(), lambda ix: call(ix, make(chain(1, 2, 3))), ArgumentTypeError, "ordered")
+    refused(loaded(call), lambda ix: call(ix, make(chain(1, 2, 3))), ArgumentTypeError, "ordered")
 
 
 def test_a_set_of_keys_no_longer_makes_the_digest_depend_on_the_hash_seed():
@@ -121,8 +150,8 @@ NUL_TAILED = b"abcdef" + bytes(4)  # an S10 array gives back b"abcdef": another 
 
 @pytest.mark.parametrize("call", [
     lambda ix, ks: ix.prepare_store(ks, "r"),
-    lambda ix, ks: ix.store(ks),
-    lambda ix, ks: ix.locate(ks),
+    sglang_store,
+    sglang_locate,
     lambda ix, ks: ix.complete_store(ks),
     lambda ix, ks: ix.complete_load(ks, "r"),
 ], ids=["prepare_store", "store", "locate", "complete_store", "complete_load"])
@@ -133,22 +162,22 @@ NUL_TAILED = b"abcdef" + bytes(4)  # an S10 array gives back b"abcdef": another 
     lambda: [np.str_("abc")],
 ], ids=["S array", "S items", "U array", "U items"])
 def test_numpy_text_keys_are_refused_naming_the_lost_nul_bytes(call, make):
-    refused(loaded_index(), lambda ix: call(ix, make()), ArgumentTypeError, "NUL")
+    refused(loaded(call), lambda ix: call(ix, make()), ArgumentTypeError, "NUL")
 
 
 @pytest.mark.parametrize("call", [
     lambda ix, k: ix.lookup(k), lambda ix, k: ix.row_of(k), lambda ix, k: ix.parent_of(k),
-    lambda ix, k: ix.is_storing(k), lambda ix, k: ix.store(["x"], k),
+    lambda ix, k: ix.is_storing(k), sglang_store_prefix,
 ], ids=["lookup", "row_of", "parent_of", "is_storing", "store prefix"])
 def test_a_numpy_bytes_key_is_refused_in_one_key_calls(call):
-    refused(loaded_index(), lambda ix: call(ix, np.array([NUL_TAILED], dtype="S10")[0]), ArgumentTypeError,
+    refused(loaded(call), lambda ix: call(ix, np.array([NUL_TAILED], dtype="S10")[0]), ArgumentTypeError,
             "NUL")
 
 
 def test_an_object_array_of_bytes_keeps_every_byte():
-    ix = loaded_index()
+    ix = loaded_sglang_index()
     ix.store(np.array([NUL_TAILED], dtype=object))
-    assert ix.lookup(NUL_TAILED) == HIT
+    assert len(ix.locate([NUL_TAILED])) == 1
 
 
 # ---- keys shorter than the four bytes that name their group: refused by every call ----------------
@@ -167,13 +196,16 @@ SHORT = b"ab"
     lambda ix: ix.prepare_store([SHORT], "r"),
     lambda ix: ix.complete_store([SHORT]),
     lambda ix: ix.complete_store({SHORT}),
-    lambda ix: ix.store([SHORT]),
-    lambda ix: ix.store(["x"], SHORT),
-    lambda ix: ix.locate([SHORT]),
 ], ids=["lookup", "row_of", "parent_of", "is_storing", "prepare_load", "complete_load", "touch",
-        "prepare_store", "complete_store", "complete_store set", "store", "store prefix", "locate"])
+        "prepare_store", "complete_store", "complete_store set"])
 def test_a_key_shorter_than_its_group_is_refused_by_every_call(call):
     refused(loaded_index(), call, InvalidArgumentError, "6162", "4 bytes")
+
+
+@pytest.mark.parametrize("call, keys", [(sglang_store, [SHORT]), (sglang_store_prefix, SHORT),
+                                        (sglang_locate, [SHORT])], ids=["store", "store prefix", "locate"])
+def test_a_key_shorter_than_its_group_is_refused_by_every_sglang_call(call, keys):
+    refused(loaded_sglang_index(), lambda ix: call(ix, keys), InvalidArgumentError, "6162", "4 bytes")
 
 
 # ---- flags and results ------------------------------------------------------------------------------
@@ -241,8 +273,6 @@ OPS = st.one_of(
     st.tuples(st.just("complete_store"), KEYS, FLAG, FLAG),
     st.tuples(st.just("request_finished"), REQUEST),
     st.tuples(st.just("evict"), NUM),
-    st.tuples(st.just("store"), KEYS, PREFIX),
-    st.tuples(st.just("locate"), KEYS),
     st.tuples(st.just("row_of"), KEY),
     st.tuples(st.just("parent_of"), KEY),
     st.tuples(st.just("is_storing"), KEY),
@@ -250,7 +280,14 @@ OPS = st.one_of(
 )
 
 
-def _apply(ix: OffloadIndex, op: tuple):
+SGLANG_OPS = st.one_of(
+    st.tuples(st.just("store"), KEYS, PREFIX),
+    st.tuples(st.just("locate"), KEYS),
+    st.tuples(st.just("reset")),
+)
+
+
+def _apply(ix: OffloadIndex | SglangIndex, op: tuple):
     name, *args = op
     if name in ("prepare_load", "touch", "prepare_store") and args[2] == "ends":
         args[2] = ends(args[0]) if isinstance(args[0], list) else None
@@ -278,6 +315,23 @@ def test_refused_calls_change_nothing(ops, policy):
             assert observed(seen_all) == before, op
             continue
         # Anything else escaping (a builtin TypeError, say) fails the test.
+        assert _same_answer(answer, _apply(seen_accepted, op)), op
+        assert observed(seen_all) == observed(seen_accepted), op
+    seen_all.check()
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(SGLANG_OPS, max_size=30), st.sampled_from(sorted(cpkv.PrefixTree.POLICIES)))
+def test_refused_sglang_calls_change_nothing(ops, policy):
+    seen_all = SglangIndex(5, policy)
+    seen_accepted = SglangIndex(5, policy)
+    for op in ops:
+        before = observed(seen_all)
+        try:
+            answer = _apply(seen_all, op)
+        except CpkvError:
+            assert observed(seen_all) == before, op
+            continue
         assert _same_answer(answer, _apply(seen_accepted, op)), op
         assert observed(seen_all) == observed(seen_accepted), op
     seen_all.check()
