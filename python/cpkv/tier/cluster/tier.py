@@ -25,9 +25,11 @@ after ``batch_is_exist`` says the cluster lacks it, from registered staging rows
 A call that fails with a store fault or does not answer makes this rank unhealthy; the next
 collective (``find`` or ``settle``) carries that as a MIN, so every rank marks the tier unavailable
 at the same point and serves nothing from it from then on: misses only, never a page read on one
-rank and missed on another. While unavailable a rank probes the store (a put and a get of one
-object, at most once per ``probe_interval_s``) and the tier is available again once every rank's
-last probe succeeded (a restarted master is cold: Mooncake keeps no objects across it).
+rank and missed on another. While unavailable a rank probes the store
+(:class:`~cpkv.tier.cluster.probe.StoreProbe`: an upsert and a get of one small object, at most once
+per ``probe_interval_s``) and the tier is available again on every rank at the first ``find`` or
+``settle`` where every rank's last probe succeeded (a restarted master is cold: Mooncake keeps no
+objects across it, and nothing is assumed present: every page is found and checked again).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ import numpy as np
 from cpkv import _cpkv
 from cpkv.errors import ClusterUnavailableError, InvalidArgumentError
 from cpkv.tier.cluster.mooncake import BoundedStore, is_fault
+from cpkv.tier.cluster.probe import StoreProbe
 from cpkv.tier.l3.tier import L3Found, gather_pages, page_layout, page_namespace
 
 TRAILER = _cpkv.L3_HEADER_BYTES
@@ -173,8 +176,7 @@ class ClusterTier:
         self.unavailable_since: float | None = None
         self.marked_unavailable_at: list[float] = []  # wall-clock times (time.time()) the tier went unavailable
         self._healthy = 1
-        self._last_probe = 0.0
-        self._probing = False  # a probe runs on the store's worker
+        self._probe: StoreProbe | None = None  # while unavailable: whether the store answers again
         self._replace: set[int] = set()  # keys whose stored record failed its check: written again by upsert
         self._unsettled: list[tuple[int, int]] = []  # (key, this rank's ok) of the found pages, in order
         self._corrupt_here: set[int] = set()  # keys this rank read whose record failed its check
@@ -185,9 +187,9 @@ class ClusterTier:
             # Registered once: the staging rows the store reads into and writes from.
             self._read_rows = np.zeros((batch, self.record_bytes), dtype=np.uint8)
             self._write_rows = np.zeros((batch, self.record_bytes), dtype=np.uint8)
-            self._probe = np.zeros((2, TRAILER), dtype=np.uint8)
-            for buffer in (self._read_rows, self._write_rows, self._probe):
+            for buffer in (self._read_rows, self._write_rows):
                 self.store.register(buffer.ctypes.data, buffer.nbytes)
+            self._probe = StoreProbe(self.store, interval_s=probe_interval_s)
         except ClusterUnavailableError as err:
             opened, failure = 0, err
         if self._all_reduce_min([opened], "cluster tier open")[0] == 0:
@@ -222,26 +224,9 @@ class ClusterTier:
         return codes
 
     def _probe_ok(self) -> bool:
-        """While unavailable: whether this rank's last probe (an upsert and a get of one small object,
-        run in the background so that a store that does not answer costs no forward any time)
-        succeeded; starts the next one at most every probe interval."""
-        if self.store is None:
-            return False
-        if self._probing:
-            outcome = self.store.take()
-            if outcome is None:
-                return False
-            self._probing = False
-            if outcome == (True, True):
-                return True
-        now = time.monotonic()
-        if now - self._last_probe >= self.probe_interval_s:
-            self._probe[0, :8] = np.frombuffer(np.int64(time.monotonic_ns()).tobytes(), dtype=np.uint8)
-            key = f"cpkv/probe/{self.namespace_id:016x}/{self.rank}"
-            self._probing = self.store.start(partial(self.store.round_trip, key, self._probe[0], self._probe[1]))
-            if self._probing:
-                self._last_probe = now
-        return False
+        """While unavailable: whether this rank's last probe succeeded (:class:`StoreProbe`: run in the
+        background, so a store that does not answer costs no forward any time)."""
+        return self.store is not None and self._probe is not None and self._probe.poll()
 
     def _agree(self, values: list[int], what: str) -> list[int]:
         """C: MIN of [this rank healthy] + ``values``; marks the tier unavailable (or available again)
@@ -253,12 +238,16 @@ class ClusterTier:
             self.unavailable_since = now
             self.marked_unavailable_at.append(time.time())
             self.counters["cluster_unavailable_marks"] += 1
+            if self._probe is not None:
+                self._probe.reset()
         elif not self.available and reduced[0] == 1:
             assert self.unavailable_since is not None
             self.unavailable_s += now - self.unavailable_since
             self.unavailable_since = None
             self._healthy = 1
             self.counters["cluster_reattaches"] += 1
+            if self._probe is not None:
+                self._probe.reset()
         if not self.available:
             return [0] * len(values)
         return reduced[1:]
