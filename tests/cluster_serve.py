@@ -51,6 +51,19 @@ class Served:
         return code
 
 
+def restart_serve(old: Served, timeout_s: float = 30.0) -> Served:
+    """A new ``cpkv cluster serve`` on ``old``'s master and metadata ports, once ``old`` (whose master
+    was killed: it then stops its store server and exits) and its children are gone. Cold: a new
+    master and store server hold no objects."""
+    children = list(old.children().values())
+    wait_for(lambda: old.process.poll() is not None, timeout_s, "the old cluster serve to exit")
+    for pid in children:
+        wait_gone(pid, timeout_s)
+    port = old.master.rpartition(":")[2]
+    metadata_port = old.metadata.rpartition(":")[2].split("/")[0]
+    return start_serve("--port", port, "--metadata-port", metadata_port)
+
+
 def _children(pid: int) -> list[int]:
     try:
         text = Path(f"/proc/{pid}/task/{pid}/children").read_text()

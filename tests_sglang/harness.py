@@ -1065,20 +1065,83 @@ def _flip_in_store(r: Rank, store_pid: int, pool: str, key: str) -> None:
         memory.write(bytes([byte ^ 0x10]))
 
 
+def _store_until(r: Rank, reqs: Any, fetched: list[dict], done: Any, what: str, wall_s: float = 120.0) -> int:
+    """Per turn: a prefetch (its bytes checked), a store of a new request, every digest check run;
+    until ``done(stats)``, which reads only what the store group's digest checks agreed, so every rank
+    stops after the same store. Returns the turns taken; fails past ``wall_s``."""
+    deadline = time.monotonic() + wall_s
+    turns = 0
+    while not done(r.backend.stats()):
+        tokens = next(reqs, None)
+        if tokens is None or time.monotonic() > deadline:
+            cluster = {k: v for k, v in r.backend.stats().items() if k.startswith("cluster_")}
+            raise AssertionError(f"rank {r.rank}: {what} did not happen in {turns} turns ({wall_s:g} s at most): "
+                                 f"{cluster}")
+        fetched.append(r.prefetch(f"turn{len(fetched)}", tokens))
+        idx, _ = r.write(tokens)
+        r.wait_backup(idx)
+        r.backend.wait_checks(WAIT_S)
+        turns += 1
+    return turns
+
+
+def _wait_file(path: str, what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not Path(path).exists():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} ({path}) did not happen within {WAIT_S:g} s")
+        time.sleep(0.05)  # polling a file the test process writes: the condition is the file
+
+
+def _cluster_restart(r: Rank, reqs: list[list[int]], fetched: list[dict], master_pid: int, marked: str,
+                     restarted: str, seed: int) -> dict:
+    """``phase="restart"``: the kill, then turns until the store group marked the tier unavailable;
+    rank 0 says so (``marked``) and waits for the test to start a new master on the same ports
+    (``restarted``); turns until the tier re-attached, then every ``after`` request stored."""
+    for i, tokens in enumerate(reqs[:3]):
+        fetched.append(r.prefetch(f"req{i}", tokens))
+        idx, _ = r.write(tokens)
+        r.wait_backup(idx)
+    r.barrier()
+    if r.rank == 0:
+        os.kill(master_pid, signal.SIGKILL)
+    r.barrier()
+    more = iter(shared_prefix_requests(2000, seed + 1000, r.page_size, prefixes=4, max_pages=16))
+    turns_off = _store_until(r, more, fetched, lambda s: s["cluster_available"] == 0,
+                             "marking the tier unavailable")
+    off = r.backend.stats()
+    r.barrier()
+    if r.rank == 0:
+        Path(marked).touch()
+        _wait_file(restarted, "the test's restart of the master")
+    r.barrier()
+    turns_on = _store_until(r, more, fetched, lambda s: s.get("cluster_reattaches", 0) >= 1, "re-attaching the tier")
+    on = r.backend.stats()
+    after = shared_prefix_requests(10, seed + 1, r.page_size, prefixes=4, max_pages=16)
+    for tokens in after:
+        idx, _ = r.write(tokens)
+        r.wait_backup(idx)
+    return {"turns_off": turns_off, "turns_on": turns_on, "off": off, "on": on,
+            "after_pages": [len(r.hashes(t)) for t in after]}
+
+
 def cluster(r: Rank, phase: str, requests: int = 10, seed: int = 7, flip: bool = False, drop_pool: str | None = None,
-            store_pid: int = 0, master_pid: int = 0) -> dict:
+            store_pid: int = 0, master_pid: int = 0, marked: str = "", restarted: str = "") -> dict:
     """The cluster tier under a small slab (one instance of ``world`` ranks; the test runs several
     against one ``cpkv cluster serve``). ``phase="fill"``: every rank stores the requests (the slab's
     victims, and at the clean stop its resident pages, go to the cluster). ``phase="warm"``: a new
     instance prefetches each request (hits from the cluster) and checks every byte loaded; rank 0
     first flips a byte of the first request's first KV record in the store (``flip``) or removes
     every record of ``drop_pool`` (after a first prefetch of every request). ``phase="kill"``: per request a prefetch then a store, rank 0
-    SIGKILLs the master (``master_pid``) after the third."""
+    SIGKILLs the master (``master_pid``) after the third. ``phase="restart"``: :func:`_cluster_restart`."""
     r.controller("dynamic", _cluster_extra(r))
     reqs = shared_prefix_requests(requests, seed, r.page_size, prefixes=4, max_pages=12 if r.kind == "dsa" else 16)
     hashes = [r.hashes(t) for t in reqs]
     fetched: list[dict] = []
-    if phase == "fill":
+    restart: dict = {}
+    if phase == "restart":
+        restart = _cluster_restart(r, reqs, fetched, master_pid, marked, restarted, seed)
+    elif phase == "fill":
         for tokens in reqs:
             idx, _ = r.write(tokens)
             r.wait_backup(idx)
@@ -1113,7 +1176,7 @@ def cluster(r: Rank, phase: str, requests: int = 10, seed: int = 7, flip: bool =
     r.barrier()
     r.backend.wait_checks(WAIT_S)
     out = {"fetched": fetched, "stats": r.backend.stats(), "pages": [len(h) for h in hashes],
-           "distinct_pages": len({h for hs in hashes for h in hs})}
+           "distinct_pages": len({h for hs in hashes for h in hs}), **restart}
     r.barrier()
     r.backend.close()
     out["closed"] = r.backend.stats()

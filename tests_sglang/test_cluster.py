@@ -2,16 +2,21 @@
 stack SGLang's server builds (:mod:`harness`) in gloo processes at CP 2: a second instance starts
 warm from the first's pages, every byte checked; a flipped byte in the store is a counted miss;
 another dtype misses; DSA KV without its indexer is never a hit; a master down at start is refused
-by name; a master killed mid-run: no hang, misses only, every rank marks the tier unavailable."""
+by name; a master killed mid-run: no hang, misses only, every rank marks the tier unavailable; a
+master killed and started again on the same ports: every rank marks the tier unavailable and then
+re-attaches it at one digest check, cold, and its new pages serve a second instance (2 ranks and 1)."""
 
 from __future__ import annotations
 
+import threading
+from pathlib import Path
 from typing import Iterator
 
 import pytest
 
-from cluster_serve import Served, start_serve
+from cluster_serve import Served, restart_serve, start_serve
 from harness import launch
+from waiting import wait_for
 
 SLAB_PAGES = 16  # far fewer than the requests' distinct pages: most leave the slab by eviction
 
@@ -23,8 +28,8 @@ def served() -> Iterator[Served]:
     assert cluster.stop() == 0
 
 
-def _run(served: Served, phase: str, kind: str = "gqa", seed: int = 7, **args) -> list[dict]:
-    return launch(2, "cluster", kind=kind, pages=SLAB_PAGES, model=f"cluster-test-{kind}", timeout_s=10,
+def _run(served: Served, phase: str, kind: str = "gqa", seed: int = 7, world: int = 2, **args) -> list[dict]:
+    return launch(world, "cluster", kind=kind, pages=SLAB_PAGES, model=f"cluster-test-{kind}", timeout_s=10,
                   cluster_master=served.master, cluster_metadata=served.metadata,
                   kv_dtype=args.pop("kv_dtype", None), args=dict(phase=phase, seed=seed, **args))
 
@@ -107,3 +112,58 @@ def test_a_master_killed_mid_run_gives_misses_only_and_every_rank_marks_the_tier
         assert r["stats"]["cluster_available"] == 0, r["stats"].get("cluster_unavailable")
     assert _loaded_pages(results)[0] == _loaded_pages(results)[1]
     assert any(f["loaded"] > 0 for f in results[0]["fetched"][:3]), "hits from the cluster before the kill"
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("world", [2, 1])
+def test_a_restarted_master_is_reattached_on_every_rank_at_one_check_cold_and_serves_again(
+        world: int, tmp_path: Path) -> None:
+    own = start_serve()
+    marked, restarted = tmp_path / "marked", tmp_path / "restarted"
+    over = threading.Event()
+    box: dict = {}
+
+    def restart() -> None:  # once the ranks marked the tier unavailable: a new master on the same ports
+        try:
+            wait_for(lambda: marked.exists() or over.is_set(), 300, "the ranks to mark the tier unavailable")
+            if not over.is_set():
+                box["served"] = restart_serve(own)
+                restarted.touch()
+        except BaseException as err:  # noqa: BLE001 -- reported by the test below
+            box["error"] = err
+
+    thread = threading.Thread(target=restart, daemon=True)
+    thread.start()
+    try:
+        _run(own, "fill", seed=23, world=world)
+        results = _run(own, "restart", seed=23, world=world, master_pid=own.children()["master"],
+                       marked=str(marked), restarted=str(restarted))
+        over.set()
+        thread.join(60)
+        assert "error" not in box, box.get("error")
+        # A second instance: every page of the requests stored after the re-attach, from the cluster.
+        warm = _run(box["served"], "warm", seed=24, world=world)
+    finally:
+        over.set()
+        thread.join(60)
+        if "served" in box:
+            box["served"].stop()
+        own.stop()
+    for r in results:
+        assert all(f["wrong"] == 0 for f in r["fetched"])
+        stats = r["closed"]
+        assert stats["cluster_available"] == 1 and stats["cluster_unavailable_marks"] == 1, stats
+        assert stats["cluster_reattaches"] == 1 and stats["cluster_probes"] >= 1, stats
+        assert r["off"]["cluster_available"] == 0 and r["on"]["cluster_available"] == 1
+        marked_at, reattached_at = stats["cluster_marked_unavailable_at"], stats["cluster_reattached_at"]
+        assert len(marked_at) == len(reattached_at) == 1 and marked_at[0] < reattached_at[0], stats
+        assert r["closed"]["cluster_pages_put"] > 0
+    # Every rank at the same digest check (by the store it follows), with the same loads throughout.
+    assert len({(r["closed"]["cluster_marked_unavailable_at"][0], r["closed"]["cluster_reattached_at"][0],
+                 r["turns_off"], r["turns_on"]) for r in results}) == 1
+    assert len({tuple(f["loaded"] for f in r["fetched"]) for r in results}) == 1
+    assert any(f["loaded"] > 0 for f in results[0]["fetched"][:3]), "hits before the kill"
+    for r in warm:
+        assert all(f["wrong"] == 0 for f in r["fetched"])
+        assert [f["loaded"] for f in r["fetched"]] == [p * 4 for p in r["pages"]], "every page from the cluster"
+        assert r["stats"]["cluster_pages_read"] > 0 and r["stats"]["cluster_corrupt_dropped"] == 0

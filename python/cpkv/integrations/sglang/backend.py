@@ -206,7 +206,8 @@ class CpkvHiCacheStorage(HiCacheStorage):
         stream on every rank); the all-reduce runs on a thread of its own, so a rank's backups never
         wait for a slower rank's, and SGLang's threads never wait for the check."""
         every = self.settings.check_every
-        if self.topology.group is None or self.index.stores % every:
+        # A one-rank store group compares no digest, but its cluster tier decides at the same points.
+        if (self.topology.group is None and self.cluster is None) or self.index.stores % every:
             return
         if self._checker is None:
             self._checker = threading.Thread(target=self._check_loop, name="cpkv-digest-check", daemon=True)
@@ -242,7 +243,9 @@ class CpkvHiCacheStorage(HiCacheStorage):
         topo, timeout_s = self.topology, self.settings.timeout_s
         step = f"the digest check after store {stores}"
         try:
-            if l3_digest is None:
+            if topo.group is None:
+                pass  # one rank: no digest to compare (the cluster tier's decision below is its own)
+            elif l3_digest is None:
                 agree(digest, group=topo.group, rank=topo.rank, step=step, timeout_s=timeout_s)
             elif topo.nodes == 1:
                 agree(_combined(digest, l3_digest), group=topo.group, rank=topo.rank, timeout_s=timeout_s,
@@ -263,17 +266,22 @@ class CpkvHiCacheStorage(HiCacheStorage):
                                             step=f"{step} (this node's L3 writes)", timeout_s=timeout_s)
                 if healthy == 0:
                     self.l3.stop("a rank of this node could not write its L3 pages")
-            if self.cluster is not None and topo.group is not None:
+            if self.cluster is not None:
                 # A rank whose cluster call failed makes no more calls (its misses are every rank's
                 # through SGLang's MIN); here every rank of the store group marks the tier off too.
-                (reachable,) = all_reduce_min([self.cluster.healthy()], group=topo.group, rank=topo.rank,
-                                              step=f"{step} (the cluster tier's health)", timeout_s=timeout_s)
-                if reachable == 0:
-                    self.cluster.mark_unavailable(f"a rank of this store group lost the cluster store at {step}")
+                # While it is off each rank's vote is its last probe of the store, and the same MIN
+                # re-attaches it on every rank once every probe succeeded. Every rank issues this
+                # collective at every check, whatever its vote.
+                vote = self.cluster.vote()
+                if topo.group is not None:
+                    (vote,) = all_reduce_min([vote], group=topo.group, rank=topo.rank,
+                                             step=f"{step} (the cluster tier's health)", timeout_s=timeout_s)
+                self.cluster.decide(vote, stores, step)
         except CpkvError as err:
             raise self._fail(err) from err
-        with self._counters_lock:
-            self.counters["digest_checks"] += 1
+        if topo.group is not None:
+            with self._counters_lock:
+                self.counters["digest_checks"] += 1
 
     def wait_checks(self, timeout_s: float) -> None:
         """Until every queued digest check has run or failed (tests, benchmarks); raises a failure."""

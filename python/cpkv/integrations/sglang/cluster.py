@@ -15,8 +15,12 @@ and keys, one namespace per pool).
   SGLang's own MIN over the ranks' hits and loaded tokens makes every outcome common.
 - **Faults**: every call is bounded by ``cpkv_timeout_s``; a rank whose call fails makes no more
   calls (misses only, which SGLang's MIN makes every rank's), and at the next digest check every
-  rank of the store group learns it and marks the tier unavailable too. Re-attaching is left to a
-  restart of the server.
+  rank of the store group learns it and marks the tier unavailable too. While unavailable each rank
+  probes the store (:class:`~cpkv.tier.cluster.probe.StoreProbe`, polled at each digest check, in
+  the background) and the tier re-attaches on every rank at the first digest check where every
+  rank's last probe succeeded: one MIN, the same collective that marks it unavailable (every rank
+  issues it whatever its probe said; a one-rank group decides alone at the same points). A
+  re-attached tier is cold: nothing is assumed present, and every record read is checked as always.
 """
 
 from __future__ import annotations
@@ -55,7 +59,12 @@ class SglangClusterTier:
             raise InvalidArgumentError(f"{SETTING}: no host pool was registered")
         self.topology = topology
         self.unavailable: str | None = None  # why the tier is off on every rank (agreed at a digest check)
-        self.counters = {"cluster_puts_skipped": 0, "cluster_exists_hit_pages": 0}
+        # The digest checks (by the store count they follow) that marked the tier unavailable and that
+        # re-attached it: the same on every rank of the store group.
+        self.marked_unavailable_at: list[int] = []
+        self.reattached_at: list[int] = []
+        self.counters = {"cluster_puts_skipped": 0, "cluster_exists_hit_pages": 0, "cluster_unavailable_marks": 0,
+                         "cluster_reattaches": 0}
         self.client: ClusterClient | None = None
         refusal = ""
         try:
@@ -125,13 +134,36 @@ class SglangClusterTier:
 
     # -- health (agreed at the digest check) ------------------------------------------------------
 
-    def healthy(self) -> int:
-        """1 while this rank's client makes calls (the digest check's MIN over the store group carries it)."""
-        return int(self.usable)
+    def vote(self) -> int:
+        """This rank's word at a digest check: while the tier is on, 1 while its client makes calls;
+        while it is off, 1 when its last probe of the store succeeded (the store group's MIN of these
+        decides for every rank, :meth:`decide`)."""
+        if self.client is None:
+            return 0
+        if self.unavailable is None:
+            return int(self.client.down is None)
+        return int(self.client.probe_ok())
 
-    def mark_unavailable(self, reason: str) -> None:
+    def decide(self, agreed: int, stores: int, step: str) -> None:
+        """The store group's MIN of :meth:`vote` at the digest check after store ``stores``: the same
+        on every rank, so every rank marks the tier unavailable, or re-attaches it, at this point."""
+        if self.unavailable is None and agreed == 0:
+            self.mark_unavailable(f"a rank of this store group lost the cluster store at {step}", stores)
+        elif self.unavailable is not None and agreed == 1:
+            assert self.client is not None
+            self.client.reattach()
+            self.unavailable = None
+            self.reattached_at.append(stores)
+            self.counters["cluster_reattaches"] += 1
+            log.warning("cpkv cluster tier re-attached at %s (cold: every page is looked up again)", step)
+
+    def mark_unavailable(self, reason: str, stores: int = -1) -> None:
         if self.unavailable is None:
             self.unavailable = reason
+            self.marked_unavailable_at.append(stores)
+            self.counters["cluster_unavailable_marks"] += 1
+            if self.client is not None:  # this rank makes no calls either (its own may still work)
+                self.client.mark_down(reason, fault=False)
             log.warning("cpkv cluster tier unavailable: %s", reason)
 
     def stats(self) -> dict[str, Any]:
@@ -144,6 +176,9 @@ class SglangClusterTier:
                     "cluster_faults": self.client.faults if self.client is not None else 0,
                     "cluster_down": self.client.down if self.client is not None else None,
                     "cluster_available": int(self.unavailable is None), "cluster_unavailable": self.unavailable,
+                    "cluster_marked_unavailable_at": list(self.marked_unavailable_at),
+                    "cluster_reattached_at": list(self.reattached_at),
+                    "cluster_probes": self.client.probe.probes if self.client is not None else 0,
                     "cluster_pools": per})
         return out
 

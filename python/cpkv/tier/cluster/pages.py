@@ -9,7 +9,10 @@ them: a replay and a server, two servers, any number of instances.
 - :class:`ClusterClient`: one connection per process (a :class:`BoundedStore`, every call bounded by
   the timeout), shared by the adapter's threads one call at a time, and the process's health: a
   call that fails with a store fault or does not answer marks it down (every later call a miss, no
-  call made) until the adapter's agreement point says otherwise.
+  call made) until the adapter's agreement point says otherwise. While down it probes the store
+  (:class:`~cpkv.tier.cluster.probe.StoreProbe`, polled by the adapter at its agreement point) and
+  the adapter re-attaches it (:meth:`~ClusterClient.reattach`) once the store answers again: cold,
+  nothing assumed present, every record checked as always.
 - :class:`ClusterPages`: one namespace's pages (one per pool: a KV record is never served as
   indexer bytes): :meth:`~ClusterPages.present` (``batch_is_exist``), :meth:`~ClusterPages.get`
   (``batch_get_into`` registered staging rows nothing else sees, each record checked before a
@@ -28,6 +31,7 @@ import numpy as np
 
 from cpkv.errors import ClusterUnavailableError, InvalidArgumentError
 from cpkv.tier.cluster.mooncake import BoundedStore, is_fault
+from cpkv.tier.cluster.probe import StoreProbe
 from cpkv.tier.cluster.tier import DEFAULT_BATCH, TRAILER, connect, get_checked, object_key, put_missing
 
 
@@ -35,18 +39,23 @@ class ClusterClient:
     """One process's Mooncake client, its calls serialized, and its health (see the module docstring).
 
     ``setting``: how the engine names the master's key; a master that does not answer at start is
-    an :class:`~cpkv.errors.InvalidArgumentError` naming it."""
+    an :class:`~cpkv.errors.InvalidArgumentError` naming it. ``probe_every``: while down, a probe
+    starts at most every that many :meth:`probe_ok` calls (the adapter's agreement points)."""
 
     def __init__(self, master: str, metadata: str, timeout_s: float, *, setting: str,
-                 segment_bytes: int = 0) -> None:
+                 segment_bytes: int = 0, probe_every: int = 1) -> None:
+        self.store: BoundedStore | None = None
         try:
-            self.store: BoundedStore | None = connect(master, metadata, timeout_s, segment_bytes)
+            self.store = connect(master, metadata, timeout_s, segment_bytes)
+            self.probe = StoreProbe(self.store, every=probe_every)
         except ClusterUnavailableError as err:
+            self.close()
             raise InvalidArgumentError(f"{setting} {master!r}: {err}") from err
         self.timeout_s = timeout_s
         self._lock = threading.Lock()
         self.down: str | None = None  # why this process makes no more calls (its first fault)
         self.faults = 0
+        self.reattaches = 0
 
     def call(self, job: Callable[[BoundedStore], list[int]]) -> list[int] | None:
         """One store call; None when this process is down, the call failed or did not answer (it is
@@ -69,10 +78,33 @@ class ClusterClient:
             self.mark_down(f"the Mooncake store answered with error code {bad[0]}")
         return codes
 
-    def mark_down(self, reason: str) -> None:
+    def mark_down(self, reason: str, *, fault: bool = True) -> None:
+        """No more calls until :meth:`reattach`; ``fault``: this process's own call failed (counted)."""
         if self.down is None:
             self.down = reason
-            self.faults += 1
+            self.faults += int(fault)
+
+    def probe_ok(self) -> bool:
+        """While down, at the adapter's agreement point: whether this process's last probe of the
+        store succeeded (:meth:`StoreProbe.poll`; it starts the next one when due). False while up."""
+        if self.down is None or self.store is None:
+            return False
+        if not self._lock.acquire(timeout=self.timeout_s):
+            return False
+        try:
+            return self.probe.poll()
+        finally:
+            self._lock.release()
+
+    def reattach(self) -> None:
+        """The adapter's agreement point says the store answers again: calls are made again (cold:
+        nothing is assumed present; every record read is checked as always)."""
+        with self._lock:
+            if self.down is None:
+                return
+            self.down = None
+            self.probe.reset()
+            self.reattaches += 1
 
     def register(self, buffer: np.ndarray) -> None:
         assert self.store is not None
