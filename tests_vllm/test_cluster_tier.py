@@ -209,3 +209,48 @@ def test_a_killed_master_gives_misses_only_and_no_hang() -> None:
         second.close()
     finally:
         own.stop()
+
+
+def test_a_restarted_master_is_reattached_cold_and_serves_again() -> None:
+    """The master killed (``cluster serve`` then stops its store server) and a new one started on the
+    same ports: the tier goes off at its first failed call, probes while off (by scheduler steps),
+    comes back on by itself, cold (the old chunks are gone: misses, never stale bytes), and the
+    chunks it stores after that serve a new instance byte for byte."""
+    from cluster_serve import restart_serve
+
+    own = start_serve()
+    instances: list[Instance] = []
+    try:
+        keys = chunk_keys(47)
+        first = Instance(own)
+        instances.append(first)
+        first.store("first", keys)
+        second = Instance(own)  # its own CPU tier is empty: every hit would be the cluster's
+        instances.append(second)
+        os.kill(own.children()["master"], signal.SIGKILL)
+        assert second.hits("during", keys) == (0, [])
+        assert second.tier.stats()["cluster_available"] == 0
+        own = restart_serve(own)
+
+        def reattached() -> bool:
+            second.end_step()  # a scheduler step: the tier polls its probe of the store
+            return bool(second.tier.stats()["cluster_available"])
+
+        wait_for(reattached, 60, "the tier to re-attach to the restarted master", poll_s=0.01)
+        stats = second.tier.stats()
+        assert stats["cluster_reattaches"] == 1 and stats["cluster_probes"] >= 1, stats
+        assert second.hits("cold", keys) == (0, []), "a restarted master holds nothing: misses only"
+        fresh = chunk_keys(48)
+        put_before = second.tier.stats()["cluster_pages_put"]
+        second.store("after", fresh)
+        assert second.tier.stats()["cluster_pages_put"] - put_before == CHUNKS
+        third = Instance(own)
+        instances.append(third)
+        n, data = third.hits("again", fresh)
+        assert n == CHUNKS and data == [chunk_bytes(k, third.rows.shape[1]) for k in fresh]
+        assert third.tier.stats()["cluster_corrupt_dropped"] == 0
+        assert second.tier.stats()["cluster_available"] == 1
+    finally:
+        for instance in instances:
+            instance.close()
+        own.stop()

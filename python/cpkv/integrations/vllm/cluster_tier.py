@@ -25,8 +25,13 @@ on this tier's one I/O thread:
 
 Faults: every call is bounded by ``cpkv_timeout_s``; a call that fails or does not answer turns the
 tier off for this instance (lookups MISS at once, stores are skipped, nothing is served); there is
-one scheduler per instance, so no other process must agree. A master down at start is an
-:class:`~cpkv.errors.InvalidArgumentError` naming ``cpkv_cluster_master``.
+one scheduler per instance, so no other process must agree. While off, the tier probes the store
+(:class:`~cpkv.tier.cluster.probe.StoreProbe`, in the background) at most every
+:attr:`CpkvClusterTier.probe_every_steps` scheduler steps (counted, not timed: the same run of steps
+decides the same way), and the first step after a probe succeeded turns it on again: cold (a
+restarted master holds nothing; every chunk is looked up again and every record read is checked as
+always). A master down at start is an :class:`~cpkv.errors.InvalidArgumentError` naming
+``cpkv_cluster_master``.
 """
 
 from __future__ import annotations
@@ -97,6 +102,8 @@ class CpkvClusterTier(SecondaryTierManager):
 
     medium: ClassVar[Medium] = Medium.CPU  # remote memory (the store servers')
     cache_hit_source: ClassVar[CacheHitSource] = CacheHitSource.EXTERNAL_UNSPECIFIED
+    # While the tier is off: a probe of the store starts at most every this many scheduler steps.
+    probe_every_steps: ClassVar[int] = 16
 
     def __init__(self, offloading_spec: Any, primary_kv_view: memoryview, tier_type: str,
                  backpressure_detector: Any = None, **tier_config: Any) -> None:
@@ -118,11 +125,11 @@ class CpkvClusterTier(SecondaryTierManager):
         self._rows = rows.view(np.uint8).reshape(rows.shape[0], -1)
         self.namespace_id = chunk_namespace(offloading_spec, self.block_size_bytes).id()
         self._client = ClusterClient(master, metadata, timeout_s, setting=_label(CLUSTER_MASTER_KEY),
-                                     segment_bytes=lent)
+                                     segment_bytes=lent, probe_every=self.probe_every_steps)
         self.pages = ClusterPages(self._client, self.namespace_id, self._rows.shape[1])
         self._lookups = _ClusterLookups(self.pages, tier_type)
         self.counters = {"cluster_store_jobs": 0, "cluster_load_jobs": 0, "cluster_chunks_loaded": 0,
-                         "cluster_chunks_failed": 0, "cluster_stores_skipped": 0}
+                         "cluster_chunks_failed": 0, "cluster_stores_skipped": 0, "cluster_reattaches": 0}
         self._lock = threading.Condition()
         self._queue: deque[TransferJob | None] = deque()
         self._finished: list[tuple[JobResult, list[OffloadKey]]] = []
@@ -176,6 +183,10 @@ class CpkvClusterTier(SecondaryTierManager):
 
     def on_schedule_end(self, context: ScheduleEndContext) -> None:
         self._lookups.flush()
+        if not self.available and self._client.probe_ok():
+            # The store answers again: on at the next step, cold (nothing assumed present).
+            self._client.reattach()
+            self.counters["cluster_reattaches"] += 1
 
     def drain_jobs(self) -> None:
         with self._lock:
@@ -194,7 +205,7 @@ class CpkvClusterTier(SecondaryTierManager):
         out: dict[str, Any] = dict(self.counters)
         out.update(self.pages.counters)
         out.update({"cluster_available": int(self.available), "cluster_down": self._client.down,
-                    "cluster_faults": self._client.faults})
+                    "cluster_faults": self._client.faults, "cluster_probes": self._client.probe.probes})
         return out
 
     # -- the I/O thread ---------------------------------------------------------------------------
