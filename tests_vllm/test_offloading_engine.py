@@ -203,15 +203,24 @@ def test_bad_config_fails_at_construction(extra: dict, error: type, words: list[
         assert word in str(caught.value)
 
 
-def test_the_readme_kv_transfer_config_builds_the_backend() -> None:
+def test_the_readme_kv_transfer_configs_build_the_backend() -> None:
+    import importlib
     import json
     import re
 
     from conftest import REPO_ROOT
 
     text = (REPO_ROOT / "README.md").read_text()
-    (raw,) = re.findall(r"--kv-transfer-config '(\{.*\})'", text)
-    config = json.loads(raw)
+    configs = [json.loads(raw) for raw in re.findall(r"--kv-transfer-config '(\{.*\})'", text)]
+    specs = [c["kv_connector_extra_config"]["spec_name"] for c in configs]
+    assert sorted(specs) == ["CpkvOffloadingSpec", "TieringOffloadingSpec"], specs
+    # The tiering one names cpkv's cluster tier where vLLM's tiering spec imports it from.
+    (tiering,) = [c for c in configs if c["kv_connector_extra_config"]["spec_name"] == "TieringOffloadingSpec"]
+    (tier,) = tiering["kv_connector_extra_config"]["secondary_tiers"]
+    from cpkv.integrations.vllm.cluster_tier import CpkvClusterTier
+
+    assert getattr(importlib.import_module(tier["module_path"]), tier["type"]) is CpkvClusterTier
+    (config,) = [c for c in configs if c["kv_connector_extra_config"]["spec_name"] == "CpkvOffloadingSpec"]
     assert (config["kv_connector"], config["kv_role"]) == ("OffloadingConnector", "kv_both")
     extra = dict(config["kv_connector_extra_config"], cpkv_host_blocks=16)  # the README's size, scaled down
     eng = Engine(extra)
