@@ -71,18 +71,42 @@ impl FreeList {
     /// whole extents in address order, the last one from its start; appends
     /// them to `taken`.
     pub(crate) fn take_prefix(&mut self, len: u64, taken: &mut ExtentVec) {
+        self.take_prefix_each(len, |e| taken.push(e));
+    }
+
+    /// `take_prefix` handing each extent taken to `each`, in address order.
+    fn take_prefix_each(&mut self, len: u64, mut each: impl FnMut(Extent)) {
         assert!(
             len <= self.free_pages,
             "only {} pages free",
             self.free_pages
         );
+        if len == self.free_pages {
+            // Every free page goes: hand the extents out and empty the
+            // tree at once (what the loop below would take, in one pass).
+            self.tree.drain(each);
+            self.extents = 0;
+            self.free_pages = 0;
+            return;
+        }
         let mut missing = len;
         while missing > 0 {
             let first = self.tree.first().expect("free pages were counted");
             let take = first.len.min(missing);
             self.take_front(first, take);
-            taken.push(Extent::new(first.start, take));
+            each(Extent::new(first.start, take));
             missing -= take;
+        }
+    }
+
+    /// A batch of `len` pages (no more than are free), placed as one
+    /// object's: the front of the lowest-addressed extent that holds them
+    /// all, else the lowest free pages (`take_prefix`). Hands each extent
+    /// taken to `each`, in address order.
+    pub(crate) fn take_batch(&mut self, len: u64, mut each: impl FnMut(Extent)) {
+        match self.take_first_fit(len) {
+            Some(extent) => each(extent),
+            None => self.take_prefix_each(len, each),
         }
     }
 

@@ -21,6 +21,8 @@ mod extent;
 mod extent_tree;
 /// One payload's free extents: coalescing and page counts.
 mod free_list;
+/// Pages held by page number (`reserve_held`): one bit per page.
+mod held;
 /// The live objects by key (hash lookup; walked only in key order).
 mod object_map;
 /// Payload names, capacities and payload sets.
