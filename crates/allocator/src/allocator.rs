@@ -9,10 +9,11 @@
 
 use std::collections::hash_map::Entry;
 
-use crate::digest::{committed_element, config_element, StateDigest};
+use crate::digest::{committed_element, config_element, held_element, StateDigest};
 use crate::error::{AllocError, Result};
 use crate::extent::Extent;
 use crate::free_list::FreeList;
+use crate::held::HeldPages;
 use crate::object_map::{sorted, Object, ObjectMap};
 use crate::payload::{PayloadId, PayloadSet, Payloads};
 use crate::placement::{ExtentVec, Placement};
@@ -24,7 +25,10 @@ pub struct PageAllocator {
     /// One per payload, indexed by `PayloadId`.
     pub(crate) free: Vec<FreeList>,
     pub(crate) objects: ObjectMap,
-    /// Configuration, object extents and committed keys (see `digest`).
+    /// One per payload: the pages `reserve_held` handed out, by number.
+    pub(crate) held: Vec<HeldPages>,
+    /// Configuration, object extents, committed keys and held pages (see
+    /// `digest`).
     pub(crate) digest: StateDigest,
     pub(crate) counters: Counters,
 }
@@ -36,10 +40,12 @@ impl PageAllocator {
         let free = (0..payloads.len())
             .map(|id| FreeList::new(payloads.capacity(id)))
             .collect();
+        let held = vec![HeldPages::default(); payloads.len()];
         Ok(Self::from_parts(
             payloads,
             free,
             ObjectMap::default(),
+            held,
             Counters::default(),
         ))
     }
@@ -50,13 +56,15 @@ impl PageAllocator {
         payloads: Payloads,
         free: Vec<FreeList>,
         objects: ObjectMap,
+        held: Vec<HeldPages>,
         counters: Counters,
     ) -> Self {
-        let digest = base_digest(&payloads, &objects);
+        let digest = base_digest(&payloads, &objects, &held);
         PageAllocator {
             payloads,
             free,
             objects,
+            held,
             digest,
             counters,
         }
@@ -87,6 +95,35 @@ impl PageAllocator {
         self.check_payloads(payloads)?;
         self.check_new(key, num_pages)?;
         Ok(self.reserve_checked(key, num_pages, payloads))
+    }
+
+    /// `reserve` into the one payload `payload` (the host tier's call):
+    /// the same placement, digest and errors, with one probe of the object
+    /// map.
+    pub fn reserve_one(
+        &mut self,
+        key: u64,
+        num_pages: u64,
+        payload: PayloadId,
+    ) -> Result<Option<&Placement>> {
+        self.check_payload(payload)?;
+        if num_pages == 0 {
+            return Err(AllocError::InvalidPages { key, num_pages });
+        }
+        let Entry::Vacant(slot) = self.objects.entry(key) else {
+            return Err(AllocError::DuplicateKey { key });
+        };
+        let free = &mut self.free[payload];
+        if free.free_pages() < num_pages {
+            self.counters.misses += 1;
+            return Ok(None);
+        }
+        let mut placement = Placement::new(num_pages);
+        placement.push_part(payload, |out| free.take_batch(num_pages, |e| out.push(e)));
+        let object = slot.insert(Object::new(key, placement));
+        self.digest.add(object.digest_share);
+        self.counters.reserves += 1;
+        Ok(Some(&object.placement))
     }
 
     /// Reserves each `(key, num_pages)` in order, all or nothing per item;
@@ -192,6 +229,97 @@ impl PageAllocator {
         }
         self.counters.reserves += wanted;
         Ok(true)
+    }
+
+    /// Reserves `n` pages of `payload` held by page number: no object, no
+    /// key; each is freed on its own with `release_held`. The batch is
+    /// placed as `reserve` places one object of `n` pages (the front of the
+    /// lowest-addressed extent that holds them all, else the lowest free
+    /// pages); appends the pages to `pages` in address order. All or
+    /// nothing: `Ok(false)` (a counted miss, state unchanged) when fewer
+    /// than `n` are free. Counts one reserve per page.
+    pub fn reserve_held(
+        &mut self,
+        payload: PayloadId,
+        n: u64,
+        pages: &mut Vec<u64>,
+    ) -> Result<bool> {
+        self.check_payload(payload)?;
+        let free = &mut self.free[payload];
+        if free.free_pages() < n {
+            self.counters.misses += 1;
+            return Ok(false);
+        }
+        if n == 0 {
+            return Ok(true);
+        }
+        let held = &mut self.held[payload];
+        let digest = &mut self.digest;
+        pages.reserve(n as usize);
+        free.take_batch(n, |extent| {
+            held.insert_extent(extent);
+            for page in extent.start..extent.end() {
+                digest.add(held_element(payload, page));
+                pages.push(page);
+            }
+        });
+        self.counters.reserves += n;
+        Ok(true)
+    }
+
+    /// Frees held page `page` of `payload`, coalescing it with its free
+    /// neighbours; `NotHeld` (nothing changed) if it is not held.
+    pub fn release_held(&mut self, payload: PayloadId, page: u64) -> Result<()> {
+        self.check_payload(payload)?;
+        if !self.held[payload].remove(page) {
+            return Err(AllocError::NotHeld { payload, page });
+        }
+        self.digest.remove(held_element(payload, page));
+        self.free[payload].give_back(Extent::new(page, 1));
+        self.counters.releases += 1;
+        Ok(())
+    }
+
+    /// Frees every held page of `pages`; validated first (all held, none
+    /// repeated), so a rejected batch frees nothing.
+    pub fn release_held_many(&mut self, payload: PayloadId, pages: &[u64]) -> Result<()> {
+        self.check_payload(payload)?;
+        let held = &mut self.held[payload];
+        for (i, &page) in pages.iter().enumerate() {
+            if !held.remove(page) {
+                let err = if pages[..i].contains(&page) {
+                    AllocError::RepeatedPageInBatch { payload, page }
+                } else {
+                    AllocError::NotHeld { payload, page }
+                };
+                pages[..i].iter().for_each(|&p| held.restore(p));
+                return Err(err);
+            }
+        }
+        let free = &mut self.free[payload];
+        for &page in pages {
+            self.digest.remove(held_element(payload, page));
+            free.give_back(Extent::new(page, 1));
+        }
+        self.counters.releases += pages.len() as u64;
+        Ok(())
+    }
+
+    /// Whether page `page` of `payload` is held (`reserve_held`).
+    pub fn is_held(&self, payload: PayloadId, page: u64) -> bool {
+        self.held.get(payload).is_some_and(|h| h.contains(page))
+    }
+
+    /// How many pages of `payload` are held.
+    pub fn held_pages(&self, payload: PayloadId) -> u64 {
+        self.held.get(payload).map_or(0, HeldPages::count)
+    }
+
+    /// The held pages of `payload` as maximal runs, in address order.
+    pub fn held_extents(&self, payload: PayloadId) -> Vec<Extent> {
+        self.held
+            .get(payload)
+            .map_or_else(Vec::new, HeldPages::extents)
     }
 
     /// Frees every page of `key`, coalescing with free neighbours.
@@ -357,8 +485,9 @@ impl PageAllocator {
     }
 
     /// Recomputes every invariant and the digest from scratch: free lists
-    /// well formed and fully coalesced, free and object extents partitioning
-    /// each pool exactly, placements consistent. Returns what is wrong.
+    /// well formed and fully coalesced, free extents, object extents and
+    /// held pages partitioning each pool exactly, placements consistent.
+    /// Returns what is wrong.
     pub fn verify(&self) -> Result<(), String> {
         let mut used: Vec<Vec<Extent>> = vec![Vec::new(); self.payloads.len()];
         for (key, object) in sorted(&self.objects) {
@@ -378,6 +507,13 @@ impl PageAllocator {
                 }
                 used[payload].extend_from_slice(extents);
             }
+        }
+        for (id, held) in self.held.iter().enumerate() {
+            let extents = held.extents();
+            if extents.iter().map(|e| e.len).sum::<u64>() != held.count() {
+                return Err(format!("payload #{id}: held page count is stale"));
+            }
+            used[id].extend_from_slice(&extents);
         }
         for (id, free) in self.free.iter().enumerate() {
             let name = self.payloads.name(id);
@@ -399,7 +535,7 @@ impl PageAllocator {
                 ));
             }
         }
-        let expect = base_digest(&self.payloads, &self.objects);
+        let expect = base_digest(&self.payloads, &self.objects, &self.held);
         if expect.value() != self.digest() {
             return Err("incremental digest differs from a recomputation".into());
         }
@@ -417,6 +553,15 @@ impl PageAllocator {
         if let Some(id) = payloads.iter().find(|&id| id >= self.payloads.len()) {
             return Err(AllocError::UnknownPayload {
                 name: format!("#{id}"),
+            });
+        }
+        Ok(())
+    }
+
+    fn check_payload(&self, payload: PayloadId) -> Result<()> {
+        if payload >= self.payloads.len() {
+            return Err(AllocError::UnknownPayload {
+                name: format!("#{payload}"),
             });
         }
         Ok(())
@@ -477,9 +622,9 @@ impl PageAllocator {
     }
 }
 
-/// The digest of configuration, object extents and committed keys (the
-/// free extents' part is kept by each `FreeList`).
-fn base_digest(payloads: &Payloads, objects: &ObjectMap) -> StateDigest {
+/// The digest of configuration, object extents, committed keys and held
+/// pages (free extents are their complement).
+fn base_digest(payloads: &Payloads, objects: &ObjectMap, held: &[HeldPages]) -> StateDigest {
     let mut digest = StateDigest::default();
     digest.add(config_element(payloads));
     for (&key, object) in objects {
@@ -487,6 +632,10 @@ fn base_digest(payloads: &Payloads, objects: &ObjectMap) -> StateDigest {
         if object.committed {
             digest.add(committed_element(key));
         }
+    }
+    for (payload, held) in held.iter().enumerate() {
+        held.pages()
+            .for_each(|page| digest.add(held_element(payload, page)));
     }
     digest
 }

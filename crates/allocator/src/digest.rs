@@ -21,6 +21,7 @@ use cpkv_hash::{hash_words, Hasher64};
 const TAG_CONFIG: u64 = 0xc0f1_6000;
 const TAG_OBJECT_EXTENT: u64 = 0x0b1e_0002;
 const TAG_COMMITTED: u64 = 0xc033_0003;
+const TAG_HELD: u64 = 0x4e1d_0004;
 
 /// The hasher every object extent element starts from (built at compile time).
 const OBJECT_EXTENT: Hasher64 = Hasher64::new(TAG_OBJECT_EXTENT);
@@ -65,6 +66,17 @@ pub fn object_extent_element(
     seed.word(position | extent.start << 32)
         .word((extent.len - 1) | (payload as u64) << 32)
         .finish()
+}
+
+/// The hasher every held page element starts from.
+const HELD: Hasher64 = Hasher64::new(TAG_HELD);
+
+/// Element hash of "page `page` of `payload` is held" (`reserve_held`).
+/// Pages are below `MAX_CAPACITY` = 2**32 and payload ids below 64, so
+/// the pair packs into one word injectively.
+#[inline]
+pub fn held_element(payload: PayloadId, page: u64) -> u64 {
+    HELD.word(page | (payload as u64) << 32).finish()
 }
 
 /// Element hash of "object `key` is committed".

@@ -31,6 +31,10 @@ pub enum AllocError {
     SameSplitKeys { key: u64, target: u64 },
     /// A split of an object that was never committed.
     NotCommitted { key: u64 },
+    /// A page released with `release_held` that is not held.
+    NotHeld { payload: usize, page: u64 },
+    /// The same page appears twice in one `release_held_many`.
+    RepeatedPageInBatch { payload: usize, page: u64 },
     /// Snapshot bytes that are truncated, corrupted or of an unknown version.
     CorruptSnapshot { reason: String },
 }
@@ -81,6 +85,13 @@ impl fmt::Display for AllocError {
                     "key {key} is not committed; only committed objects can be split"
                 )
             }
+            AllocError::NotHeld { payload, page } => {
+                write!(f, "page {page} of payload #{payload} is not held")
+            }
+            AllocError::RepeatedPageInBatch { payload, page } => write!(
+                f,
+                "page {page} of payload #{payload} appears more than once in the batch"
+            ),
             AllocError::CorruptSnapshot { reason } => write!(f, "corrupt snapshot: {reason}"),
         }
     }

@@ -244,6 +244,31 @@ impl ExtentTree {
         out
     }
 
+    /// Hands every extent to `each` in address order and empties the tree.
+    pub fn drain(&mut self, mut each: impl FnMut(Extent)) {
+        self.walk(self.root, &mut each);
+        self.nodes.truncate(1);
+        self.vacant.clear();
+        self.root = 0;
+        let root = &mut self.nodes[0];
+        root.leaf = true;
+        root.max = 0;
+        root.keys.len = 0;
+        root.vals.len = 0;
+        root.children.len = 0;
+    }
+
+    fn walk(&self, id: u32, each: &mut impl FnMut(Extent)) {
+        let node = self.node(id);
+        if node.leaf {
+            for (&start, &len) in node.keys.iter().zip(node.vals.iter()) {
+                each(Extent::new(start, len));
+            }
+        } else {
+            node.children.iter().for_each(|&c| self.walk(c, each));
+        }
+    }
+
     /// Adds an extent whose start is not present.
     pub fn insert(&mut self, extent: Extent) {
         if let Some(sibling) = self.insert_at(self.root, extent) {

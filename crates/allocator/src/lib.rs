@@ -1,8 +1,8 @@
 //! Deterministic first-fit page allocator for a shared host (L2) KV pool:
 //! the host tier's slab rows, for the main job and both engines, come from
-//! its extents (`cpkv_tier::HostRows`: one object per backup, or one
-//! one-page object per engine block reserved as one batch by
-//! `reserve_pages`).
+//! its extents (`cpkv_tier::HostRows`: one object per backup, or an engine
+//! store call's rows reserved as one batch by `reserve_held` and held by
+//! row number, each freed on its own by `release_held`).
 //!
 //! Every CP rank of a node runs the same `PageAllocator` over the same
 //! replicated event stream and so computes the identical placement without
@@ -21,6 +21,8 @@ mod extent;
 mod extent_tree;
 /// One payload's free extents: coalescing and page counts.
 mod free_list;
+/// Pages held by page number (`reserve_held`): one bit per page.
+mod held;
 /// The live objects by key (hash lookup; walked only in key order).
 mod object_map;
 /// Payload names, capacities and payload sets.

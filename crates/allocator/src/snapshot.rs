@@ -5,15 +5,20 @@
 //! ```text
 //! magic "CPKVALOC" | version u32 | body length u64 | SHA-256(body) [32] | body
 //! body  = state | counters (reserves, misses, releases, splits, commits: u64 each)
+//!         | held, only when some page is held (version 2)
 //! state = payload count u32, per payload (name length u32, UTF-8 name, capacity u64)
 //!         per payload: free extent count u64, (start u64, len u64) in address order
 //!         object count u64, per object in ascending key order:
 //!           key u64, committed u8, num_pages u64, payload count u32,
 //!           per payload in construction order: payload id u32, extent count u32,
 //!             (start u64, len u64) in position order
+//! held  = per payload: held run count u64, (start u64, len u64) per maximal
+//!         run of held pages in address order
 //! ```
-//! `state` is canonical (sorted, fully coalesced), so its SHA-256 is the
-//! canonical digest. Restore checks everything before building anything:
+//! `state`, followed by `held` when some page is held, is canonical (sorted,
+//! fully coalesced), so its SHA-256 is the canonical digest: an allocator
+//! that holds no page keeps the digest version 1 gave it. Version 2 added
+//! `held` (`reserve_held`); version 1 snapshots still restore. Restore checks everything before building anything:
 //! header, checksum, then that the extents tile every pool exactly.
 
 use cpkv_wire::{Reader, WireError, Writer};
@@ -23,13 +28,14 @@ use crate::allocator::{check_partition, PageAllocator};
 use crate::error::{AllocError, Result};
 use crate::extent::Extent;
 use crate::free_list::FreeList;
+use crate::held::HeldPages;
 use crate::object_map::{sorted, Object, ObjectMap};
 use crate::payload::Payloads;
 use crate::placement::Placement;
 use crate::stats::Counters;
 
 const MAGIC: &[u8; 8] = b"CPKVALOC";
-pub const SNAPSHOT_VERSION: u32 = 1;
+pub const SNAPSHOT_VERSION: u32 = 2;
 const HEADER_LEN: usize = 8 + 4 + 8 + 32;
 
 impl PageAllocator {
@@ -37,6 +43,7 @@ impl PageAllocator {
     pub fn canonical_digest(&self) -> [u8; 32] {
         let mut state = Writer::default();
         write_state(self, &mut state);
+        write_held(self, &mut state);
         Sha256::digest(state.bytes()).into()
     }
 
@@ -48,6 +55,7 @@ impl PageAllocator {
         for value in [c.reserves, c.misses, c.releases, c.splits, c.commits] {
             body.u64(value);
         }
+        write_held(self, &mut body);
         seal(body.bytes())
     }
 
@@ -67,9 +75,9 @@ impl PageAllocator {
             ));
         }
         let version = header.u32()?;
-        if version != SNAPSHOT_VERSION {
+        if !(1..=SNAPSHOT_VERSION).contains(&version) {
             return Err(AllocError::corrupt(format!(
-                "unsupported version {version} (this build reads {SNAPSHOT_VERSION})"
+                "unsupported version {version} (this build reads 1 to {SNAPSHOT_VERSION})"
             )));
         }
         let body_len = header.u64()?;
@@ -84,7 +92,7 @@ impl PageAllocator {
         if Sha256::digest(body).as_slice() != checksum {
             return Err(AllocError::corrupt("checksum mismatch"));
         }
-        read_body(&mut Reader::new(body))
+        read_body(&mut Reader::new(body), version)
     }
 }
 
@@ -130,7 +138,19 @@ fn write_state(alloc: &PageAllocator, out: &mut Writer) {
     }
 }
 
-fn read_body(r: &mut Reader<'_>) -> Result<PageAllocator> {
+/// The held pages, when any is held (else nothing: see the layout).
+fn write_held(alloc: &PageAllocator, out: &mut Writer) {
+    if alloc.held.iter().all(|h| h.count() == 0) {
+        return;
+    }
+    for held in &alloc.held {
+        let extents = held.extents();
+        out.u64(extents.len() as u64);
+        extents.into_iter().for_each(|e| put_extent(out, e));
+    }
+}
+
+fn read_body(r: &mut Reader<'_>, version: u32) -> Result<PageAllocator> {
     let payload_count = r.len_u32(4 + 8)?;
     let mut pools = Vec::with_capacity(payload_count);
     for _ in 0..payload_count {
@@ -222,11 +242,6 @@ fn read_body(r: &mut Reader<'_>) -> Result<PageAllocator> {
         object.committed = committed;
         objects.insert(key, object);
     }
-    for (id, pages) in used.iter_mut().enumerate() {
-        check_partition(&free[id].extents(), pages, payloads.capacity(id))
-            .map_err(|e| AllocError::corrupt(format!("payload {:?}: {e}", payloads.name(id))))?;
-    }
-
     let counters = Counters {
         reserves: r.u64()?,
         misses: r.u64()?,
@@ -234,13 +249,43 @@ fn read_body(r: &mut Reader<'_>) -> Result<PageAllocator> {
         splits: r.u64()?,
         commits: r.u64()?,
     };
+    let mut held = vec![HeldPages::default(); payload_count];
+    if version >= 2 && r.remaining() != 0 {
+        for (id, pages) in held.iter_mut().enumerate() {
+            let name = payloads.name(id);
+            let count = r.len(16)?;
+            let mut previous_end = None;
+            for _ in 0..count {
+                let extent = read_extent(r, payloads.capacity(id))?;
+                // Maximal runs: a gap of at least one page between them.
+                if previous_end.is_some_and(|end| extent.start <= end) {
+                    return Err(AllocError::corrupt(format!(
+                        "payload {name:?}: held run at {} overlaps, touches or precedes its neighbour",
+                        extent.start
+                    )));
+                }
+                previous_end = Some(extent.end());
+                pages.insert_extent(extent);
+                used[id].push(extent);
+            }
+        }
+        if held.iter().all(|h| h.count() == 0) {
+            return Err(AllocError::corrupt("a held section that holds no page"));
+        }
+    }
+    for (id, pages) in used.iter_mut().enumerate() {
+        check_partition(&free[id].extents(), pages, payloads.capacity(id))
+            .map_err(|e| AllocError::corrupt(format!("payload {:?}: {e}", payloads.name(id))))?;
+    }
     if r.remaining() != 0 {
         return Err(AllocError::corrupt(format!(
             "{} trailing bytes",
             r.remaining()
         )));
     }
-    Ok(PageAllocator::from_parts(payloads, free, objects, counters))
+    Ok(PageAllocator::from_parts(
+        payloads, free, objects, held, counters,
+    ))
 }
 
 /// A non-empty extent inside `[0, capacity)`.

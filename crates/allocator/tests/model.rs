@@ -39,8 +39,29 @@ enum Op {
         left: u64,
         right: u64,
     },
+    /// `reserve_one` into payload `payload` (0 or 1).
+    ReserveOne {
+        key: u64,
+        pages: u64,
+        payload: usize,
+    },
+    ReserveHeld {
+        payload: usize,
+        pages: u64,
+    },
+    ReleaseHeld {
+        payload: usize,
+        page: u64,
+    },
+    ReleaseHeldMany {
+        payload: usize,
+        pages: Vec<u64>,
+    },
     SnapshotRestore,
 }
+
+/// The model's owner of a held page (keys stay far below it).
+const HELD: u64 = u64::MAX;
 
 fn op(keys: u64, max_pages: u64) -> impl Strategy<Value = Op> {
     let key = 0..keys;
@@ -53,7 +74,24 @@ fn op(keys: u64, max_pages: u64) -> impl Strategy<Value = Op> {
         2 => key.clone().prop_map(|key| Op::Commit { key }),
         2 => (key.clone(), 0..max_pages, 0..keys, 0..keys)
             .prop_map(|(key, at, left, right)| Op::Split { key, at, left, right }),
+        2 => (key.clone(), 0..max_pages, 0..3usize).prop_map(|(key, pages, payload)| Op::ReserveOne { key, pages, payload }),
+        3 => (0..3usize, 0..max_pages).prop_map(|(payload, pages)| Op::ReserveHeld { payload, pages }),
+        3 => (0..3usize, 0..48u64).prop_map(|(payload, page)| Op::ReleaseHeld { payload, page }),
+        1 => (0..3usize, prop::collection::vec(0..48u64, 0..5))
+            .prop_map(|(payload, pages)| Op::ReleaseHeldMany { payload, pages }),
         1 => Just(Op::SnapshotRestore),
+    ]
+}
+
+/// Held pages chosen among the lowest ones, so releases often hit them.
+fn held_op(max_pages: u64, pages: u64) -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => (0..2usize, 1..max_pages).prop_map(|(payload, pages)| Op::ReserveHeld { payload, pages }),
+        3 => (0..2usize, 0..pages).prop_map(|(payload, page)| Op::ReleaseHeld { payload, page }),
+        1 => (0..2usize, prop::collection::vec(0..pages, 0..12))
+            .prop_map(|(payload, pages)| Op::ReleaseHeldMany { payload, pages }),
+        1 => (0..700u64, 1..max_pages).prop_map(|(key, pages)| Op::ReserveOne { key, pages, payload: 0 }),
+        1 => (0..700u64).prop_map(|key| Op::Release { key }),
     ]
 }
 
@@ -140,19 +178,7 @@ impl Model {
         }
         let mut placed = BTreeMap::new();
         for id in ids {
-            let runs = self.free_runs(id);
-            let chosen: Vec<u64> = match runs.iter().find(|r| r.len >= pages) {
-                Some(run) => (run.start..run.start + pages).collect(),
-                None => runs
-                    .iter()
-                    .flat_map(|r| r.start..r.end())
-                    .take(pages as usize)
-                    .collect(),
-            };
-            for &page in &chosen {
-                self.owners[id][page as usize] = Some(key);
-            }
-            placed.insert(id, chosen);
+            placed.insert(id, self.take(id, pages, key));
         }
         self.objects.insert(
             key,
@@ -162,6 +188,32 @@ impl Model {
             },
         );
         true
+    }
+
+    /// First fit of `pages` pages (no more than are free) in payload `id`,
+    /// owned by `owner` from now on.
+    fn take(&mut self, id: usize, pages: u64, owner: u64) -> Vec<u64> {
+        let runs = self.free_runs(id);
+        let chosen: Vec<u64> = match runs.iter().find(|r| r.len >= pages) {
+            Some(run) => (run.start..run.start + pages).collect(),
+            None => runs
+                .iter()
+                .flat_map(|r| r.start..r.end())
+                .take(pages as usize)
+                .collect(),
+        };
+        for &page in &chosen {
+            self.owners[id][page as usize] = Some(owner);
+        }
+        chosen
+    }
+
+    fn free_count(&self, id: usize) -> u64 {
+        self.owners[id].iter().filter(|o| o.is_none()).count() as u64
+    }
+
+    fn is_held(&self, id: usize, page: u64) -> bool {
+        self.owners[id].get(page as usize) == Some(&Some(HELD))
     }
 
     fn release(&mut self, key: u64) {
@@ -326,6 +378,105 @@ fn apply(alloc: &mut PageAllocator, model: &mut Model, op: &Op) -> Result<(), Al
             assert_eq!(alloc.split(key, at, left, right), expect);
             expect?;
         }
+        &Op::ReserveOne {
+            key,
+            pages,
+            payload,
+        } => {
+            let got = alloc
+                .reserve_one(key, pages, payload)
+                .map(|p| p.map(|p| p.pages(payload).unwrap()));
+            if payload >= model.capacities.len() {
+                let e = AllocError::UnknownPayload {
+                    name: format!("#{payload}"),
+                };
+                assert_eq!(got, Err(e.clone()));
+                return Err(e);
+            }
+            if let Err(e) = model.check_new(key, pages) {
+                assert_eq!(got, Err(e.clone()));
+                return Err(e);
+            }
+            if model.free_count(payload) < pages {
+                assert_eq!(got, Ok(None));
+            } else {
+                let chosen = model.take(payload, pages, key);
+                assert_eq!(got, Ok(Some(chosen.clone())));
+                model.objects.insert(
+                    key,
+                    ModelObject {
+                        pages: BTreeMap::from([(payload, chosen)]),
+                        committed: false,
+                    },
+                );
+            }
+        }
+        &Op::ReserveHeld { payload, pages } => {
+            let mut got_pages = vec![7];
+            let got = alloc.reserve_held(payload, pages, &mut got_pages);
+            if payload >= model.capacities.len() {
+                let e = AllocError::UnknownPayload {
+                    name: format!("#{payload}"),
+                };
+                assert_eq!(got, Err(e.clone()));
+                assert_eq!(got_pages, [7]);
+                return Err(e);
+            }
+            if model.free_count(payload) < pages {
+                assert_eq!(got, Ok(false));
+                assert_eq!(got_pages, [7]);
+            } else {
+                assert_eq!(got, Ok(true));
+                let mut expect = vec![7];
+                expect.extend(model.take(payload, pages, HELD));
+                assert_eq!(got_pages, expect);
+            }
+        }
+        &Op::ReleaseHeld { payload, page } => {
+            let got = alloc.release_held(payload, page);
+            let expect = if payload >= model.capacities.len() {
+                Err(AllocError::UnknownPayload {
+                    name: format!("#{payload}"),
+                })
+            } else if !model.is_held(payload, page) {
+                Err(AllocError::NotHeld { payload, page })
+            } else {
+                Ok(())
+            };
+            assert_eq!(got, expect);
+            expect.clone()?;
+            model.owners[payload][page as usize] = None;
+        }
+        Op::ReleaseHeldMany { payload, pages } => {
+            let payload = *payload;
+            let got = alloc.release_held_many(payload, pages);
+            let expect = if payload >= model.capacities.len() {
+                Err(AllocError::UnknownPayload {
+                    name: format!("#{payload}"),
+                })
+            } else {
+                // The first page that is not held, or held but already
+                // named earlier in the batch.
+                pages
+                    .iter()
+                    .enumerate()
+                    .find_map(|(i, &page)| {
+                        if pages[..i].contains(&page) && model.is_held(payload, page) {
+                            Some(AllocError::RepeatedPageInBatch { payload, page })
+                        } else if !model.is_held(payload, page) {
+                            Some(AllocError::NotHeld { payload, page })
+                        } else {
+                            None
+                        }
+                    })
+                    .map_or(Ok(()), Err)
+            };
+            assert_eq!(got, expect);
+            expect.clone()?;
+            for &page in pages {
+                model.owners[payload][page as usize] = None;
+            }
+        }
         Op::SnapshotRestore => {
             let restored = PageAllocator::restore(&alloc.snapshot()).unwrap();
             assert_eq!(restored.digest(), alloc.digest());
@@ -361,7 +512,18 @@ fn check_against_model(alloc: &PageAllocator, model: &Model) {
                     .map(|_| alloc.placement(k).unwrap().num_pages())
             })
             .sum();
-        assert_eq!(free + used, capacity);
+        let held: Vec<u64> = (0..capacity).filter(|&p| model.is_held(id, p)).collect();
+        assert_eq!(alloc.held_pages(id), held.len() as u64);
+        let held_extents: Vec<u64> = alloc
+            .held_extents(id)
+            .iter()
+            .flat_map(|e| e.start..e.end())
+            .collect();
+        assert_eq!(held_extents, held);
+        for page in 0..capacity {
+            assert_eq!(alloc.is_held(id, page), model.is_held(id, page));
+        }
+        assert_eq!(free + used + held.len() as u64, capacity);
     }
     for (&key, object) in &model.objects {
         let placement = alloc.placement(key).unwrap();
@@ -425,6 +587,26 @@ proptest! {
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// Mostly held pages, freed one by one in random order: free lists
+    /// of many one-page extents, and snapshots holding held runs.
+    #[test]
+    fn held_pages_match_model_with_deep_free_lists(ops in prop::collection::vec(held_op(9, 1500), 200..1200), snapshot_every in 50..200usize) {
+        let mut alloc = PageAllocator::new(&LARGE).unwrap();
+        let mut model = Model::new(&LARGE);
+        for (i, op) in ops.iter().enumerate() {
+            let (digest, canonical, stats) = (alloc.digest(), alloc.canonical_digest(), alloc.stats());
+            if apply(&mut alloc, &mut model, op).is_err() {
+                prop_assert_eq!(alloc.digest(), digest);
+                prop_assert_eq!(alloc.canonical_digest(), canonical);
+                prop_assert_eq!(alloc.stats(), stats);
+            }
+            if i % snapshot_every == 0 {
+                apply(&mut alloc, &mut model, &Op::SnapshotRestore).unwrap();
+            }
+            check_against_model(&alloc, &model);
+        }
+    }
 
     #[test]
     fn allocator_matches_model_with_deep_free_lists(ops in prop::collection::vec(op(700, 6), 200..1200)) {

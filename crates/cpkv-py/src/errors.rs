@@ -64,8 +64,8 @@ pub(crate) fn alloc_error(err: cpkv_allocator::AllocError) -> PyErr {
     use cpkv_allocator::AllocError as E;
     let message = err.to_string();
     match &err {
-        E::UnknownKey { .. } => UnknownKeyError::new_err(message),
-        E::DuplicateKey { .. } | E::RepeatedKeyInBatch { .. } => {
+        E::UnknownKey { .. } | E::NotHeld { .. } => UnknownKeyError::new_err(message),
+        E::DuplicateKey { .. } | E::RepeatedKeyInBatch { .. } | E::RepeatedPageInBatch { .. } => {
             DuplicateKeyError::new_err(message)
         }
         E::UnknownPayload { .. } | E::EmptyPayloadName | E::RepeatedPayload { .. } => {

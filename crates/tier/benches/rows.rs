@@ -3,8 +3,8 @@
 //! on the two call patterns the tier serves, at a full host of 16k rows:
 //!
 //! - `engine`: one store call places a batch of 1..=8 blocks, one row
-//!   (one allocator object) each, in one reservation; blocks are evicted
-//!   one by one at random.
+//!   each, in one reservation (rows held by number: no allocator object);
+//!   blocks are evicted one by one at random.
 //! - `backup`: the main job's pattern, one object of 1..=8 rows per backup,
 //!   freed whole at random.
 //!
@@ -63,17 +63,17 @@ impl Rows for HostRows {
         HostRows::free(self)
     }
     fn place_group(&mut self, key: u64, n: u64, out: &mut Vec<u32>) {
-        out.extend(self.reserve(key, n).unwrap().expect("room"));
+        assert!(self.reserve_into(key, n, out).unwrap(), "room");
     }
     fn free_group(&mut self, key: u64, _rows: &[u32]) {
         self.release(key).unwrap();
     }
     fn place_each(&mut self, keys: &[u64], out: &mut Vec<u32>) {
-        let rows = self.reserve_each_row(keys).unwrap().expect("room");
+        let rows = self.reserve_rows(keys.len() as u64).unwrap().expect("room");
         out.extend(rows.iter().map(|&r| r as u32));
     }
-    fn free_one(&mut self, key: u64, _row: u32) {
-        self.release(key).unwrap();
+    fn free_one(&mut self, _key: u64, row: u32) {
+        self.release_row(u64::from(row)).unwrap();
     }
 }
 

@@ -16,11 +16,12 @@ const CAPACITY: usize = 48;
 enum Op {
     /// The main job: one object of `n` rows.
     Group(u64),
-    /// An engine store call: `n` one-row objects in one reservation.
+    /// An engine store call: `n` rows held by number, in one reservation.
     Each(u64),
-    /// Frees the live object at this index (mod the live count).
+    /// Frees the live object or held row at this index (mod the live count).
     Release(usize),
-    /// Frees up to `count` live objects from this index in one call.
+    /// Frees up to `count` live objects and held rows from this index, the
+    /// objects in one call and the rows in another.
     ReleaseMany(usize, usize),
 }
 
@@ -74,8 +75,9 @@ fn replay(ops: &[Op]) -> Result<Vec<u64>, TestCaseError> {
     let mut model = Model {
         owner: vec![None; CAPACITY],
     };
-    // Live keys in the order they were placed, with their rows.
-    let mut live: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
+    // Live keys in the order they were placed, with their rows and whether
+    // the row is held by number (an engine block) rather than an object's.
+    let mut live: BTreeMap<u64, (Vec<usize>, bool)> = BTreeMap::new();
     let mut next_key = 1u64;
     let mut digests = Vec::new();
     for op in ops {
@@ -90,7 +92,7 @@ fn replay(ops: &[Op]) -> Result<Vec<u64>, TestCaseError> {
                         prop_assert_eq!(model.owner[r], None, "row {} owned twice", r);
                         model.owner[r] = Some(next_key);
                     }
-                    live.insert(next_key, placed);
+                    live.insert(next_key, (placed, false));
                     next_key += 1;
                 }
             }
@@ -98,7 +100,7 @@ fn replay(ops: &[Op]) -> Result<Vec<u64>, TestCaseError> {
                 let keys: Vec<u64> = (next_key..next_key + n).collect();
                 let expect = model.place(n as usize);
                 let got: Option<Vec<usize>> = rows
-                    .reserve_each_row(&keys)
+                    .reserve_rows(n)
                     .unwrap()
                     .map(|r| r.iter().map(|&r| r as usize).collect());
                 prop_assert_eq!(&got, &expect);
@@ -106,7 +108,7 @@ fn replay(ops: &[Op]) -> Result<Vec<u64>, TestCaseError> {
                     for (&key, &r) in keys.iter().zip(&placed) {
                         prop_assert_eq!(model.owner[r], None, "row {} owned twice", r);
                         model.owner[r] = Some(key);
-                        live.insert(key, vec![r]);
+                        live.insert(key, (vec![r], true));
                     }
                     next_key += n;
                 }
@@ -117,7 +119,14 @@ fn replay(ops: &[Op]) -> Result<Vec<u64>, TestCaseError> {
                     continue;
                 }
                 let key = *live.keys().nth(i % live.len()).unwrap();
-                rows.release(key).unwrap();
+                match &live[&key] {
+                    (placed, true) => {
+                        prop_assert!(rows.release(key).is_err(), "a held row is no object");
+                        rows.release_row(placed[0] as u64).unwrap();
+                        prop_assert!(rows.release_row(placed[0] as u64).is_err());
+                    }
+                    (_, false) => rows.release(key).unwrap(),
+                }
                 model.release(key);
                 live.remove(&key);
             }
@@ -129,14 +138,25 @@ fn replay(ops: &[Op]) -> Result<Vec<u64>, TestCaseError> {
                     .take(count.min(live.len()))
                     .copied()
                     .collect();
-                // A batch naming a key twice is refused whole.
-                if let Some(&first) = keys.first() {
-                    let repeated = [keys.as_slice(), &[first]].concat();
-                    let before = rows.digest();
+                let objects: Vec<u64> = keys.iter().copied().filter(|k| !live[k].1).collect();
+                let held: Vec<u64> = keys
+                    .iter()
+                    .filter(|k| live[k].1)
+                    .map(|k| live[k].0[0] as u64)
+                    .collect();
+                // A batch naming a key or a row twice is refused whole.
+                let before = rows.digest();
+                if let Some(&first) = objects.first() {
+                    let repeated = [objects.as_slice(), &[first]].concat();
                     prop_assert!(rows.release_many(&repeated).is_err());
-                    prop_assert_eq!(rows.digest(), before);
                 }
-                rows.release_many(&keys).unwrap();
+                if let Some(&first) = held.first() {
+                    let repeated = [held.as_slice(), &[first]].concat();
+                    prop_assert!(rows.release_rows(&repeated).is_err());
+                }
+                prop_assert_eq!(rows.digest(), before);
+                rows.release_many(&objects).unwrap();
+                rows.release_rows(&held).unwrap();
                 for key in keys {
                     model.release(key);
                     live.remove(&key);
@@ -147,7 +167,7 @@ fn replay(ops: &[Op]) -> Result<Vec<u64>, TestCaseError> {
         prop_assert_eq!(rows.free() as usize, model.free());
         prop_assert_eq!(rows.free() + rows.used(), CAPACITY as u64);
         prop_assert_eq!(rows.used() as usize, used);
-        prop_assert_eq!(live.values().map(Vec::len).sum::<usize>(), used);
+        prop_assert_eq!(live.values().map(|(r, _)| r.len()).sum::<usize>(), used);
         rows.check().map_err(TestCaseError::fail)?;
         digests.push(rows.digest());
     }

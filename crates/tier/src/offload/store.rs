@@ -361,8 +361,8 @@ impl OffloadIndex {
                     key_hex(&self.chunk(slot).key)
                 )));
             }
-            let serial = self.forget(slot).serial;
-            self.host.rows_mut().release(serial)?;
+            self.forget(slot);
+            self.host.rows_mut().release_row(u64::from(row))?;
             slot = parent;
         }
         Ok(())
@@ -517,19 +517,16 @@ impl OffloadIndex {
         }
         let mut evicted = Vec::new();
         let mut evicted_rows = Vec::new();
-        let mut serials = Vec::new();
         for victim in self.host.tree_mut().evict(needed - free) {
-            serials.clear();
             for &row in &victim.pages {
                 let slot = self.by_row[row as usize];
                 let chunk = self.forget(slot);
-                serials.push(chunk.serial);
                 if chunk.state != State::Failed {
                     evicted.push(chunk.key);
                     evicted_rows.push(row as u32);
                 }
             }
-            self.host.rows_mut().release_many(&serials)?;
+            self.host.rows_mut().release_rows(&victim.pages)?;
         }
         self.evicted += evicted.len() as u64;
         Ok((evicted, evicted_rows))
@@ -547,13 +544,12 @@ impl OffloadIndex {
         slots: &mut [u32],
     ) -> Result<()> {
         let mut runs: Vec<Vec<u32>> = Vec::new();
-        // One reservation for the call's blocks: one allocator object per
-        // chunk, keyed by its serial, so each is freed on its own.
-        let serials: Vec<u64> = (self.next_serial..).take(new.len()).collect();
+        // One reservation for the call's blocks, held by row number: each
+        // is freed on its own, by the row its chunk records.
         let rows: Vec<u32> = self
             .host
             .rows_mut()
-            .reserve_each_row(&serials)?
+            .reserve_rows(new.len() as u64)?
             .ok_or_else(|| {
                 TierError::Divergence(format!("{} rows admitted, fewer free", new.len()))
             })?
