@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import process_alive, wait_for
+from conftest import default_sigint, process_alive, wait_for
 from cpkv.runtime.launch import LaunchError, death_text, run_ranks
 
 pytestmark = pytest.mark.slow
@@ -124,7 +124,7 @@ def test_an_interrupted_launch_ends_its_ranks_silently(tmp_path: Path, to_group:
     err_path = tmp_path / "stderr.txt"
     with open(err_path, "w") as err:
         driver = subprocess.Popen([sys.executable, str(script), str(tmp_path)], start_new_session=True,
-                                  stdout=err, stderr=err)
+                                  stdout=err, stderr=err, preexec_fn=default_sigint)
     try:
         pid_files = wait_for(lambda: len(list(tmp_path.glob("rank*.pid"))) == 2
                              and sorted(tmp_path.glob("rank*.pid")), 180, "both ranks to start")
