@@ -302,11 +302,10 @@ def _same_answer(a, b) -> bool:
     return a == b
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(OPS, max_size=40), st.sampled_from(sorted(cpkv.PrefixTree.POLICIES)))
-def test_refused_calls_change_nothing(ops, policy):
-    seen_all = OffloadIndex(5, policy, [1], (MISS, HIT, PENDING))
-    seen_accepted = OffloadIndex(5, policy, [1], (MISS, HIT, PENDING))
+def replay_checking_refusals(seen_all, seen_accepted, ops) -> None:
+    """Applies ``ops`` to ``seen_all``: a refused one (a CpkvError) must change nothing, an accepted one
+    must answer and end as on ``seen_accepted``, which sees only the accepted ones. Anything else
+    escaping (a builtin TypeError, say) fails the test."""
     for op in ops:
         before = observed(seen_all)
         try:
@@ -314,24 +313,19 @@ def test_refused_calls_change_nothing(ops, policy):
         except CpkvError:
             assert observed(seen_all) == before, op
             continue
-        # Anything else escaping (a builtin TypeError, say) fails the test.
         assert _same_answer(answer, _apply(seen_accepted, op)), op
         assert observed(seen_all) == observed(seen_accepted), op
     seen_all.check()
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(OPS, max_size=40), st.sampled_from(sorted(cpkv.PrefixTree.POLICIES)))
+def test_refused_calls_change_nothing(ops, policy):
+    replay_checking_refusals(OffloadIndex(5, policy, [1], (MISS, HIT, PENDING)),
+                             OffloadIndex(5, policy, [1], (MISS, HIT, PENDING)), ops)
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(SGLANG_OPS, max_size=30), st.sampled_from(sorted(cpkv.PrefixTree.POLICIES)))
 def test_refused_sglang_calls_change_nothing(ops, policy):
-    seen_all = SglangIndex(5, policy)
-    seen_accepted = SglangIndex(5, policy)
-    for op in ops:
-        before = observed(seen_all)
-        try:
-            answer = _apply(seen_all, op)
-        except CpkvError:
-            assert observed(seen_all) == before, op
-            continue
-        assert _same_answer(answer, _apply(seen_accepted, op)), op
-        assert observed(seen_all) == observed(seen_accepted), op
-    seen_all.check()
+    replay_checking_refusals(SglangIndex(5, policy), SglangIndex(5, policy), ops)
