@@ -38,7 +38,6 @@ later call raises the same error class, naming the first failure.
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from typing import Any
@@ -60,6 +59,7 @@ from cpkv.errors import (
     InvalidArgumentError,
     UnknownPayloadError,
 )
+from cpkv.integrations._digest_checks import DigestChecks
 from cpkv.runtime.agree import agree, all_reduce_min, decode, encode
 from cpkv.tier.l3.keys import combined_digest
 
@@ -113,10 +113,8 @@ class CpkvHiCacheStorage(HiCacheStorage):
             "torn_reads_refused": 0, "digest_checks": 0,
         }
         self.exists_log: list[int] = []  # hit pages per batch_exists (bounded; for tests and bench)
-        self._checks: queue.Queue = queue.Queue()
-        self._checker: threading.Thread | None = None
-        self._checked = threading.Condition()
-        self._checks_queued = self._checks_done = 0
+        self._checks: DigestChecks[tuple[int, int, int | None]] = DigestChecks(
+            self.settings.check_every, lambda point: self._digest_check(*point), lambda: self._broken is not None)
         self._metrics: dict[str, list[float]] = {"prefetch_pgs": [], "backup_pgs": [], "prefetch_bandwidth": [], "backup_bandwidth": []}
 
     # -- pools ------------------------------------------------------------------------------------
@@ -200,38 +198,15 @@ class CpkvHiCacheStorage(HiCacheStorage):
         return placed
 
     def _after_store(self) -> None:
-        """Every ``cpkv_check_every`` stores, queues this point's digest for the checker thread.
-
-        The digest is taken here, on the backup thread, right after the store (the same point of the
-        stream on every rank); the all-reduce runs on a thread of its own, so a rank's backups never
-        wait for a slower rank's, and SGLang's threads never wait for the check."""
-        every = self.settings.check_every
+        """Every ``cpkv_check_every`` stores, this point's digests go to the checker thread
+        (:class:`~cpkv.integrations._digest_checks.DigestChecks`). The L3 indexes change only in this
+        thread's spills, inside the store just made: this is the same point of their stream on every
+        rank of a node too."""
         # A one-rank store group compares no digest, but its cluster tier decides at the same points.
-        if (self.topology.group is None and self.cluster is None) or self.index.stores % every:
+        if self.topology.group is None and self.cluster is None:
             return
-        if self._checker is None:
-            self._checker = threading.Thread(target=self._check_loop, name="cpkv-digest-check", daemon=True)
-            self._checker.start()
-        with self._checked:
-            self._checks_queued += 1
-        # The L3 indexes change only in this thread's spills, inside the store just made: this is the
-        # same point of their stream on every rank of a node too.
-        l3 = self.l3.digest() if self.l3 is not None else None
-        self._checks.put((self.index.stores, self.index.digest(), l3))
-
-    def _check_loop(self) -> None:
-        while True:
-            item = self._checks.get()
-            if item is None or self._broken is not None:
-                return
-            try:
-                self._digest_check(*item)
-            except CpkvError:
-                return  # kept in self._broken: every later call raises it
-            finally:
-                with self._checked:
-                    self._checks_done += 1
-                    self._checked.notify_all()
+        self._checks.after_store(self.index.stores, lambda: (
+            self.index.stores, self.index.digest(), self.l3.digest() if self.l3 is not None else None))
 
     def _digest_check(self, stores: int, digest: int, l3_digest: int | None) -> None:
         """Agrees on the slab index's digest over the store group, and with L3 on, on the L3 indexes:
@@ -285,9 +260,7 @@ class CpkvHiCacheStorage(HiCacheStorage):
 
     def wait_checks(self, timeout_s: float) -> None:
         """Until every queued digest check has run or failed (tests, benchmarks); raises a failure."""
-        with self._checked:
-            self._checked.wait_for(lambda: self._checks_done >= self._checks_queued or self._broken is not None,
-                                   timeout=timeout_s)
+        self._checks.wait(timeout_s)
         self._check_usable()
 
     def _write(self, pool: PoolSlab, keys: list[str], prefix: list[str] | None, host_indices: Any) -> list[bool]:
@@ -595,9 +568,7 @@ class CpkvHiCacheStorage(HiCacheStorage):
         if self._closed:
             return
         self._closed = True
-        if self._checker is not None:
-            self._checks.put(None)
-            self._checker.join(self.settings.timeout_s)
+        self._checks.close(self.settings.timeout_s)
         if (self.l3 is not None or self.cluster is not None) and self._broken is None:
             # A clean stop (SGLang's detach_storage_backend; every rank): the slab's pages, of every
             # pool, go to L3 and the cluster too, so a restart on the directory, and every other

@@ -13,19 +13,19 @@ from typing import Any, Mapping
 from cpkv._cpkv import DEFAULT_POLICY, OffloadIndex
 from cpkv.errors import InvalidArgumentError
 from cpkv.integrations._adapter import CLUSTER_KEYS, CpkvKeys
+from cpkv.integrations._digest_checks import CHECK_EVERY, CHECK_EVERY_HELP, CHECK_EVERY_KEY
 from cpkv.runtime.timeouts import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S, MIN_TIMEOUT_S
 
 # SGLang 0.5.23 holds every page replicated on the ranks of a store group (see README: "What SGLang
 # holds"): per-rank slices come only from --enable-kv-cache-sharding, which refuses storage backends.
 LAYOUTS = ("replicated",)
-CHECK_EVERY = 64  # stores between digest comparisons across the CP ranks
 
 KEYS = {
     "cpkv_pages": "slab rows per node (one row holds one SGLang page of every rank that shares it), int >= 1; required",
     "cpkv_policy": "eviction policy, one of cpkv.PrefixTree.POLICIES (default cpkv.DEFAULT_POLICY)",
     "cpkv_layout": "replicated, the only layout SGLang 0.5.23 produces (every rank of a store group holds the same page bytes)",
     "cpkv_ranks_per_node": "CP ranks per slab (default: the ranks on one machine); set it to simulate several nodes on one",
-    "cpkv_check_every": "compare the replicated index's digest across the CP ranks every N stores, int >= 1 (default 64)",
+    CHECK_EVERY_KEY: CHECK_EVERY_HELP,
     "cpkv_l3_dir": ("an existing directory on a node-local disk for the durable third tier below the slab "
                     "(with cpkv_l3_bytes; needs interface_v1: 1)"),
     "cpkv_l3_bytes": ("the most bytes the L3 tier keeps on disk per store group and node, all pools together, "
@@ -76,7 +76,7 @@ class CpkvStorageSettings:
                 "holds every page replicated on the ranks that share it)")
         ranks_per_node = None if extra.get("cpkv_ranks_per_node") is None else keys.int_in("cpkv_ranks_per_node", 1,
                                                                                             MAX_PAGES)
-        check_every = keys.int_in("cpkv_check_every", 1, MAX_PAGES, CHECK_EVERY)
+        check_every = keys.int_in(CHECK_EVERY_KEY, 1, MAX_PAGES, CHECK_EVERY)
         timeout_s = keys.timeout_s()
         v1 = extra.get("interface_v1", 0)
         if v1 not in (0, 1, True, False):
