@@ -12,7 +12,7 @@ use std::collections::hash_map::Entry;
 use crate::digest::{committed_element, config_element, held_element, StateDigest};
 use crate::error::{AllocError, Result};
 use crate::extent::Extent;
-use crate::free_bits::FreeBits;
+use crate::free_list::FreeList;
 use crate::held::HeldPages;
 use crate::object_map::{sorted, Object, ObjectMap};
 use crate::payload::{PayloadId, PayloadSet, Payloads};
@@ -23,7 +23,7 @@ use crate::stats::{Counters, PayloadStats, Stats};
 pub struct PageAllocator {
     pub(crate) payloads: Payloads,
     /// One per payload, indexed by `PayloadId`.
-    pub(crate) free: Vec<FreeBits>,
+    pub(crate) free: Vec<FreeList>,
     pub(crate) objects: ObjectMap,
     /// One per payload: the pages `reserve_held` handed out, by number.
     pub(crate) held: Vec<HeldPages>,
@@ -38,7 +38,7 @@ impl PageAllocator {
     pub fn new<S: AsRef<str>>(pools: &[(S, u64)]) -> Result<Self> {
         let payloads = Payloads::new(pools)?;
         let free = (0..payloads.len())
-            .map(|id| FreeBits::new(payloads.capacity(id)))
+            .map(|id| FreeList::new(payloads.capacity(id)))
             .collect();
         let held = vec![HeldPages::default(); payloads.len()];
         Ok(Self::from_parts(
@@ -54,7 +54,7 @@ impl PageAllocator {
     /// digest from scratch.
     pub(crate) fn from_parts(
         payloads: Payloads,
-        free: Vec<FreeBits>,
+        free: Vec<FreeList>,
         objects: ObjectMap,
         held: Vec<HeldPages>,
         counters: Counters,
@@ -256,11 +256,9 @@ impl PageAllocator {
         let held = &mut self.held[payload];
         let digest = &mut self.digest;
         pages.reserve(n as usize);
-        free.take_batch_bits(n, |w, mut bits| {
-            held.insert_word(w, bits);
-            while bits != 0 {
-                let page = w as u64 * 64 + u64::from(bits.trailing_zeros());
-                bits &= bits - 1;
+        free.take_batch(n, |extent| {
+            held.insert_extent(extent);
+            for page in extent.start..extent.end() {
                 digest.add(held_element(payload, page));
                 pages.push(page);
             }
@@ -277,7 +275,7 @@ impl PageAllocator {
             return Err(AllocError::NotHeld { payload, page });
         }
         self.digest.remove(held_element(payload, page));
-        self.free[payload].give_back_page(page);
+        self.free[payload].give_back(Extent::new(page, 1));
         self.counters.releases += 1;
         Ok(())
     }
@@ -301,7 +299,7 @@ impl PageAllocator {
         let free = &mut self.free[payload];
         for &page in pages {
             self.digest.remove(held_element(payload, page));
-            free.give_back_page(page);
+            free.give_back(Extent::new(page, 1));
         }
         self.counters.releases += pages.len() as u64;
         Ok(())

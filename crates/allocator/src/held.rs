@@ -53,17 +53,6 @@ impl HeldPages {
         self.count += extent.len;
     }
 
-    /// Marks the pages of bits `mask` of word `w` held (none of them is).
-    #[inline]
-    pub(crate) fn insert_word(&mut self, w: usize, mask: u64) {
-        if self.words.len() <= w {
-            self.words.resize(w + 1, 0);
-        }
-        debug_assert_eq!(self.words[w] & mask, 0, "page held twice");
-        self.words[w] |= mask;
-        self.count += u64::from(mask.count_ones());
-    }
-
     /// Clears `page`; `false` (nothing changed) if it was not held.
     #[inline]
     pub(crate) fn remove(&mut self, page: u64) -> bool {

@@ -17,8 +17,10 @@ mod digest;
 mod error;
 /// `Extent`: a run of contiguous pages.
 mod extent;
-/// One payload's free pages as a bitmap with a summary word level.
-mod free_bits;
+/// B+tree of free extents with subtree maxima: O(log F) first fit.
+mod extent_tree;
+/// One payload's free extents: coalescing and page counts.
+mod free_list;
 /// Pages held by page number (`reserve_held`): one bit per page.
 mod held;
 /// The live objects by key (hash lookup; walked only in key order).

@@ -27,7 +27,7 @@ use sha2::{Digest, Sha256};
 use crate::allocator::{check_partition, PageAllocator};
 use crate::error::{AllocError, Result};
 use crate::extent::Extent;
-use crate::free_bits::FreeBits;
+use crate::free_list::FreeList;
 use crate::held::HeldPages;
 use crate::object_map::{sorted, Object, ObjectMap};
 use crate::payload::Payloads;
@@ -165,7 +165,7 @@ fn read_body(r: &mut Reader<'_>, version: u32) -> Result<PageAllocator> {
         let name = payloads.name(id);
         let capacity = payloads.capacity(id);
         let count = r.len(16)?;
-        let mut extents = Vec::with_capacity(count);
+        let mut list = FreeList::empty();
         let mut previous_end = None;
         for _ in 0..count {
             let extent = read_extent(r, capacity)?;
@@ -177,9 +177,9 @@ fn read_body(r: &mut Reader<'_>, version: u32) -> Result<PageAllocator> {
                 )));
             }
             previous_end = Some(extent.end());
-            extents.push(extent);
+            list.insert(extent);
         }
-        free.push(FreeBits::from_extents(capacity, &extents));
+        free.push(list);
     }
 
     let object_count = r.len(8 + 1 + 8 + 4 + 4 + 4 + 16)?;
