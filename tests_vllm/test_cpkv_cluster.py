@@ -54,6 +54,8 @@ def serve(eng: Engine, req_id: str, tokens: list[int], keys: list[bytes] | None 
             settle(eng)
             return eng.started_at[req_id] // BLOCK_TOKENS, eng.last_blocks[req_id]
         assert eng.manager.cluster.wait_idle(READ_TIMEOUT_S), "a cluster read did not finish"
+        if eng.manager.l3 is not None:
+            assert eng.manager.l3.wait_idle(READ_TIMEOUT_S), "an L3 record check did not finish"
     raise AssertionError(f"{req_id} was never scheduled")
 
 
@@ -192,3 +194,25 @@ def test_a_killed_master_costs_misses_only_and_the_tier_reattaches_when_one_is_b
     finally:
         own.stop()
 
+
+
+def test_under_l3_a_cluster_chunk_is_served_and_its_eviction_spills_the_filled_bytes_to_disk(
+        served: Served, tmp_path: Any) -> None:
+    """Host, then L3, then the cluster: a chunk read from the cluster fills its host row; when the
+    host evicts it, the filled bytes go to L3 and are served from there, byte for byte."""
+    first_instance(served, 31)
+    eng = Engine(cluster_extra(served, cpkv_host_blocks=4, cpkv_l3_dir=str(tmp_path), cpkv_l3_bytes=1 << 22))
+    tokens = prompt(31, blocks=BLOCKS)
+    hits, blocks = serve(eng, "from-cluster", tokens)
+    assert hits == BLOCKS and eng.manager.stats()["cluster_promoted"] == BLOCKS
+    assert_exact(eng, tokens, blocks, BLOCKS)
+    for seed in (32, 33):  # new prompts evict the cluster's chunks from the 4-block host to disk
+        serve(eng, f"evict{seed}", prompt(seed, blocks=BLOCKS))
+    eng.reset_device()
+    assert eng.manager.stats()["l3_spilled"] >= BLOCKS
+    promoted = eng.manager.stats()["cluster_promoted"]
+    hits, blocks = serve(eng, "from-disk", tokens)
+    stats = eng.manager.stats()
+    assert hits >= 1 and stats["l3_promoted"] >= 1 and stats["cluster_promoted"] == promoted, stats
+    assert_exact(eng, tokens, blocks, hits)
+    eng.close()
