@@ -105,5 +105,6 @@ def test_every_prober_has_its_own_key() -> None:
     StoreProbe(store, "cpkv/probe/mine").poll()  # type: ignore[arg-type]
     store.finish()
     assert store.keys == ["cpkv/probe/mine"]
-    with pytest.raises(ValueError):
-        StoreProbe(store, every=0)  # type: ignore[arg-type]
+    for every in (0, 1.5, True):
+        with pytest.raises(ValueError, match="every"):
+            StoreProbe(store, every=every)  # type: ignore[arg-type]

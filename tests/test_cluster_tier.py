@@ -138,7 +138,7 @@ def test_a_master_down_at_start_is_refused_by_name() -> None:
 def test_an_unresponsive_master_bounds_the_call_then_the_tier_reattaches() -> None:
     served = start_serve()
     try:
-        tier = _tier(served, timeout_s=1.0, probe_interval_s=0.0)
+        tier = _tier(served, timeout_s=1.0, probe_every=1)
         keys = [12000 + i for i in range(4)]
         assert _put(tier, keys, _pages(tier, keys)) == 4
         master = served.children()["master"]
@@ -166,7 +166,7 @@ def test_a_killed_master_marks_the_tier_unavailable_and_a_restarted_one_is_reatt
 
     with local_cluster(64 << 20) as cluster:
         served = Served(None, cluster.master, cluster.metadata)  # type: ignore[arg-type]
-        tier = _tier(served, timeout_s=5.0, probe_interval_s=0.0)
+        tier = _tier(served, timeout_s=5.0, probe_every=1)
         keys = [13000 + i for i in range(4)]
         pages = _pages(tier, keys)
         assert _put(tier, keys, pages) == 4

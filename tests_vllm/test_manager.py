@@ -254,12 +254,23 @@ def test_an_unknown_cpkv_key_is_refused_naming_it_and_the_known_ones(key) -> Non
     assert CpkvOffloadConfig.from_extra_config({"cpkv_host_blocks": 8, "spec_name": "x"}).host_blocks == 8
 
 
-@pytest.mark.parametrize("key", ["cpkv_cluster_master", "cpkv_cluster_metadata", "cpkv_cluster_bytes"])
-def test_a_cluster_key_points_to_the_cluster_tier_under_vllms_cpu_tier(key) -> None:
-    with pytest.raises(InvalidArgumentError) as caught:
-        CpkvOffloadConfig.from_extra_config({"cpkv_host_blocks": 8, key: "127.0.0.1:1"})
-    text = str(caught.value)
-    assert repr(key) in text and "CpkvClusterTier" in text and "cpkv.integrations.vllm.cluster_tier" in text
+def test_the_cluster_keys_are_read_for_cpkvs_own_connector() -> None:
+    master, metadata = "127.0.0.1:50051", "http://127.0.0.1:8080/metadata"
+    config = CpkvOffloadConfig.from_extra_config({"cpkv_host_blocks": 8, "cpkv_cluster_master": master,
+                                                  "cpkv_cluster_metadata": metadata, "cpkv_cluster_bytes": 1 << 20})
+    assert (config.cluster_master, config.cluster_metadata, config.cluster_bytes) == (master, metadata, 1 << 20)
+    assert CpkvOffloadConfig.from_extra_config({"cpkv_host_blocks": 8}).cluster_master is None
+
+
+@pytest.mark.parametrize(("extra", "named"), [
+    ({"cpkv_cluster_master": "127.0.0.1:1"}, "cpkv_cluster_metadata"),
+    ({"cpkv_cluster_metadata": "http://127.0.0.1:1/metadata"}, "cpkv_cluster_master"),
+    ({"cpkv_cluster_bytes": 5}, "cpkv_cluster_bytes"),
+    ({"cpkv_cluster_master": "host", "cpkv_cluster_metadata": "http://h:1/m"}, "cpkv_cluster_master"),
+])
+def test_bad_cluster_keys_are_refused_naming_the_key(extra, named) -> None:
+    with pytest.raises(InvalidArgumentError, match=f"kv_connector_extra_config\\['{named}'\\]"):
+        CpkvOffloadConfig.from_extra_config({"cpkv_host_blocks": 8, **extra})
 
 
 @pytest.mark.parametrize("value", [1e15, 1e300, 1e-9, 0, -1, float("nan"), float("inf"), True, "30", None])

@@ -18,6 +18,8 @@ Enable it with ``--kv-transfer-config`` (see the README)::
 
 With ``cpkv_l3_dir`` / ``cpkv_l3_bytes`` the host tier has a durable disk tier below it
 (:mod:`cpkv.integrations.vllm.l3`): evicted chunks are written there, and a restarted engine finds them.
+With ``cpkv_cluster_master`` / ``cpkv_cluster_metadata`` the cluster tier (Mooncake Store) is below both
+(:mod:`cpkv.integrations.vllm.cluster`): chunks every instance shares, every record checked before a hit.
 """
 
 from ._version import REQUIRED_VLLM, check_vllm_version

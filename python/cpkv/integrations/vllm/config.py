@@ -16,6 +16,10 @@ key, a typo such as ``cpkv_polcy``, is refused naming it and the known ones):
   (checked by :mod:`cpkv.integrations._adapter`, as every engine's shared keys).
   Refused (naming ``cpkv_l3_dir``) when vLLM's block-hash root changes across restarts
   (:func:`check_stable_block_hashes`).
+- ``cpkv_cluster_master`` / ``cpkv_cluster_metadata`` (both or neither) and ``cpkv_cluster_bytes``
+  (only with them): the cluster tier below the host tier and L3 (:mod:`cpkv.integrations.vllm.cluster`),
+  by the cluster tier's one rule; a master down at start is refused naming ``cpkv_cluster_master``,
+  and so is a block-hash root that changes across restarts (the keys are shared by every instance).
 
 Every value is checked here, at construction, and a bad one raises a typed error that names the key
 and the value. The slab's size is checked against this machine's memory by the worker, which knows
@@ -33,7 +37,6 @@ from cpkv._cpkv import DEFAULT_POLICY, OffloadIndex
 from cpkv.errors import InvalidArgumentError
 from cpkv.integrations._adapter import (
     CLUSTER_KEYS,
-    CLUSTER_MASTER_KEY,
     L3_BYTES_KEY,
     L3_DIR_KEY,
     POLICY_KEY,
@@ -44,7 +47,7 @@ from cpkv.runtime.timeouts import DEFAULT_TIMEOUT_S
 
 HOST_BLOCKS_KEY = "cpkv_host_blocks"
 SLAB_KEY = "cpkv_slab"
-KNOWN_KEYS = (HOST_BLOCKS_KEY, POLICY_KEY, SLAB_KEY, TIMEOUT_KEY, L3_DIR_KEY, L3_BYTES_KEY)
+KNOWN_KEYS = (HOST_BLOCKS_KEY, POLICY_KEY, SLAB_KEY, TIMEOUT_KEY, L3_DIR_KEY, L3_BYTES_KEY, *CLUSTER_KEYS)
 SLAB_KINDS = ("shared", "private")
 # One host block is one row of the core's index, so its limit is the index's.
 MAX_HOST_BLOCKS = OffloadIndex.MAX_ROWS
@@ -58,28 +61,26 @@ class CpkvOffloadConfig:
     timeout_s: float = DEFAULT_TIMEOUT_S
     l3_dir: str | None = None
     l3_bytes: int | None = None
+    cluster_master: str | None = None
+    cluster_metadata: str | None = None
+    cluster_bytes: int = 0
 
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, Any] | None) -> CpkvOffloadConfig:
         if extra is None or not isinstance(extra, Mapping):
             raise InvalidArgumentError(
                 f"kv_connector_extra_config must be a mapping with {HOST_BLOCKS_KEY!r}, got {extra!r}")
-        cluster = sorted(k for k in CLUSTER_KEYS if k in extra)
-        if cluster:  # named, not "not a cpkv setting": the tier exists, in another place of vLLM's config
-            raise InvalidArgumentError(
-                f"{_label(cluster[0])}: cpkv's vLLM connector (CpkvOffloadingSpec) has no cluster tier; cpkv's cluster "
-                "tier runs under vLLM's own CPU tier: spec_name 'TieringOffloadingSpec' with secondary_tiers "
-                "[{'type': 'CpkvClusterTier', 'module_path': 'cpkv.integrations.vllm.cluster_tier', "
-                f"{CLUSTER_MASTER_KEY!r}: ..., 'cpkv_cluster_metadata': ...}}] (README: the cluster tier in vLLM)")
         keys = CpkvKeys(extra, KNOWN_KEYS, _label)
         if HOST_BLOCKS_KEY not in extra:
             raise InvalidArgumentError(
                 f"kv_connector_extra_config needs {HOST_BLOCKS_KEY!r} (host capacity in offloaded blocks, "
                 f"an int in [1, {MAX_HOST_BLOCKS}])")
         l3_dir, l3_bytes = keys.l3()
+        cluster_master, cluster_metadata, cluster_bytes = keys.cluster()
         return cls(host_blocks=_host_blocks(extra[HOST_BLOCKS_KEY]), policy=keys.policy(),
                    slab=_slab(extra.get(SLAB_KEY, "shared")), timeout_s=keys.timeout_s(), l3_dir=l3_dir,
-                   l3_bytes=l3_bytes)
+                   l3_bytes=l3_bytes, cluster_master=cluster_master, cluster_metadata=cluster_metadata,
+                   cluster_bytes=cluster_bytes)
 
 
 def _label(key: str) -> str:

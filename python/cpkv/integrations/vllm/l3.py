@@ -604,8 +604,9 @@ class L3Shard:
             self.held.pop(row, None)
         self._note(np.asarray(rows).tolist(), keys)
 
-    def note_fills(self, fills: Sequence[Fill]) -> None:
-        """A load's fills ran: each fill's row holds its chunk."""
+    def note_fills(self, fills: Sequence[Any]) -> None:
+        """A load's fills ran (from L3 or the cluster: each names a ``row`` and its chunk's ``key``):
+        each fill's row holds its chunk."""
         self._note([f.row for f in fills], [f.key for f in fills])
 
     def _note(self, rows: Sequence[int], keys: Sequence[int]) -> None:

@@ -53,6 +53,7 @@ from cpkv import DEFAULT_POLICY, PrefixTree
 from cpkv._cpkv import OffloadIndex
 from cpkv.errors import InvalidArgumentError, UnknownPolicyError
 
+from .cluster import ClusterCatalog, ClusterFill
 from .l3 import Fill, L3Catalog, SpillBatch, l3_key
 
 __all__ = ["CpkvLoadStoreSpec", "CpkvOffloadingManager"]
@@ -85,6 +86,12 @@ class CpkvLoadStoreSpec(BlockIDsLoadStoreSpec):
     spills: list[SpillBatch]
     fills: list[Fill]
     stored_keys: list[int]
+    # With the cluster tier: the chunks a load fills from the scheduler's checked staging (mapped
+    # by the workers from ``cluster_staging``), and the stored keys whose record in the cluster
+    # failed a check (the workers put them again by upsert).
+    cluster_fills: list[ClusterFill]
+    cluster_staging: str
+    cluster_replace: list[int]
 
     @classmethod
     def of(cls, rows: np.ndarray, evicted_rows: np.ndarray = _NO_ROWS, spills: list[SpillBatch] | None = None,
@@ -96,6 +103,9 @@ class CpkvLoadStoreSpec(BlockIDsLoadStoreSpec):
         spec.spills = spills or []
         spec.fills = fills or []
         spec.stored_keys = stored_keys or []
+        spec.cluster_fills = []
+        spec.cluster_staging = ""
+        spec.cluster_replace = []
         return spec
 
     @property
@@ -117,7 +127,8 @@ class CpkvOffloadingManager(OffloadingManager):
     """
 
     def __init__(self, host_blocks: int, policy: str = DEFAULT_POLICY, *, tokens_per_chunk: Sequence[int] = (),
-                 enable_events: bool = False, l3: L3Catalog | None = None) -> None:
+                 enable_events: bool = False, l3: L3Catalog | None = None,
+                 cluster: ClusterCatalog | None = None) -> None:
         if isinstance(host_blocks, bool) or not isinstance(host_blocks, int) or host_blocks < 1:
             raise InvalidArgumentError(f"host_blocks must be an int >= 1, got {host_blocks!r}")
         if policy not in PrefixTree.POLICIES:
@@ -131,8 +142,13 @@ class CpkvOffloadingManager(OffloadingManager):
         self._events: list[OffloadingEvent] | None = [] if enable_events else None
         self._recent_evictions: deque[OffloadKey] = deque(maxlen=RECENT_EVICTIONS)
         self.l3 = l3
+        self.cluster = cluster
+        if l3 is not None or cluster is not None:
+            self.lookup = self._lookup_below  # type: ignore[method-assign,assignment,unused-ignore]
+        self._cluster_fills: dict[bytes, ClusterFill] = {}  # read from the cluster: row taken, filled by the next load
+        self._cluster_reading: dict[tuple, list[int]] = {}  # a load's identity -> the staging slots it reads
+        self._from_cluster: dict[str, set[bytes]] = {}  # per request: keys it found in the cluster
         if l3 is not None:
-            self.lookup = self._lookup_with_l3  # type: ignore[method-assign,assignment,unused-ignore]
             self._checks: dict[int, tuple[int, int, str]] = {}  # l3 key -> (slot, sequence, "checking"/"ok")
             self._fills: dict[bytes, Fill] = {}  # promoted: row taken, filled from disk by the next load
             self._from_disk: dict[str, set[bytes]] = {}  # per request: keys it found on disk
@@ -151,22 +167,32 @@ class CpkvOffloadingManager(OffloadingManager):
     def get_load_source(self, key: OffloadKey, req_context: ReqContext) -> CacheHitSource:
         if self.l3 is not None and key in self._from_disk.get(req_context.req_id, ()):
             return CacheHitSource.DISK
+        if key in self._from_cluster.get(req_context.req_id, ()):
+            return CacheHitSource.EXTERNAL_UNSPECIFIED
         return CacheHitSource.HOST
 
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> CpkvLoadStoreSpec:
         rows = self._core.prepare_load(keys, req_context.req_id, _positions(req_context))
-        if self.l3 is None:
-            return CpkvLoadStoreSpec.of(rows)
-        fills = [self._fills.pop(k) for k in keys if k in self._fills]
+        spec = CpkvLoadStoreSpec.of(rows)
         job = ("load", req_context.req_id, frozenset(keys))
-        if fills:
-            self._reading.setdefault(job, []).extend(f.key for f in fills)
-        return self._carry(job, CpkvLoadStoreSpec.of(rows, fills=fills))
+        if self.cluster is not None and self._cluster_fills:
+            spec.cluster_fills = [self._cluster_fills.pop(k) for k in keys if k in self._cluster_fills]
+            if spec.cluster_fills:
+                spec.cluster_staging = self.cluster.staging_path
+                self._cluster_reading.setdefault(job, []).extend(f.slot for f in spec.cluster_fills)
+        if self.l3 is None:
+            return spec
+        spec.fills = [self._fills.pop(k) for k in keys if k in self._fills]
+        if spec.fills:
+            self._reading.setdefault(job, []).extend(f.key for f in spec.fills)
+        return self._carry(job, spec)
 
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         self._core.complete_load(keys, req_context.req_id)
+        job = ("load", req_context.req_id, frozenset(keys))
+        if self.cluster is not None and job in self._cluster_reading:
+            self.cluster.release(self._cluster_reading.pop(job))  # every worker copied its shard out
         if self.l3 is not None:
-            job = ("load", req_context.req_id, frozenset(keys))
             self._commit(job)
             self._protected.subtract(self._reading.pop(job, ()))
             self._protected += Counter()  # drops the keys no fill reads any more
@@ -181,9 +207,13 @@ class CpkvOffloadingManager(OffloadingManager):
         store, rows, evicted_bytes, evicted_rows = out
         evicted = self._evicted(evicted_bytes)
         spec = CpkvLoadStoreSpec.of(rows, evicted_rows)
-        if self.l3 is not None:
+        if self.l3 is not None or self.cluster is not None:
             spec.stored_keys = [l3_key(k) for k in store]
-            self._spill(evicted, evicted_rows)
+        self._after_eviction(evicted, evicted_rows)
+        if self.cluster is not None and self.cluster.replace:
+            spec.cluster_replace = [k for k in spec.stored_keys if k in self.cluster.replace]
+            self.cluster.replace.difference_update(spec.cluster_replace)  # a failed put: found bad, marked again
+        if self.l3 is not None:
             self._carry(("store", frozenset(store)), spec)
         return PrepareStoreOutput(keys_to_store=_offload_keys(store), store_spec=spec, evicted_keys=evicted)
 
@@ -214,12 +244,20 @@ class CpkvOffloadingManager(OffloadingManager):
 
     def on_request_finished(self, req_context: ReqContext) -> None:
         self._core.request_finished(req_context.req_id)
+        self._from_cluster.pop(req_context.req_id, None)
         if self.l3 is not None:
             self._from_disk.pop(req_context.req_id, None)
 
     def has_pending_work(self) -> bool:
-        """While L3 records are being checked, vLLM keeps stepping so the deferred lookups resolve."""
-        return self.l3 is not None and self.l3.checking
+        """While L3 records are checked or cluster records read, vLLM keeps stepping so the deferred
+        lookups resolve."""
+        return (self.l3 is not None and self.l3.checking) or (self.cluster is not None and self.cluster.reading)
+
+    def on_schedule_end(self, context: Any) -> None:
+        """The end of a scheduler step: the cluster reads started in it go out; while the cluster
+        tier is off, its probe is polled (a cadence counted in steps)."""
+        if self.cluster is not None:
+            self.cluster.step()
 
     def take_events(self) -> Iterable[OffloadingEvent]:
         if self._events is None:
@@ -239,6 +277,13 @@ class CpkvOffloadingManager(OffloadingManager):
         """Drops everything (vLLM guarantees no completion of an earlier job arrives afterwards).
         L3 keeps what is durable on disk and forgets the spills not yet acknowledged."""
         self._core.reset()
+        if self.cluster is not None:
+            self.cluster.release([f.slot for f in self._cluster_fills.values()])
+            self.cluster.release([slot for slots in self._cluster_reading.values() for slot in slots])
+            self.cluster.reset()
+        self._cluster_fills.clear()
+        self._cluster_reading.clear()
+        self._from_cluster.clear()
         if self.l3 is not None:
             self.l3.forget_pending()
             self._checks.clear()
@@ -250,18 +295,23 @@ class CpkvOffloadingManager(OffloadingManager):
     def shutdown(self) -> None:
         """vLLM's scheduler closes after its workers (``EngineCore.shutdown``): with L3, the chunks
         still in host memory are taken into L3 from the workers' stop copies, then the catalog closes."""
-        if self.l3 is not None and not self.l3.closed:
-            try:
-                self.l3.spill_at_stop(self._held_chunks())
-            finally:
-                self.l3.close()
+        try:
+            if self.l3 is not None and not self.l3.closed:
+                try:
+                    self.l3.spill_at_stop(self._held_chunks())
+                finally:
+                    self.l3.close()
+        finally:
+            if self.cluster is not None:
+                self.cluster.close()
+                self.cluster = None
 
     def _held_chunks(self) -> list[tuple[int, int]]:
         """(L3 key, host row) of every chunk whose bytes are in host memory: readable (its store
         completed and successful), not a promoted chunk whose fill has not run."""
         out = []
         for key in self._core.resident_keys():
-            if key not in self._fills and self._core.lookup(key) is HIT:
+            if key not in self._fills and key not in self._cluster_fills and self._core.lookup(key) is HIT:
                 out.append((l3_key(key), self._core.row_of(key)))
         return out
 
@@ -298,14 +348,24 @@ class CpkvOffloadingManager(OffloadingManager):
         if batch_ids:
             self.l3.commit(batch_ids)
 
-    def _lookup_with_l3(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
-        """The host first; on a miss, L3: a durable chunk is checked off this thread (RETRY until
-        the check finished), then given a host row (HIT: the load fills it from disk first); a
-        failed check is a counted miss."""
-        assert self.l3 is not None
+    def _lookup_below(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        """The host first; on a miss L3, then the cluster tier."""
         result = cast(LookupResult, self._core.lookup(key, req_context))
         if result is not LookupResult.MISS:
             return result
+        if self.l3 is not None:
+            result = self._lookup_l3(key, req_context)
+            if result is not LookupResult.MISS:
+                return result
+        if self.cluster is not None:
+            return self._lookup_cluster(key, req_context)
+        return LookupResult.MISS
+
+    def _lookup_l3(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        """On a host miss, L3: a durable chunk is checked off this thread (RETRY until the check
+        finished), then given a host row (HIT: the load fills it from disk first); a failed check
+        is a counted miss."""
+        assert self.l3 is not None
         for k, sequence, reason in self.l3.checked():
             state = self._checks.get(k)
             if state is None or state[1] != sequence:
@@ -344,9 +404,7 @@ class CpkvOffloadingManager(OffloadingManager):
             return LookupResult.MISS
         del self._checks[k]
         _, rows, evicted_bytes, evicted_rows = out
-        evicted = self._evicted(evicted_bytes)
-        if evicted:
-            self._spill(evicted, evicted_rows)
+        self._after_eviction(self._evicted(evicted_bytes), evicted_rows)
         self._core.complete_store([key], True)
         if self._events is not None:
             self._events.append(OffloadingEvent(keys=[key], medium=self.medium, removed=False))
@@ -354,6 +412,53 @@ class CpkvOffloadingManager(OffloadingManager):
         self._from_disk.setdefault(req_context.req_id, set()).add(key)
         self.l3.counters["promoted"] += 1
         return LookupResult.HIT
+
+    # -- the cluster tier: lookups that fall through to it --------------------------------------
+
+    def _lookup_cluster(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        """Every worker's record is read and checked off this thread (RETRY until done); a checked
+        chunk takes a host row (HIT: the load fills it from the staging slot first); a record that
+        failed, or is absent, is a miss."""
+        assert self.cluster is not None
+        k = l3_key(key)
+        state = self.cluster.state(k)
+        if state is None:
+            return LookupResult.RETRY if self.cluster.start_read(k) else LookupResult.MISS
+        if state == "reading":
+            return LookupResult.RETRY
+        if state == "miss":
+            self.cluster.forget(k)
+            return LookupResult.MISS
+        out = self._core.prepare_store([key], req_context.req_id, _positions(req_context))
+        if out is None or not out[0]:
+            self.cluster.forget(k)
+            self.cluster.counters["cluster_no_host_room"] += 1
+            return LookupResult.MISS
+        _, rows, evicted_bytes, evicted_rows = out
+        self._after_eviction(self._evicted(evicted_bytes), evicted_rows)
+        self._core.complete_store([key], True)
+        if self._events is not None:
+            self._events.append(OffloadingEvent(keys=[key], medium=self.medium, removed=False))
+        self._cluster_fills[key] = ClusterFill(int(rows[0]), k, self.cluster.take(k))
+        self._from_cluster.setdefault(req_context.req_id, set()).add(key)
+        self.cluster.counters["cluster_promoted"] += 1
+        return LookupResult.HIT
+
+    def _after_eviction(self, evicted: list[OffloadKey], rows: np.ndarray) -> None:
+        """Chunks an eviction released: a cluster read whose fill never ran frees its staging slot
+        (its row holds nothing); the rest spill to L3 when it is on."""
+        if self.cluster is not None and self._cluster_fills and evicted:
+            kept = []
+            for i, key in enumerate(evicted):
+                fill = self._cluster_fills.pop(key, None)
+                if fill is None:
+                    kept.append(i)
+                else:
+                    self.cluster.release([fill.slot])
+            if len(kept) < len(evicted):
+                evicted, rows = [evicted[i] for i in kept], rows[np.asarray(kept, dtype=np.int64)]
+        if self.l3 is not None and evicted:
+            self._spill(evicted, rows)
 
     # -- cpkv's own view -------------------------------------------------------------------------
 
@@ -407,4 +512,6 @@ class CpkvOffloadingManager(OffloadingManager):
         stats["policy"] = self.policy
         if self.l3 is not None:
             stats.update(self.l3.stats())
+        if self.cluster is not None:
+            stats.update(self.cluster.stats())
         return stats

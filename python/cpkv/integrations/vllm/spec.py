@@ -12,6 +12,7 @@ from typing import Any
 from vllm.v1.kv_offload.base import CanonicalKVCaches, OffloadingSpec
 from vllm.v1.kv_offload.config import OffloadingConfig
 
+from .cluster import MASTER_SETTING, ClusterCatalog, ClusterGeometry
 from .config import CpkvOffloadConfig, check_stable_block_hashes
 from .l3 import L3Catalog, L3Geometry
 from .manager import CpkvOffloadingManager
@@ -30,6 +31,11 @@ class CpkvOffloadingSpec(OffloadingSpec):
         if self.cpkv.l3_dir is not None:
             check_stable_block_hashes(_hash_algo())
             self.l3 = _l3_geometry(config, self.cpkv, self.tokens_per_chunk)
+        self.cluster: ClusterGeometry | None = None
+        if self.cpkv.cluster_master is not None:
+            # Shared by every instance: a chunk's key must be the same in each (and after a restart).
+            check_stable_block_hashes(_hash_algo(), setting=MASTER_SETTING)
+            self.cluster = _cluster_geometry(config, self.tokens_per_chunk)
         self._manager: CpkvOffloadingManager | None = None
         self._worker: CpkvOffloadingWorker | None = None
 
@@ -38,15 +44,22 @@ class CpkvOffloadingSpec(OffloadingSpec):
             self._manager = CpkvOffloadingManager(
                 self.cpkv.host_blocks, self.cpkv.policy, tokens_per_chunk=self.tokens_per_chunk,
                 enable_events=self.kv_events_config.enable_kv_cache_events,
-                l3=None if self.l3 is None else L3Catalog(self.l3))
+                l3=None if self.l3 is None else L3Catalog(self.l3), cluster=self._cluster_catalog())
         return self._manager
+
+    def _cluster_catalog(self) -> ClusterCatalog | None:
+        if self.cluster is None:
+            return None
+        assert self.cpkv.cluster_master is not None and self.cpkv.cluster_metadata is not None
+        return ClusterCatalog(self.cluster, self.cpkv.cluster_master, self.cpkv.cluster_metadata, self.cpkv.timeout_s)
 
     def get_worker(self, kv_caches: CanonicalKVCaches) -> CpkvOffloadingWorker:
         if self._worker is None:
             self._worker = CpkvOffloadingWorker(
                 kv_caches, blocks_per_chunk=self.blocks_per_chunk, host_blocks=self.cpkv.host_blocks,
                 slab=self.cpkv.slab, process_group=_node_group(), timeout_s=self.cpkv.timeout_s,
-                l3=None if self.l3 is None else (self.l3, self.config.parallel.rank))
+                l3=None if self.l3 is None else (self.l3, self.config.parallel.rank),
+                cluster=None if self.cluster is None else (self.cluster, self.config.parallel.rank, self.cpkv))
         return self._worker
 
 
@@ -59,13 +72,26 @@ def _hash_algo() -> str | None:
     return None if config is None else str(config.cache_config.prefix_caching_hash_algo)
 
 
+def _layout(config: OffloadingConfig, tokens_per_chunk: tuple[int, ...]) -> str:
+    parallel = config.parallel
+    return (f"{config.kv_cache_layout} layout, {len(config.groups)} group(s), tokens per chunk {list(tokens_per_chunk)}, "
+            f"tp {parallel.tp_size} pp {parallel.pp_size} pcp {parallel.pcp_size} dcp {parallel.dcp_size}")
+
+
+def _cluster_geometry(config: OffloadingConfig, tokens_per_chunk: tuple[int, ...]) -> ClusterGeometry:
+    """What both sides derive alike from vLLM's config: one worker's chunk bytes, the namespaces."""
+    return ClusterGeometry(model=config.model.name, dtype=str(config.model.dtype),
+                           layout=_layout(config, tokens_per_chunk), tokens_per_chunk=max(tokens_per_chunk),
+                           world=config.parallel.world_size,
+                           page_bytes=config.worker_kv_bytes_per_block * config.cache.blocks_per_chunk)
+
+
 def _l3_geometry(config: OffloadingConfig, cpkv: CpkvOffloadConfig, tokens_per_chunk: tuple[int, ...]) -> L3Geometry:
     """What both sides derive alike from vLLM's config: one worker's chunk bytes, the namespace."""
     from pathlib import Path
 
     parallel = config.parallel
-    layout = (f"{config.kv_cache_layout} layout, {len(config.groups)} group(s), tokens per chunk {list(tokens_per_chunk)}, "
-              f"tp {parallel.tp_size} pp {parallel.pp_size} pcp {parallel.pcp_size} dcp {parallel.dcp_size}")
+    layout = _layout(config, tokens_per_chunk)
     assert cpkv.l3_dir is not None and cpkv.l3_bytes is not None
     directory = Path(cpkv.l3_dir)
     if parallel.data_parallel_size > 1:  # one scheduler per data-parallel engine: each its own catalog

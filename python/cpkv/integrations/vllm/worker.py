@@ -33,6 +33,7 @@ from cpkv.runtime.timeouts import DEFAULT_TIMEOUT_S
 from cpkv.tier.copy import RowCopy, SlabCopier, word_dtype
 from cpkv.tier.slab import HostSlab, SlabSpec, check_one_machine
 
+from .cluster import MASTER_SETTING, ClusterGeometry, ClusterShard
 from .l3 import L3Geometry, L3Shard
 from .manager import PAYLOAD, CpkvLoadStoreSpec
 
@@ -42,7 +43,7 @@ __all__ = ["CpkvOffloadingWorker"]
 class CpkvOffloadingWorker(OffloadingWorker):
     def __init__(self, kv_caches: CanonicalKVCaches, *, blocks_per_chunk: int, host_blocks: int,
                  slab: str = "shared", process_group: Any = None, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 l3: tuple[L3Geometry, int] | None = None) -> None:
+                 l3: tuple[L3Geometry, int] | None = None, cluster: tuple[ClusterGeometry, int, Any] | None = None) -> None:
         if not kv_caches.tensors:
             raise InvalidArgumentError("vLLM registered no KV cache tensors to offload")
         self.blocks_per_chunk = int(blocks_per_chunk)
@@ -88,6 +89,22 @@ class CpkvOffloadingWorker(OffloadingWorker):
             # The scheduler's check reads every worker's shard from its own node's disk.
             check_one_machine(process_group, "kv_connector_extra_config['cpkv_l3_dir']", timeout_s)
             self.l3 = L3Shard(geometry, rank)
+        self.cluster: ClusterShard | None = None
+        if cluster is not None:
+            self.cluster = self._open_cluster(cluster, process_group, timeout_s)
+
+    def _open_cluster(self, cluster: tuple[ClusterGeometry, int, Any], process_group: Any,
+                      timeout_s: float) -> ClusterShard:
+        geometry, rank, settings = cluster
+        page = sum(self._page_bytes) * self.blocks_per_chunk
+        if page != geometry.page_bytes:
+            raise InvalidArgumentError(
+                f"{MASTER_SETTING}: this worker's chunk holds {page} bytes, vLLM's worker_kv_bytes_per_block x "
+                f"blocks_per_chunk says {geometry.page_bytes}: the cluster tier cannot size its records")
+        # A load's fills come from the scheduler's staging memory, mapped through /proc.
+        check_one_machine(process_group, MASTER_SETTING, timeout_s)
+        return ClusterShard(geometry, rank, settings.cluster_master, settings.cluster_metadata, settings.timeout_s,
+                            segment_bytes=settings.cluster_bytes // geometry.world)
 
     # -- which device block goes to which host sub-row -------------------------------------------
 
@@ -143,8 +160,16 @@ class CpkvOffloadingWorker(OffloadingWorker):
 
     def _l3_first(self, host: LoadStoreSpec) -> None:
         """Before a job touches the slab: the spills (rows an eviction released, possibly reused by
-        this very job), then the fills of promoted chunks."""
-        if self.l3 is None or not isinstance(host, CpkvLoadStoreSpec):
+        this very job), then the fills of promoted chunks (from L3, from the cluster's staging)."""
+        if not isinstance(host, CpkvLoadStoreSpec):
+            return
+        if self.cluster is not None:
+            self.cluster.job()
+            for cluster_fill in host.cluster_fills:
+                self._fill_row(cluster_fill.row, self.cluster.read(host.cluster_staging, cluster_fill))
+            if host.cluster_fills and self.l3 is not None:
+                self.l3.note_fills(host.cluster_fills)
+        if self.l3 is None:
             return
         if host.spills:
             self.l3.write(host.spills, self.l3_pages)
@@ -165,6 +190,9 @@ class CpkvOffloadingWorker(OffloadingWorker):
             torch.cuda.current_stream().synchronize()  # the helper issues copies non_blocking, either way
         if not load and self.l3 is not None and isinstance(host, CpkvLoadStoreSpec):
             self.l3.note_store(host.rows, host.stored_keys, host.evicted_rows)
+        if not load and self.cluster is not None and isinstance(host, CpkvLoadStoreSpec):
+            # The rows hold exactly this job's chunks now: this worker's shard of each goes up.
+            self.cluster.put(host.stored_keys, host.rows, self.l3_pages, host.cluster_replace)
         return moved
 
     # -- OffloadingWorker ------------------------------------------------------------------------
@@ -196,6 +224,9 @@ class CpkvOffloadingWorker(OffloadingWorker):
     def shutdown(self) -> None:
         """vLLM closes the workers before the scheduler: with L3, this worker leaves its stop copy
         of the host rows for the catalog to take in at its close (see :mod:`.l3`)."""
+        if self.cluster is not None:
+            self.cluster.close()
+            self.cluster = None
         if self.l3 is not None:
             try:
                 self.l3.write_stop_copy(self.l3_pages)

@@ -13,15 +13,14 @@ scheduler's step): it takes the outcome of the probe in flight, if it finished, 
 last finished probe succeeded. A success is kept until it is used (:meth:`StoreProbe.reset`, when the
 tier re-attaches or is marked unavailable again): no new probe starts over it, so ranks whose probes
 finish at different points still all say yes at one point, and when the tier re-attaches no probe
-runs on the worker the tier's calls need. A new probe starts at most every ``every`` polls (the
-caller's calls, not the clock: a rate every rank counts alike) and, where ``interval_s`` is set, not
-sooner than that after the last one.
+runs on the worker the tier's calls need. A new probe starts at most every ``every`` polls: the
+caller's calls, not the clock, a rate every rank counts alike, so no wall-clock value decides when a
+rank probes.
 """
 
 from __future__ import annotations
 
 import os
-import time
 import uuid
 from functools import partial
 
@@ -42,20 +41,21 @@ class StoreProbe:
     runs the probe; the probe's two rows are registered with it here (this may raise
     :class:`~cpkv.errors.ClusterUnavailableError`, as any call)."""
 
-    def __init__(self, store: BoundedStore, key: str | None = None, *, every: int = 1,
-                 interval_s: float = 0.0) -> None:
-        if every < 1:
-            raise ValueError(f"every must be >= 1, got {every}")
+    def __init__(self, store: BoundedStore, key: str | None = None, *, every: int = 1) -> None:
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"every must be an int >= 1, got {every!r}")
         self.store = store
         self.key = key if key is not None else probe_key()
         self.every = every
-        self.interval_s = interval_s
+        # Fresh bytes per probe (this prober's nonce, then its probe count): a stale object from an
+        # earlier probe never passes the round trip.
+        self._nonce = np.frombuffer(uuid.uuid4().bytes[:8], dtype=np.uint8)
         self._rows = np.zeros((2, PROBE_BYTES), dtype=np.uint8)
         store.register(self._rows.ctypes.data, self._rows.nbytes)
         self._in_flight = False
         self._succeeded = False
         self._polls = 0  # polls since the last probe started (or since the reset)
-        self._started_at: float | None = None
+        self._started = False  # whether a probe started since the last reset
         self.probes = 0  # probes started
         self.failures = 0  # probes that finished and failed
 
@@ -74,26 +74,23 @@ class StoreProbe:
                 self.failures += int(not self._succeeded)
         self._polls += 1
         if not self._succeeded and not self._in_flight and self._due():
-            self._rows[0, :8] = np.frombuffer(np.int64(time.monotonic_ns()).tobytes(), dtype=np.uint8)
+            self._rows[0, :8] = self._nonce
             self._rows[0, 8:16] = np.frombuffer(np.int64(self.probes).tobytes(), dtype=np.uint8)
             self._rows[1] = 0
             if self.store.start(partial(self.store.round_trip, self.key, self._rows[0], self._rows[1])):
                 self._in_flight = True
                 self._polls = 0
-                self._started_at = time.monotonic()
+                self._started = True
                 self.probes += 1
         return self._succeeded
 
     def _due(self) -> bool:
-        if self._started_at is None:  # the first probe after a reset: at once
-            return True
-        if self._polls < self.every:
-            return False
-        return self.interval_s <= 0 or time.monotonic() - self._started_at >= self.interval_s
+        # The first probe after a reset: at once; then every ``every`` polls.
+        return not self._started or self._polls >= self.every
 
     def reset(self) -> None:
         """Forgets the last outcome (the tier re-attached, or was marked unavailable again): the next
         poll starts a probe as soon as none is in flight."""
         self._succeeded = False
         self._polls = 0
-        self._started_at = None
+        self._started = False

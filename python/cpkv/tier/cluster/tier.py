@@ -26,10 +26,12 @@ A call that fails with a store fault or does not answer makes this rank unhealth
 collective (``find`` or ``settle``) carries that as a MIN, so every rank marks the tier unavailable
 at the same point and serves nothing from it from then on: misses only, never a page read on one
 rank and missed on another. While unavailable a rank probes the store
-(:class:`~cpkv.tier.cluster.probe.StoreProbe`: an upsert and a get of one small object, at most once
-per ``probe_interval_s``) and the tier is available again on every rank at the first ``find`` or
-``settle`` where every rank's last probe succeeded (a restarted master is cold: Mooncake keeps no
-objects across it, and nothing is assumed present: every page is found and checked again).
+(:class:`~cpkv.tier.cluster.probe.StoreProbe`: an upsert and a get of one small object, started at
+most every ``probe_every`` of the tier's agreed decision points, its ``find`` and ``settle`` calls:
+counted in the replicated call sequence, never timed, so no wall-clock value enters the decision)
+and the tier is available again on every rank at the first ``find`` or ``settle`` where every rank's
+last probe succeeded (the MIN vote). A restarted master is cold: Mooncake keeps no objects across it,
+and nothing is assumed present: every page is found and checked again.
 """
 
 from __future__ import annotations
@@ -51,7 +53,8 @@ TRAILER = _cpkv.L3_HEADER_BYTES
 SEQUENCE = 0
 # Pages per store call (and rows of each staging buffer).
 DEFAULT_BATCH = 128
-PROBE_INTERVAL_S = 1.0
+# While unavailable: a probe starts at most every this many agreed decision points (find / settle).
+PROBE_EVERY = 8
 
 
 def object_key(namespace_id: int, key: int) -> str:
@@ -155,8 +158,10 @@ class ClusterTier:
     def __init__(self, master: str, metadata: str, *, slab: Any, payloads: Mapping[str, Any], num_layers: int,
                  page_size: int, rank: int, cp_size: int, model: str, timeout_s: float,
                  all_reduce_min: Callable[[list[int], str], list[int]], segment_bytes: int = 0,
-                 batch: int = DEFAULT_BATCH, probe_interval_s: float = PROBE_INTERVAL_S) -> None:
+                 batch: int = DEFAULT_BATCH, probe_every: int = PROBE_EVERY) -> None:
         check_cluster_options(master, metadata)
+        if isinstance(probe_every, bool) or not isinstance(probe_every, int) or probe_every < 1:
+            raise InvalidArgumentError(f"probe_every must be an int >= 1, got {probe_every!r}")
         self._slab = slab
         self.num_layers = num_layers
         self.offsets = page_layout(payloads, num_layers)
@@ -168,7 +173,7 @@ class ClusterTier:
         self._writers = _cpkv.L3Index(1, cp_size)  # the L3 rule: which rank of a node writes a key
         self._all_reduce_min = all_reduce_min
         self.batch = batch
-        self.probe_interval_s = probe_interval_s
+        self.probe_every = probe_every
         self.counters = {"cluster_pages_put": 0, "cluster_pages_read": 0, "cluster_hit_pages": 0,
                          "cluster_corrupt_dropped": 0, "cluster_lookups": 0, "cluster_faults": 0,
                          "cluster_unavailable_marks": 0, "cluster_reattaches": 0, "cluster_puts_skipped": 0}
@@ -189,7 +194,7 @@ class ClusterTier:
             self._write_rows = np.zeros((batch, self.record_bytes), dtype=np.uint8)
             for buffer in (self._read_rows, self._write_rows):
                 self.store.register(buffer.ctypes.data, buffer.nbytes)
-            self._probe = StoreProbe(self.store, interval_s=probe_interval_s)
+            self._probe = StoreProbe(self.store, every=probe_every)
         except ClusterUnavailableError as err:
             opened, failure = 0, err
         if self._all_reduce_min([opened], "cluster tier open")[0] == 0:
