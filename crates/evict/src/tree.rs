@@ -117,6 +117,9 @@ pub struct PrefixTree {
     /// In a tree that defers its digest terms (a shadow), the nodes whose
     /// terms are out of the sum until `settle_terms` (`deferred_terms.rs`).
     stale_terms: Option<Vec<NodeId>>,
+    /// In a shadow: node terms hash a run of device pages by its first id
+    /// and length (`digest::node_hash`).
+    run_terms: bool,
     /// Device pages held by the tree.
     live_pages: LivePages,
     /// Nodes referring to each host object.
@@ -191,6 +194,7 @@ impl PrefixTree {
             index: EvictableIndex::default(),
             digest_sum: 0,
             stale_terms: None,
+            run_terms: false,
             live_pages: LivePages::default(),
             host_refs: BTreeMap::new(),
             host_pages: 0,
@@ -329,7 +333,7 @@ impl PrefixTree {
     pub fn digest_from_scratch(&self) -> u64 {
         let sum = self
             .nodes()
-            .map(|n| node_hash(n, n.tokens_hash))
+            .map(|n| self.term_of(n))
             .fold(0u64, u64::wrapping_add);
         self.seal(sum)
     }
@@ -1287,7 +1291,10 @@ impl PrefixTree {
     fn restructure(&mut self, id: NodeId, change: impl FnOnce(&mut Node)) {
         let node = self.nodes.live_mut(id);
         change(node);
-        debug_assert!(node.term_stale || node.digest_term == node_hash(node, node.tokens_hash));
+        debug_assert!(
+            node.term_stale
+                || node.digest_term == node_hash(node, node.tokens_hash, self.run_terms)
+        );
         let tier = evictable_tier(node);
         if tier != node.indexed.map(|(tier, _)| tier) {
             if let Some((tier, key)) = node.indexed.take() {

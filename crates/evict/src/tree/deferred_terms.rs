@@ -10,6 +10,7 @@
 
 use crate::digest::node_hash;
 use crate::ids::NodeId;
+use crate::node::Node;
 
 use super::PrefixTree;
 
@@ -20,9 +21,31 @@ impl PrefixTree {
     }
 
     /// Keeps only the count of the device pages held, not the set (a
-    /// shadow, which hands out fresh page ids itself: `LivePages`).
+    /// shadow, which hands out fresh page ids itself: `LivePages`), and
+    /// hashes each node's pages as the run they are (`digest::node_hash`);
+    /// the terms of nodes already in the tree (a restored shadow) are
+    /// hashed again that way.
     pub(crate) fn count_pages_only(&mut self) {
         self.live_pages.count_only();
+        if self.run_terms {
+            return;
+        }
+        self.run_terms = true;
+        let ids: Vec<NodeId> = self.nodes.iter().map(|n| n.id).collect();
+        let mut sum = 0u64;
+        for id in ids {
+            let node = self.nodes.live_mut(id);
+            if !node.term_stale {
+                node.digest_term = node_hash(node, node.tokens_hash, true);
+                sum = sum.wrapping_add(node.digest_term);
+            }
+        }
+        self.digest_sum = sum;
+    }
+
+    /// `node`'s digest term as this tree hashes it.
+    pub(crate) fn term_of(&self, node: &Node) -> u64 {
+        node_hash(node, node.tokens_hash, self.run_terms)
     }
 
     /// Hashes the nodes changed since the last call into the digest (nothing
@@ -35,7 +58,7 @@ impl PrefixTree {
             // Removed nodes left the sum when they were detached.
             if let Some(node) = self.nodes.get_mut(id) {
                 node.term_stale = false;
-                node.digest_term = node_hash(node, node.tokens_hash);
+                node.digest_term = node_hash(node, node.tokens_hash, self.run_terms);
                 self.digest_sum = self.digest_sum.wrapping_add(node.digest_term);
             }
         }
@@ -48,7 +71,7 @@ impl PrefixTree {
         let node = self.nodes.live_mut(id);
         match self.stale_terms.as_mut() {
             None => {
-                node.digest_term = node_hash(node, node.tokens_hash);
+                node.digest_term = node_hash(node, node.tokens_hash, self.run_terms);
                 self.digest_sum = self.digest_sum.wrapping_add(node.digest_term);
             }
             Some(stale) if !node.term_stale => {
