@@ -4,7 +4,7 @@
 //! Made for callgrind, like `replay_cost` (two N, by difference).
 //!
 //! ```text
-//! cargo build --release -p cpkv-evict --example lean_candidate
+//! cargo build --release -p cpkv-evict --features floor-measurements --example lean_candidate
 //! valgrind --tool=callgrind target/release/examples/lean_candidate TRACE CAPACITY lean|replica N
 //! ```
 
