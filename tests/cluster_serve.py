@@ -12,6 +12,9 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
+
+import pytest
 
 from waiting import process_alive, wait_for
 
@@ -100,3 +103,11 @@ def start_serve(*args: str, store_bytes: int = STORE_BYTES) -> Served:
 
 def shm_names() -> set[str]:
     return set(os.listdir("/dev/shm"))
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[Served]:
+    """One ``cluster serve`` per test module (every suite's conftest offers it), stopped cleanly after."""
+    cluster = start_serve()
+    yield cluster
+    assert cluster.stop() == 0

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from cluster_serve import served  # noqa: F401 (one `cluster serve` per module, for the cluster tier's tests)
 from small_fs import small_disk  # noqa: F401 (the small tmpfs fixture of the disk tests)
 from waiting import process_alive, wait_for  # noqa: F401 (every suite's; re-exported for this one's tests)
 

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import os
 import signal
-from typing import Iterator
 
 import pytest
 import torch
 
-from cluster_serve import Served, start_serve
+from cluster_serve import Served
 from cpkv.errors import InvalidArgumentError
 from cpkv.runtime.launch import run_ranks
 from cpkv.tier import SlabSpec
@@ -25,13 +24,6 @@ KEYS = [31000 + i for i in range(4)]
 PROBE_EVERY = 4
 # Lookups after the master is thawed within which the tier must be back (each waits a little).
 MAX_LOOKUPS = 3000
-
-
-@pytest.fixture(scope="module")
-def served() -> Iterator[Served]:
-    cluster = start_serve()
-    yield cluster
-    assert cluster.stop() == 0
 
 
 def _rank(rank: int, world: int, master: str, metadata: str, master_pid: int) -> dict:

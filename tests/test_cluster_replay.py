@@ -12,11 +12,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
-from cluster_serve import Served, start_serve
+from cluster_serve import Served
 from conftest import REPO_ROOT
 from cpkv.replay import ReplayOptions
 from cpkv.replay.options import parse_payloads
@@ -28,13 +27,6 @@ pytestmark = pytest.mark.slow
 
 # A host tier small enough to evict into the cluster during the run.
 SIZES = ["--device-pages", "64", "--host-pages", "160"]
-
-
-@pytest.fixture(scope="module")
-def served() -> Iterator[Served]:
-    cluster = start_serve()
-    yield cluster
-    assert cluster.stop() == 0
 
 
 def _replay(tmp_path: Path, served: Served, name: str, *args: str) -> dict:

@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -25,13 +25,6 @@ pytestmark = pytest.mark.slow
 
 PAYLOADS = {"kv": SlabSpec((8, 16), torch.bfloat16), "index": SlabSpec((32,), torch.bfloat16)}
 LAYERS = 2
-
-
-@pytest.fixture(scope="module")
-def served() -> Iterator[Served]:
-    cluster = start_serve()
-    yield cluster
-    assert cluster.stop() == 0
 
 
 def _tier(served: Served, payloads: dict = PAYLOADS, page_size: int = 16, timeout_s: float = 10.0,

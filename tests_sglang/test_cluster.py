@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -19,13 +18,6 @@ from harness import launch
 from waiting import wait_for
 
 SLAB_PAGES = 16  # far fewer than the requests' distinct pages: most leave the slab by eviction
-
-
-@pytest.fixture(scope="module")
-def served() -> Iterator[Served]:
-    cluster = start_serve()
-    yield cluster
-    assert cluster.stop() == 0
 
 
 def _run(served: Served, phase: str, kind: str = "gqa", seed: int = 7, world: int = 2, **args) -> list[dict]:

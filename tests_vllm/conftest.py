@@ -17,6 +17,7 @@ REPO_ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.append(str(HERE.parent / "tests"))  # helpers every suite shares (small_fs)
 
+from cluster_serve import served  # noqa: E402,F401 (one `cluster serve` per module, for the cluster tier's tests)
 from small_fs import small_disk  # noqa: E402,F401 (the small tmpfs fixture of the disk tests)
 
 

@@ -9,9 +9,7 @@ cluster holds, byte for byte, and no staging slot or pin is left behind."""
 from __future__ import annotations
 
 import itertools
-from typing import Iterator
 
-import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -25,7 +23,7 @@ from vllm.v1.kv_offload.base import (
     make_offload_key,
 )
 
-from cluster_serve import Served, start_serve
+from cluster_serve import Served
 from cpkv.integrations.vllm import CpkvOffloadConfig
 from cpkv.integrations.vllm.cluster import ClusterCatalog, ClusterGeometry
 from cpkv.integrations.vllm.l3 import l3_key
@@ -38,13 +36,6 @@ PAGES = (64, 40)
 WORLD = 2
 TIMEOUT_S = 60.0
 _salts = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def served() -> Iterator[Served]:
-    cluster = start_serve()
-    yield cluster
-    assert cluster.stop() == 0
 
 
 def geometry() -> ClusterGeometry:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -29,13 +29,6 @@ from waiting import wait_for
 
 CHUNKS = 6
 STEPS = 100
-
-
-@pytest.fixture(scope="module")
-def served() -> Iterator[Served]:
-    cluster = start_serve()
-    yield cluster
-    assert cluster.stop() == 0
 
 
 def tiering_extra(master: str, metadata: str, **tier: Any) -> dict[str, Any]:

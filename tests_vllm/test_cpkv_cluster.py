@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -26,13 +26,6 @@ from waiting import wait_for
 
 BLOCKS = 4
 READ_TIMEOUT_S = 60.0
-
-
-@pytest.fixture(scope="module")
-def served() -> Iterator[Served]:
-    cluster = start_serve()
-    yield cluster
-    assert cluster.stop() == 0
 
 
 def cluster_extra(served: Served, **overrides: Any) -> dict[str, Any]:
