@@ -98,17 +98,38 @@ fn l3_check(
     unshared(py, || decode_record(buf, &expected).err().map(|r| r.name()))
 }
 
-/// A batch's keys, sequences and length by the binding's int rule.
-fn batch_args(
-    keys: &Bound<'_, PyAny>,
-    sequences: &Bound<'_, PyAny>,
-    length: &Bound<'_, PyAny>,
-) -> PyResult<(Vec<u64>, Vec<u64>, u64)> {
-    Ok((
-        int_vector(keys, "keys")?,
-        int_vector(sequences, "sequences")?,
-        uint(length, "length")?,
-    ))
+/// A batch's namespace, keys, sequences and length by the binding's int
+/// rule, owned; `batch` lends them as the core's `RecordBatch`.
+struct BatchArgs {
+    namespace: u64,
+    keys: Vec<u64>,
+    sequences: Vec<u64>,
+    length: u64,
+}
+
+impl BatchArgs {
+    fn parse(
+        namespace: &Bound<'_, PyAny>,
+        keys: &Bound<'_, PyAny>,
+        sequences: &Bound<'_, PyAny>,
+        length: &Bound<'_, PyAny>,
+    ) -> PyResult<Self> {
+        Ok(Self {
+            namespace: uint(namespace, "namespace")?,
+            keys: int_vector(keys, "keys")?,
+            sequences: int_vector(sequences, "sequences")?,
+            length: uint(length, "length")?,
+        })
+    }
+
+    fn batch(&self) -> RecordBatch<'_> {
+        RecordBatch {
+            namespace: self.namespace,
+            keys: &self.keys,
+            sequences: &self.sequences,
+            length: self.length,
+        }
+    }
 }
 
 /// A contiguous uint8 array's bytes; `what` names it in the error.
@@ -163,17 +184,11 @@ fn l3_check_into(
     rows: &Bound<'_, PyAny>,
 ) -> PyResult<Vec<Option<&'static str>>> {
     let slot_bytes = uint(slot_bytes, "slot_bytes")? as usize;
-    let namespace = uint(namespace, "namespace")?;
-    let (keys, sequences, length) = batch_args(keys, sequences, length)?;
+    let args = BatchArgs::parse(namespace, keys, sequences, length)?;
     let rows = int_vector(rows, "rows")?;
     let src = contiguous(&records, "records")?;
     let dst = contiguous_mut(&mut out, "out")?;
-    let batch = RecordBatch {
-        namespace,
-        keys: &keys,
-        sequences: &sequences,
-        length,
-    };
+    let batch = args.batch();
     let reasons = unshared(py, || check_into(src, slot_bytes, &batch, dst, &rows))?;
     Ok(names(reasons.map_err(l3_error)?))
 }
@@ -195,16 +210,10 @@ fn seal_batch(
     length: &Bound<'_, PyAny>,
     seal: Seal,
 ) -> PyResult<()> {
-    let namespace = uint(namespace, "namespace")?;
-    let (keys, sequences, length) = batch_args(keys, sequences, length)?;
+    let args = BatchArgs::parse(namespace, keys, sequences, length)?;
     let payloads = payload_slices(&payloads)?;
     let dst = contiguous_mut(&mut out, what)?;
-    let batch = RecordBatch {
-        namespace,
-        keys: &keys,
-        sequences: &sequences,
-        length,
-    };
+    let batch = args.batch();
     unshared(py, || seal(dst, &batch, &payloads))?.map_err(l3_error)
 }
 
@@ -272,16 +281,10 @@ fn l3_check_split(
     sequences: &Bound<'_, PyAny>,
     length: &Bound<'_, PyAny>,
 ) -> PyResult<Vec<Option<&'static str>>> {
-    let namespace = uint(namespace, "namespace")?;
-    let (keys, sequences, length) = batch_args(keys, sequences, length)?;
+    let args = BatchArgs::parse(namespace, keys, sequences, length)?;
     let rows = int_vector(rows, "rows")?;
     let (tails, src) = (contiguous(&tails, "tails")?, contiguous(&out, "out")?);
-    let batch = RecordBatch {
-        namespace,
-        keys: &keys,
-        sequences: &sequences,
-        length,
-    };
+    let batch = args.batch();
     let reasons = unshared(py, || check_split(tails, src, &rows, &whole, &batch))?;
     Ok(names(reasons.map_err(l3_error)?))
 }
@@ -300,15 +303,9 @@ fn l3_seal_packed(
     sequences: &Bound<'_, PyAny>,
     length: &Bound<'_, PyAny>,
 ) -> PyResult<()> {
-    let namespace = uint(namespace, "namespace")?;
-    let (keys, sequences, length) = batch_args(keys, sequences, length)?;
+    let args = BatchArgs::parse(namespace, keys, sequences, length)?;
     let dst = contiguous_mut(&mut records, "records")?;
-    let batch = RecordBatch {
-        namespace,
-        keys: &keys,
-        sequences: &sequences,
-        length,
-    };
+    let batch = args.batch();
     unshared(py, || seal_packed(dst, &batch))?.map_err(l3_error)
 }
 
@@ -325,15 +322,9 @@ fn l3_check_packed(
     sequences: &Bound<'_, PyAny>,
     length: &Bound<'_, PyAny>,
 ) -> PyResult<Vec<Option<&'static str>>> {
-    let namespace = uint(namespace, "namespace")?;
-    let (keys, sequences, length) = batch_args(keys, sequences, length)?;
+    let args = BatchArgs::parse(namespace, keys, sequences, length)?;
     let src = contiguous(&records, "records")?;
-    let batch = RecordBatch {
-        namespace,
-        keys: &keys,
-        sequences: &sequences,
-        length,
-    };
+    let batch = args.batch();
     let reasons = unshared(py, || check_packed(src, &batch))?;
     Ok(names(reasons.map_err(l3_error)?))
 }
