@@ -151,7 +151,7 @@ const GOLDEN: &[(&str, u64, &str)] = &[
     // snapshot, its canonical digest and every decision are unchanged). And
     // with the lean recency candidate in place of its replica (its own
     // digest and snapshot body; every decision unchanged).
-    ("ghost", 0x9aea_fdc0_8fdc_41ce, "d89327870f7ad10a"),
+    ("ghost", 0xf34a_6ad8_2b26_f488, "d89327870f7ad10a"),
     ("arc", 0x3ada_cc15_b71c_b7b4, "8eaae0ceed16e30b"),
     ("s3fifo", 0x7df3_a62e_ab5a_30ae, "ce4bb1851fcd8efb"),
 ];
