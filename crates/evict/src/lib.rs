@@ -13,9 +13,9 @@
 //! | words | `ids`, `clock`, `namespace`, `error`, `events` |
 //! | a node and where nodes live | `node`, `child_key` (child lookup, page words), `arena` (slots), `page_set`, `evictable` (the ordered index), `digest` |
 //! | what policies remember | `ghost_history` (`Policy::Ghost`'s history of dropped content), `queue_ghost_lists` (ARC's and S3-FIFO's ghost lists) |
-//! | how policies rank | `queue_shared` (the node slot and books both queue policies share), `arc`, `s3fifo`, `queues` (the queue state a tree keeps), `policy`, `ranking` (the rankings `Policy::Ghost` chooses between), `sampling` (which requests its candidates see) |
+//! | how policies rank | `queue_shared` (the node slot and books both queue policies share), `arc`, `s3fifo`, `queues` (the queue state a tree keeps), `policy`, `lean_recency` (ghost's recency candidate, a lean miniature cache), `ranking` (the rankings `Policy::Ghost` chooses between), `sampling` (which requests its candidates see) |
 //! | the tree | `tree` (with `tree/`): it knows the ghost policy's layer only as a `RankingChooser` |
-//! | above the tree | `transplant` (S3-FIFO's take-over order), `shadow` (ghost's shadow caches: the layer that chooses its ranking), `lean_recency` (a lean miniature of the recency candidate, measured against its replica; feature `floor-measurements`), `snapshot` |
+//! | above the tree | `transplant` (S3-FIFO's take-over order), `shadow` (ghost's shadow caches: the layer that chooses its ranking), `snapshot` |
 //!
 //! Snapshots and the policy state inside them share the allocator's
 //! encoding (`cpkv_wire`).
@@ -37,6 +37,7 @@ mod ghost_history;
 mod queue_ghost_lists;
 
 mod arc;
+mod lean_recency;
 mod policy;
 mod queue_shared;
 mod queues;
@@ -46,9 +47,6 @@ mod sampling;
 
 mod tree;
 
-#[cfg(any(test, feature = "floor-measurements"))]
-#[cfg_attr(not(feature = "floor-measurements"), allow(dead_code))]
-mod lean_recency;
 mod shadow;
 mod snapshot;
 mod transplant;
@@ -58,12 +56,12 @@ pub use error::EvictError;
 pub use events::Event;
 pub use evictable::PolicyKey;
 pub use ids::{HostKey, NodeId, PageId, Tier, Token};
-#[cfg(feature = "floor-measurements")]
-pub use lean_recency::{recency_candidate_hits, LeanRecency};
 pub use namespace::Namespace;
 pub use node::Node;
 pub use policy::Policy;
 pub use sampling::Sampling;
+#[cfg(feature = "floor-measurements")]
+pub use shadow::recency_candidate_hits;
 pub use shadow::replica_hits;
 pub use snapshot::TREE_SNAPSHOT_VERSION;
 pub use tree::{

@@ -3,6 +3,8 @@
 
 use std::fmt;
 
+use cpkv_wire::{Reader, Writer};
+
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub enum Namespace {
     /// No namespace given.
@@ -20,4 +22,30 @@ impl fmt::Display for Namespace {
             Self::Name(name) => write!(f, "{name:?}"),
         }
     }
+}
+
+/// A namespace in snapshots: tag u8 (0 default, 1 id u64, 2 name: u32
+/// length, UTF-8).
+pub(crate) fn encode_namespace(w: &mut Writer, namespace: &Namespace) {
+    match namespace {
+        Namespace::Default => w.u8(0),
+        Namespace::Id(id) => {
+            w.u8(1);
+            w.u64(*id);
+        }
+        Namespace::Name(name) => {
+            w.u8(2);
+            w.str(name);
+        }
+    }
+}
+
+/// The inverse of `encode_namespace`.
+pub(crate) fn decode_namespace(r: &mut Reader<'_>) -> Result<Namespace, String> {
+    Ok(match r.u8()? {
+        0 => Namespace::Default,
+        1 => Namespace::Id(r.u64()?),
+        2 => Namespace::Name(r.str()?.to_owned()),
+        tag => return Err(format!("bad namespace tag {tag}")),
+    })
 }

@@ -1,5 +1,6 @@
 //! Shadow caches for `Policy::Ghost` (miniature simulations, Waldspurger et
-//! al., ATC '17): one miniature tree per candidate ranking replays the
+//! al., ATC '17): one miniature cache per candidate ranking (a replica
+//! tree, or for recency the lean cache of `lean_recency.rs`) replays the
 //! sampled inserts (`sampling.rs`: requests whose first pages hash under a
 //! threshold) at the sampled share of the tree's capacity and counts the
 //! pages it would have hit; the tree ranks its leaves the way the candidate
@@ -33,6 +34,7 @@
 use crate::child_key::page_words;
 use crate::error::EvictError;
 use crate::ids::{NodeId, Token};
+use crate::lean_recency::LeanRecency;
 use crate::namespace::Namespace;
 use crate::policy::Policy;
 use crate::queue_shared::Slot;
@@ -96,11 +98,125 @@ impl PrefixTree {
     }
 }
 
+/// One candidate's miniature cache: a replica (a shadow `PrefixTree`
+/// ranking as the candidate does), or the lean recency cache that hits what
+/// the recency replica hits at a fraction of its time and memory.
+#[derive(Debug, Clone)]
+// Four of the five are replicas: boxing them would add a pointer chase to
+// every mirrored request and save nothing.
+#[allow(clippy::large_enum_variant)]
+enum Candidate {
+    Replica(PrefixTree),
+    Recency(LeanRecency),
+}
+
+/// Snapshot tags of a candidate.
+const REPLICA: u8 = 0;
+const LEAN_RECENCY: u8 = 1;
+
+impl Candidate {
+    /// The miniature `Shadows::new` runs for `ranking`.
+    fn new(ranking: Ranking) -> Self {
+        match ranking {
+            Ranking::Recency => Self::Recency(LeanRecency::new()),
+            _ => Self::Replica(replica(ranking)),
+        }
+    }
+
+    /// Replays one request of page words (see `PrefixTree::replay`);
+    /// replicas number their fresh pages from `next_page`, and the lean
+    /// candidate, which numbers none, moves it on by the pages it stores as
+    /// its replica did, so the other candidates' pages and digests are what
+    /// they were beside a replica.
+    fn replay(
+        &mut self,
+        pages: &[Token],
+        namespace: &Namespace,
+        cap: usize,
+        next_page: &mut u64,
+    ) -> usize {
+        match self {
+            Self::Replica(t) => t.replay(pages, namespace, cap, next_page),
+            Self::Recency(lean) => {
+                let (hit, stored) = lean.replay(pages, namespace, cap);
+                *next_page += stored as u64;
+                hit
+            }
+        }
+    }
+
+    fn digest(&self) -> u64 {
+        match self {
+            Self::Replica(t) => t.digest(),
+            Self::Recency(lean) => lean.digest(),
+        }
+    }
+
+    /// Pages it holds (a miniature's device pages).
+    #[cfg(test)]
+    fn pages(&self) -> usize {
+        match self {
+            Self::Replica(t) => t.device_pages(),
+            Self::Recency(lean) => lean.pages(),
+        }
+    }
+
+    /// Nodes (entries), and pages held or remembered.
+    fn memory(&self) -> (usize, usize) {
+        match self {
+            Self::Replica(t) => (t.len(), t.device_pages() + t.remembered_pages()),
+            Self::Recency(lean) => (lean.entries(), lean.pages()),
+        }
+    }
+
+    fn replica(&self) -> Option<&PrefixTree> {
+        match self {
+            Self::Replica(t) => Some(t),
+            Self::Recency(_) => None,
+        }
+    }
+
+    fn check(&self) -> Result<(), String> {
+        match self {
+            Self::Replica(t) => t.check_invariants().map_err(|e| e.to_string()),
+            Self::Recency(lean) => lean.check(),
+        }
+    }
+
+    fn encode(&self, w: &mut Writer) {
+        match self {
+            Self::Replica(t) => {
+                w.u8(REPLICA);
+                t.encode_state(w);
+            }
+            Self::Recency(lean) => {
+                w.u8(LEAN_RECENCY);
+                lean.encode(w);
+            }
+        }
+    }
+}
+
+/// `ranking`'s replica shadow: a page-size-1 tree ranking as the candidate
+/// does, whose terms, events and page set cost what a shadow needs.
+fn replica(ranking: Ranking) -> PrefixTree {
+    let policy = ranking.queue_policy().unwrap_or(Policy::Ghost);
+    let mut t = PrefixTree::without_chooser(1, policy).expect("page size 1");
+    t.set_event_limit(0); // no one reads a shadow's residency events
+    t.defer_terms(); // settled once per mirrored insert
+    t.count_pages_only(); // its page ids are its own, fresh
+    if policy == Policy::Ghost {
+        t.make_shadow(ranking);
+    }
+    t
+}
+
 #[derive(Debug, Clone)]
 pub struct Shadows {
     /// The main tree's page size; the shadows hold one word per page.
     page_size: usize,
-    trees: Vec<PrefixTree>,
+    /// One per ranking of `CANDIDATES`, in its order.
+    candidates: Vec<Candidate>,
     /// Decayed hit pages per candidate.
     scores: Vec<u64>,
     leader: usize,
@@ -119,20 +235,7 @@ impl Shadows {
     pub fn new(page_size: usize, sampling: Sampling) -> Self {
         Self {
             page_size,
-            trees: CANDIDATES
-                .iter()
-                .map(|&r| {
-                    let policy = r.queue_policy().unwrap_or(Policy::Ghost);
-                    let mut t = PrefixTree::without_chooser(1, policy).expect("page size 1");
-                    t.set_event_limit(0); // no one reads a shadow's residency events
-                    t.defer_terms(); // settled once per mirrored insert
-                    t.count_pages_only(); // its page ids are its own, fresh
-                    if policy == Policy::Ghost {
-                        t.make_shadow(r);
-                    }
-                    t
-                })
-                .collect(),
+            candidates: CANDIDATES.iter().map(|&r| Candidate::new(r)).collect(),
             scores: vec![0; CANDIDATES.len()],
             leader: 0,
             next_page: 0,
@@ -147,7 +250,8 @@ impl Shadows {
     pub fn arc_target(&self) -> u64 {
         let arc = CANDIDATES.iter().position(|r| *r == Ranking::Arc);
         let target = arc
-            .and_then(|i| self.trees[i].queue_state().arc_target())
+            .and_then(|i| self.candidates[i].replica())
+            .and_then(|t| t.queue_state().arc_target())
             .unwrap_or(0);
         self.sampling.scale_up(self.capacity, target)
     }
@@ -156,9 +260,10 @@ impl Shadows {
         CANDIDATES[self.leader]
     }
 
-    /// The leader's shadow tree.
-    pub fn leader_tree(&self) -> &PrefixTree {
-        &self.trees[self.leader]
+    /// The leader's shadow tree, when it is a replica (the queue
+    /// rankings' always are: the tree that follows one takes its order).
+    pub fn leader_tree(&self) -> Option<&PrefixTree> {
+        self.candidates[self.leader].replica()
     }
 
     /// Replays one insert of whole-page `tokens` into every shadow, as an
@@ -177,8 +282,8 @@ impl Shadows {
         let cap = self.sampling.miniature_capacity(self.capacity);
         let (decay_shift, min_between) = window(self.sampling.halvings(self.capacity));
         let pages = page_words(tokens, self.page_size);
-        for (i, t) in self.trees.iter_mut().enumerate() {
-            let matched = t.replay(&pages, namespace, cap, &mut self.next_page);
+        for (i, c) in self.candidates.iter_mut().enumerate() {
+            let matched = c.replay(&pages, namespace, cap, &mut self.next_page);
             self.scores[i] = self.scores[i] - (self.scores[i] >> decay_shift)
                 + ((matched as u64) << SCORE_FRACTION_BITS);
         }
@@ -205,14 +310,14 @@ impl Shadows {
             .word(self.since_switch)
             .word(u64::from(self.sampling.rate_shift()))
             .word(self.sampling.floor());
-        for (t, s) in self.trees.iter().zip(&self.scores) {
-            h = h.word(t.digest()).word(*s);
+        for (c, s) in self.candidates.iter().zip(&self.scores) {
+            h = h.word(c.digest()).word(*s);
         }
         h.finish()
     }
 
     /// Every field, for snapshots: the counters and the sampling, then per
-    /// candidate its score and its tree's whole body.
+    /// candidate its score, its kind and its whole body.
     pub(crate) fn encode(&self, w: &mut Writer) {
         for v in [
             self.leader as u64,
@@ -224,15 +329,16 @@ impl Shadows {
         ] {
             w.u64(v);
         }
-        for (t, score) in self.trees.iter().zip(&self.scores) {
+        for (c, score) in self.candidates.iter().zip(&self.scores) {
             w.u64(*score);
-            t.encode_state(w);
+            c.encode(w);
         }
     }
 
-    /// The inverse of `encode`: each shadow rebuilt and checked like a
-    /// restored tree by `decode_tree` (the snapshot's own decoder), then
-    /// checked to have page size 1 and its candidate's ranking.
+    /// The inverse of `encode`: each candidate of the kind `Shadows::new`
+    /// makes for its ranking, a replica rebuilt and checked like a restored
+    /// tree by `decode_tree` (the snapshot's own decoder), then checked to
+    /// have page size 1 and its candidate's ranking.
     pub(crate) fn decode(
         r: &mut Reader<'_>,
         page_size: usize,
@@ -249,10 +355,24 @@ impl Shadows {
         let rate_shift = u32::try_from(r.u64()?).map_err(|_| "shadow rate_shift out of range")?;
         let sampling = Sampling::new(rate_shift, r.u64()?).map_err(|e| e.to_string())?;
         let miniature = sampling.miniature_capacity(capacity);
-        let mut trees = Vec::with_capacity(CANDIDATES.len());
+        let mut candidates = Vec::with_capacity(CANDIDATES.len());
         let mut scores = Vec::with_capacity(CANDIDATES.len());
         for ranking in CANDIDATES {
             scores.push(r.u64()?);
+            let lean = matches!(Candidate::new(ranking), Candidate::Recency(_));
+            match (r.u8()?, lean) {
+                (LEAN_RECENCY, true) => {
+                    let lean =
+                        LeanRecency::decode(r).map_err(|e| format!("shadow {ranking:?}: {e}"))?;
+                    if lean.pages() > miniature {
+                        return Err(format!("shadow {ranking:?} holds more than its capacity"));
+                    }
+                    candidates.push(Candidate::Recency(lean));
+                    continue;
+                }
+                (REPLICA, false) => {}
+                (tag, _) => return Err(format!("shadow {ranking:?}: bad candidate tag {tag}")),
+            }
             let mut t = decode_tree(r).map_err(|e| format!("shadow {ranking:?}: {e}"))?;
             let expected = match ranking.queue_policy() {
                 Some(policy) => t.policy() == policy && t.fixed().is_none(),
@@ -267,11 +387,11 @@ impl Shadows {
             if t.device_pages() > miniature {
                 return Err(format!("shadow {ranking:?} holds more than its capacity"));
             }
-            trees.push(t);
+            candidates.push(Candidate::Replica(t));
         }
         Ok(Self {
             page_size,
-            trees,
+            candidates,
             scores,
             leader,
             next_page,
@@ -282,25 +402,23 @@ impl Shadows {
     }
 
     pub fn memory(&self) -> (usize, usize) {
-        let nodes = self.trees.iter().map(PrefixTree::len).sum();
-        let pages = self
-            .trees
+        self.candidates
             .iter()
-            .map(|t| t.device_pages() + t.remembered_pages())
-            .sum();
-        (nodes, pages)
+            .map(Candidate::memory)
+            .fold((0, 0), |(n, p), (cn, cp)| (n + cn, p + cp))
     }
 
-    /// Checks every shadow's own invariants (for `check_invariants`).
+    /// Checks every candidate's own invariants (for `check_invariants`).
     pub fn check(&self) -> Result<(), String> {
-        self.trees
+        self.candidates
             .iter()
-            .try_for_each(|t| t.check_invariants().map_err(|e| format!("shadow: {e}")))
+            .try_for_each(|c| c.check().map_err(|e| format!("shadow: {e}")))
     }
 }
 
 /// Issue 36's comparison: each candidate's hit pages per request under the
-/// exact replica shadows, fed one-token pages with the main tree holding `held`.
+/// exact (unsampled) shadows, fed one-token pages with the main tree holding
+/// `held`.
 #[doc(hidden)]
 pub fn replica_hits(requests: &[Vec<Token>], held: usize) -> Vec<[usize; 5]> {
     let mut s = Shadows::new(1, Sampling::EXACT);
@@ -309,12 +427,37 @@ pub fn replica_hits(requests: &[Vec<Token>], held: usize) -> Vec<[usize; 5]> {
         .map(|pages| {
             s.capacity = s.capacity.max(held);
             let mut hits = [0; 5];
-            for (i, t) in s.trees.iter_mut().enumerate() {
-                hits[i] = t.replay(pages, &Namespace::Default, s.capacity, &mut s.next_page);
+            for (i, c) in s.candidates.iter_mut().enumerate() {
+                hits[i] = c.replay(pages, &Namespace::Default, s.capacity, &mut s.next_page);
             }
             hits
         })
         .collect()
+}
+
+/// The hits per request of the recency candidate fed `requests` (page
+/// words) at `cap` pages: the lean one, or a recency replica. For the
+/// measuring example (`examples/lean_candidate.rs`).
+#[cfg(feature = "floor-measurements")]
+#[doc(hidden)]
+pub fn recency_candidate_hits(requests: &[Vec<Token>], cap: usize, lean: bool) -> Vec<usize> {
+    let mut candidate = if lean {
+        Candidate::Recency(LeanRecency::new())
+    } else {
+        Candidate::Replica(recency_replica())
+    };
+    let mut next_page = 0;
+    requests
+        .iter()
+        .map(|p| candidate.replay(p, &Namespace::Default, cap, &mut next_page))
+        .collect()
+}
+
+/// A recency replica: what `Shadows` ran for this candidate before the
+/// lean one, and the model the lean one is tested against.
+#[cfg(any(test, feature = "floor-measurements"))]
+pub(crate) fn recency_replica() -> PrefixTree {
+    replica(Ranking::Recency)
 }
 
 impl RankingChooser for Shadows {
@@ -332,7 +475,10 @@ impl RankingChooser for Shadows {
     }
     fn queue_order(&self, tree: &PrefixTree) -> Vec<(NodeId, Slot)> {
         let miniature = self.sampling.miniature_capacity(self.capacity) < self.capacity;
-        queue_order(tree, self.leader_tree(), miniature)
+        let leader = self
+            .leader_tree()
+            .expect("a queue ranking's shadow is a replica");
+        queue_order(tree, leader, miniature)
     }
     fn digest(&self) -> u64 {
         self.digest()
@@ -395,13 +541,45 @@ mod tests {
                     model.mirror(r, &ns, mini);
                     seen += 1;
                 }
-                for (a, b) in sampled.trees.iter().zip(&model.trees) {
+                for (a, b) in sampled.candidates.iter().zip(&model.candidates) {
                     prop_assert_eq!(a.digest(), b.digest());
-                    prop_assert!(a.device_pages() <= mini);
+                    prop_assert!(a.pages() <= mini);
                 }
                 sampled.check().map_err(TestCaseError::fail)?;
             }
             prop_assert!(seen < requests.len() || requests.len() < 64, "something left out");
+        }
+
+        /// The model of the lean candidate in place: shadows whose recency
+        /// candidate is a replica (what ghost ran before) fed the same
+        /// requests in several namespaces, sampled, keep the same scores,
+        /// leader and switches after every request, and the other
+        /// candidates' digests stay equal.
+        #[test]
+        fn the_lean_recency_candidate_scores_as_its_replica(
+            requests in requests(), shift in 0u32..3, held in 40usize..200, spaces in 1u64..4,
+        ) {
+            let sampling = match shift {
+                0 => Sampling::EXACT,
+                _ => Sampling::new(shift, 8).unwrap(),
+            };
+            let mut lean = Shadows::new(1, sampling);
+            let mut model = Shadows::new(1, sampling);
+            model.candidates[1] = Candidate::Replica(recency_replica());
+            for (i, r) in requests.iter().enumerate() {
+                let ns = match i as u64 % spaces {
+                    0 => Namespace::Default,
+                    n => Namespace::Id(n),
+                };
+                prop_assert_eq!(lean.mirror(r, &ns, held), model.mirror(r, &ns, held), "switch at {}", i);
+                prop_assert_eq!(&lean.scores, &model.scores);
+                prop_assert_eq!(lean.leader, model.leader);
+                for k in [0, 2, 3, 4] {
+                    prop_assert_eq!(lean.candidates[k].digest(), model.candidates[k].digest());
+                }
+                prop_assert_eq!(lean.candidates[1].pages(), model.candidates[1].pages());
+            }
+            lean.check().map_err(TestCaseError::fail)?;
         }
     }
 
@@ -420,11 +598,11 @@ mod tests {
         let mut s = Shadows::new(1, sampling);
         s.mirror(&[inside, 1, 2, 3], &ns, held);
         let before = s.digest();
-        let trees: Vec<u64> = s.trees.iter().map(PrefixTree::digest).collect();
+        let trees: Vec<u64> = s.candidates.iter().map(Candidate::digest).collect();
         s.mirror(&[outside, 1, 2, 3], &ns, held);
         assert_eq!(s.digest(), before, "an unsampled root changes nothing");
         s.mirror(&[inside, 1, 2, 3, 5], &ns, held);
-        let after: Vec<u64> = s.trees.iter().map(PrefixTree::digest).collect();
+        let after: Vec<u64> = s.candidates.iter().map(Candidate::digest).collect();
         assert!(
             after.iter().zip(&trees).all(|(a, b)| a != b),
             "a sampled one reaches all five"
@@ -440,10 +618,17 @@ mod tests {
             let tokens = [i % 40, 1000 + i % 17, 2000 + i];
             s.mirror(&tokens, &Namespace::Default, 30);
         }
-        let remembered: Vec<usize> = s.trees.iter().map(PrefixTree::remembered_pages).collect();
+        let remembered: Vec<usize> = s
+            .candidates
+            .iter()
+            .map(|c| c.replica().map_or(0, PrefixTree::remembered_pages))
+            .collect();
         assert_eq!(CANDIDATES[1], Ranking::Recency);
         assert!(remembered[0] > 0 && remembered[2] > 0, "{remembered:?}");
-        assert_eq!(remembered[1], 0, "the recency shadow keeps no history");
+        assert!(
+            matches!(s.candidates[1], Candidate::Recency(_)),
+            "the recency candidate is the lean one: no history, no tree"
+        );
         s.check().unwrap();
     }
 
@@ -500,7 +685,8 @@ mod tests {
             assert_eq!(one.scores, eight.scores, "scores at insert {i}");
         }
         let words = |s: &Shadows| -> (usize, usize) {
-            let nodes = s.trees.iter().flat_map(|t| t.nodes());
+            let replicas = s.candidates.iter().filter_map(Candidate::replica);
+            let nodes = replicas.flat_map(|t| t.nodes());
             nodes.fold((0, 0), |(w, p), n| {
                 (
                     w + n.tokens().len(),

@@ -32,7 +32,7 @@ use sha2::{Digest, Sha256};
 
 use crate::error::EvictError;
 use crate::ids::NodeId;
-use crate::namespace::Namespace;
+use crate::namespace::{decode_namespace, encode_namespace};
 use crate::node::{Children, Node};
 use crate::policy::Policy;
 use crate::queues::QueueState;
@@ -45,8 +45,10 @@ const MAGIC: &[u8; 8] = b"CPKVTREE";
 /// 2: the policies' own state (arc, s3fifo, ghost's shadows) follows the
 /// ghost history. 3: ghost's shadows include arc and s3fifo, and a ghost
 /// tree following one of them carries its queue state. 4: ghost's shadows
-/// are miniatures and carry their sampling (rate and floor).
-pub const TREE_SNAPSHOT_VERSION: u32 = 4;
+/// are miniatures and carry their sampling (rate and floor). 5: ghost's
+/// shadows tag each candidate's kind, and the recency candidate is the
+/// lean one (`lean_recency.rs`).
+pub const TREE_SNAPSHOT_VERSION: u32 = 5;
 
 const HEADER_LEN: usize = 8 + 4 + 8 + 32;
 const NO_PARENT: u64 = u64::MAX;
@@ -58,7 +60,7 @@ const NO_PARENT: u64 = u64::MAX;
 fn readable(version: u32, policy: Policy) -> bool {
     match version {
         TREE_SNAPSHOT_VERSION => true,
-        2 | 3 => policy != Policy::Ghost,
+        2..=4 => policy != Policy::Ghost,
         1 => matches!(
             policy,
             Policy::Lru | Policy::Lfu | Policy::Fifo | Policy::Slru
@@ -225,20 +227,6 @@ fn encode_node(w: &mut Writer, n: &Node) {
     }
 }
 
-fn encode_namespace(w: &mut Writer, namespace: &Namespace) {
-    match namespace {
-        Namespace::Default => w.u8(0),
-        Namespace::Id(id) => {
-            w.u8(1);
-            w.u64(*id);
-        }
-        Namespace::Name(name) => {
-            w.u8(2);
-            w.str(name);
-        }
-    }
-}
-
 /// The policy a body names (its second field), read before the rest.
 fn policy_name(body: &[u8]) -> Result<Policy, String> {
     let mut r = Reader::new(body);
@@ -281,12 +269,7 @@ fn decode_from(r: &mut Reader<'_>, in_shadows: bool) -> Result<Decoded, String> 
     let mut roots = BTreeMap::new();
     for _ in 0..r.len(9)? {
         let id = NodeId(r.u64()?);
-        let namespace = match r.u8()? {
-            0 => Namespace::Default,
-            1 => Namespace::Id(r.u64()?),
-            2 => Namespace::Name(r.str()?.to_owned()),
-            tag => return Err(format!("bad namespace tag {tag}")),
-        };
+        let namespace = decode_namespace(r)?;
         if roots.insert(namespace.clone(), id).is_some() {
             return Err(format!("namespace {namespace} listed twice"));
         }
@@ -398,6 +381,7 @@ mod tests {
     //! so the test also requires the plain fields to be accepted.
     use super::*;
     use crate::ids::Tier;
+    use crate::namespace::Namespace;
 
     fn busy_tree() -> PrefixTree {
         busy_tree_of(Policy::Ghost)

@@ -148,8 +148,10 @@ const GOLDEN: &[(&str, u64, &str)] = &[
     // is still sampled and its decisions are as before. Moved again with
     // issue 47's cheaper candidates: a shadow node's digest term hashes its
     // run of page ids by first id and length (the same information; the
-    // snapshot, its canonical digest and every decision are unchanged).
-    ("ghost", 0x0633_c4a1_9d31_3fcf, "8fe0fbfa06162e7d"),
+    // snapshot, its canonical digest and every decision are unchanged). And
+    // with the lean recency candidate in place of its replica (its own
+    // digest and snapshot body; every decision unchanged).
+    ("ghost", 0xf34a_6ad8_2b26_f488, "d89327870f7ad10a"),
     ("arc", 0x3ada_cc15_b71c_b7b4, "8eaae0ceed16e30b"),
     ("s3fifo", 0x7df3_a62e_ab5a_30ae, "ce4bb1851fcd8efb"),
 ];
