@@ -474,16 +474,23 @@ impl LeanRecency {
             lean.pages += entry.words.len();
             lean.entries[parent as usize].children += 1;
         }
-        // Every entry reaches a root: a walk longer than the slots is a cycle.
-        for id in 0..slots as u32 {
-            let (mut at, mut steps) = (id, 0);
-            while !free_slots.contains(&at) && !lean.entries[at as usize].is_root() {
-                at = lean.entries[at as usize].parent;
-                steps += 1;
-                if steps > slots {
+        // Every entry reaches a root; each walk stops at an entry already
+        // known to, so the whole check is linear (a chain is a valid trie).
+        let mut reaches = vec![false; slots];
+        for id in 0..slots {
+            let (mut at, mut path) = (id, Vec::new());
+            while !reaches[at] && !free_slots.contains(&(at as u32)) {
+                if lean.entries[at].is_root() {
+                    break;
+                }
+                if path.len() > slots {
                     return Err(format!("entry {id} is on a cycle"));
                 }
+                path.push(at);
+                at = lean.entries[at].parent as usize;
             }
+            path.into_iter().for_each(|p| reaches[p] = true);
+            reaches[at] = true;
         }
         for (id, entry) in lean.entries.iter().enumerate() {
             if free_slots.contains(&(id as u32)) {
@@ -507,6 +514,7 @@ impl LeanRecency {
     /// a parent is never older than its child, and the digest's sums.
     pub fn check(&self) -> Result<(), String> {
         let free: BTreeSet<u32> = self.free.iter().copied().collect();
+        let queued: BTreeSet<(u64, u32)> = self.leaves.iter().map(|r| r.0).collect();
         if free.len() != self.free.len() {
             return Err("a slot is on the free stack twice".into());
         }
@@ -548,8 +556,7 @@ impl LeanRecency {
             }
             if !e.is_root() && e.children == 0 {
                 leaves += 1;
-                let queued = self.leaves.iter().any(|r| r.0 == (e.stamp, i as u32));
-                if !queued {
+                if !queued.contains(&(e.stamp, i as u32)) {
                     return Err(format!("leaf {i} is not queued at its stamp"));
                 }
             }
@@ -730,6 +737,26 @@ mod tests {
         assert_ne!(same, feed(Op::Request(vec![3, 101, 7], 1)));
         assert_ne!(same, feed(Op::Request(vec![3, 101, 8], 0)));
         assert_ne!(same, feed(Op::Grow(20)));
+    }
+
+    /// Two entries that name each other as parent are refused: a trie
+    /// restored with a cycle would stamp its path forever.
+    #[test]
+    fn a_cycle_is_refused() {
+        let mut w = Writer::default();
+        w.u64(5); // clock
+        w.u64(4); // slots
+        w.u8(SLOT_ROOT);
+        crate::namespace::encode_namespace(&mut w, &Namespace::Default);
+        for (parent, word) in [(2u32, 7u64), (1, 8), (0, 9)] {
+            w.u8(SLOT_ENTRY);
+            w.u32(parent);
+            w.u64(1);
+            w.u64s(&[word]);
+        }
+        w.u64(0); // free stack
+        let err = LeanRecency::decode(&mut Reader::new(w.bytes())).unwrap_err();
+        assert!(err.contains("cycle"), "{err}");
     }
 
     /// The heap drops stale pairs and an emptied namespace drops its root:
