@@ -347,10 +347,11 @@ impl LeanRecency {
     }
 
     fn base_of(&self, id: u32) -> u64 {
-        match self.root_names.get(&id) {
-            Some(namespace) => root_base(id, namespace),
-            None => entry_base(id, &self.entries[id as usize]),
+        let entry = &self.entries[id as usize];
+        if !entry.is_root() {
+            return entry_base(id, entry);
         }
+        root_base(id, &self.root_names[&id])
     }
 
     /// Queues leaf `id` at `stamp`; stale pairs are dropped once they
@@ -443,9 +444,10 @@ impl LeanRecency {
             lean.entries.push(entry);
         }
         let stacked = r.len(4)?;
+        let mut seen = BTreeSet::new();
         for _ in 0..stacked {
             let id = r.u32()?;
-            if !free_slots.contains(&id) || lean.free.contains(&id) {
+            if !free_slots.contains(&id) || !seen.insert(id) {
                 return Err(format!("free stack names slot {id}"));
             }
             lean.free_sum = lean.free_sum.wrapping_add(free_term(lean.free.len(), id));

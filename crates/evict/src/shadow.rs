@@ -117,10 +117,16 @@ const LEAN_RECENCY: u8 = 1;
 impl Candidate {
     /// The miniature `Shadows::new` runs for `ranking`.
     fn new(ranking: Ranking) -> Self {
-        match ranking {
-            Ranking::Recency => Self::Recency(LeanRecency::new()),
-            _ => Self::Replica(replica(ranking)),
+        if Self::is_lean(ranking) {
+            Self::Recency(LeanRecency::new())
+        } else {
+            Self::Replica(replica(ranking))
         }
+    }
+
+    /// Whether `ranking`'s candidate is the lean cache, not a replica.
+    fn is_lean(ranking: Ranking) -> bool {
+        ranking == Ranking::Recency
     }
 
     /// Replays one request of page words (see `PrefixTree::replay`);
@@ -359,8 +365,7 @@ impl Shadows {
         let mut scores = Vec::with_capacity(CANDIDATES.len());
         for ranking in CANDIDATES {
             scores.push(r.u64()?);
-            let lean = matches!(Candidate::new(ranking), Candidate::Recency(_));
-            match (r.u8()?, lean) {
+            match (r.u8()?, Candidate::is_lean(ranking)) {
                 (LEAN_RECENCY, true) => {
                     let lean =
                         LeanRecency::decode(r).map_err(|e| format!("shadow {ranking:?}: {e}"))?;
