@@ -93,10 +93,11 @@ impl LiveItems {
     /// replaces.
     fn insert(&mut self, key: u64, seq: u64, items: &VecDeque<Item>, front: u64) -> Option<u64> {
         let rehash = |&s: &u32| key_hash(items[offset(s, front)].key);
-        match self
-            .0
-            .entry(key_hash(key), |&s| items[offset(s, front)].key == key, rehash)
-        {
+        match self.0.entry(
+            key_hash(key),
+            |&s| items[offset(s, front)].key == key,
+            rehash,
+        ) {
             hashbrown::hash_table::Entry::Occupied(mut slot) => {
                 let old = front + offset(*slot.get(), front) as u64;
                 *slot.get_mut() = seq as u32;
@@ -380,7 +381,10 @@ impl GhostHistory {
             items.push(item);
         }
         if items.len() > MAX_ITEMS {
-            return Err(format!("ghost queue of {} items, over {MAX_ITEMS}", items.len()));
+            return Err(format!(
+                "ghost queue of {} items, over {MAX_ITEMS}",
+                items.len()
+            ));
         }
         if live.len() as u64 != live_count {
             return Err(format!(
@@ -545,7 +549,10 @@ mod tests {
             },
             "ghost key 7 has an item after its live one",
         );
-        refused(&|b| b[16 + 3 * 17] = 2, "ghost queue longer than its records");
+        refused(
+            &|b| b[16 + 3 * 17] = 2,
+            "ghost queue longer than its records",
+        );
     }
 
     #[test]
