@@ -5,6 +5,10 @@ use std::fmt;
 
 use cpkv_wire::{Reader, Writer};
 
+/// Idle namespace roots kept before the longest idle one is dropped (by the
+/// tree and by ghost's lean candidates, whose histories name roots by id).
+pub const IDLE_ROOTS_KEPT: usize = 1024;
+
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub enum Namespace {
     /// No namespace given.

@@ -1,6 +1,6 @@
 //! Shadow caches for `Policy::Ghost` (miniature simulations, Waldspurger et
 //! al., ATC '17): one miniature cache per candidate ranking (a replica
-//! tree, or for recency the lean cache of `lean_recency.rs`) replays the
+//! tree, or for recency and segmented the lean caches of `lean_candidate.rs`) replays the
 //! sampled inserts (`sampling.rs`: requests whose first pages hash under a
 //! threshold) at the sampled share of the tree's capacity and counts the
 //! pages it would have hit; the tree ranks its leaves the way the candidate
@@ -34,7 +34,7 @@
 use crate::child_key::page_words;
 use crate::error::EvictError;
 use crate::ids::{NodeId, Token};
-use crate::lean_recency::LeanRecency;
+use crate::lean_candidate::LeanCandidate;
 use crate::namespace::Namespace;
 use crate::policy::Policy;
 use crate::queue_shared::Slot;
@@ -99,38 +99,32 @@ impl PrefixTree {
 }
 
 /// One candidate's miniature cache: a replica (a shadow `PrefixTree`
-/// ranking as the candidate does), or the lean recency cache that hits what
-/// the recency replica hits at a fraction of its time and memory.
+/// ranking as the candidate does), or a lean cache that hits what the
+/// replica hits at a fraction of its time and memory.
 #[derive(Debug, Clone)]
-// Four of the five are replicas: boxing them would add a pointer chase to
+// Three of the five are replicas: boxing them would add a pointer chase to
 // every mirrored request and save nothing.
 #[allow(clippy::large_enum_variant)]
 enum Candidate {
     Replica(PrefixTree),
-    Recency(LeanRecency),
+    Lean(LeanCandidate),
 }
 
 /// Snapshot tags of a candidate.
 const REPLICA: u8 = 0;
-const LEAN_RECENCY: u8 = 1;
+const LEAN: u8 = 1;
 
 impl Candidate {
     /// The miniature `Shadows::new` runs for `ranking`.
     fn new(ranking: Ranking) -> Self {
-        if Self::is_lean(ranking) {
-            Self::Recency(LeanRecency::new())
-        } else {
-            Self::Replica(replica(ranking))
+        match LeanCandidate::new(ranking) {
+            Some(lean) => Self::Lean(lean),
+            None => Self::Replica(replica(ranking)),
         }
     }
 
-    /// Whether `ranking`'s candidate is the lean cache, not a replica.
-    fn is_lean(ranking: Ranking) -> bool {
-        ranking == Ranking::Recency
-    }
-
     /// Replays one request of page words (see `PrefixTree::replay`);
-    /// replicas number their fresh pages from `next_page`, and the lean
+    /// replicas number their fresh pages from `next_page`, and a lean
     /// candidate, which numbers none, moves it on by the pages it stores as
     /// its replica did, so the other candidates' pages and digests are what
     /// they were beside a replica.
@@ -143,7 +137,7 @@ impl Candidate {
     ) -> usize {
         match self {
             Self::Replica(t) => t.replay(pages, namespace, cap, next_page),
-            Self::Recency(lean) => {
+            Self::Lean(lean) => {
                 let (hit, stored) = lean.replay(pages, namespace, cap);
                 *next_page += stored as u64;
                 hit
@@ -154,7 +148,7 @@ impl Candidate {
     fn digest(&self) -> u64 {
         match self {
             Self::Replica(t) => t.digest(),
-            Self::Recency(lean) => lean.digest(),
+            Self::Lean(lean) => lean.digest(),
         }
     }
 
@@ -163,7 +157,7 @@ impl Candidate {
     fn pages(&self) -> usize {
         match self {
             Self::Replica(t) => t.device_pages(),
-            Self::Recency(lean) => lean.pages(),
+            Self::Lean(lean) => lean.pages(),
         }
     }
 
@@ -171,21 +165,21 @@ impl Candidate {
     fn memory(&self) -> (usize, usize) {
         match self {
             Self::Replica(t) => (t.len(), t.device_pages() + t.remembered_pages()),
-            Self::Recency(lean) => (lean.entries(), lean.pages()),
+            Self::Lean(lean) => (lean.entries(), lean.pages() + lean.remembered_pages()),
         }
     }
 
     fn replica(&self) -> Option<&PrefixTree> {
         match self {
             Self::Replica(t) => Some(t),
-            Self::Recency(_) => None,
+            Self::Lean(_) => None,
         }
     }
 
     fn check(&self) -> Result<(), String> {
         match self {
             Self::Replica(t) => t.check_invariants().map_err(|e| e.to_string()),
-            Self::Recency(lean) => lean.check(),
+            Self::Lean(lean) => lean.check(),
         }
     }
 
@@ -195,8 +189,8 @@ impl Candidate {
                 w.u8(REPLICA);
                 t.encode_state(w);
             }
-            Self::Recency(lean) => {
-                w.u8(LEAN_RECENCY);
+            Self::Lean(lean) => {
+                w.u8(LEAN);
                 lean.encode(w);
             }
         }
@@ -365,14 +359,14 @@ impl Shadows {
         let mut scores = Vec::with_capacity(CANDIDATES.len());
         for ranking in CANDIDATES {
             scores.push(r.u64()?);
-            match (r.u8()?, Candidate::is_lean(ranking)) {
-                (LEAN_RECENCY, true) => {
-                    let lean =
-                        LeanRecency::decode(r).map_err(|e| format!("shadow {ranking:?}: {e}"))?;
+            match (r.u8()?, LeanCandidate::new(ranking).is_some()) {
+                (LEAN, true) => {
+                    let lean = LeanCandidate::decode(r, ranking)
+                        .map_err(|e| format!("shadow {ranking:?}: {e}"))?;
                     if lean.pages() > miniature {
                         return Err(format!("shadow {ranking:?} holds more than its capacity"));
                     }
-                    candidates.push(Candidate::Recency(lean));
+                    candidates.push(Candidate::Lean(lean));
                     continue;
                 }
                 (REPLICA, false) => {}
@@ -447,9 +441,9 @@ pub fn replica_hits(requests: &[Vec<Token>], held: usize) -> Vec<[usize; 5]> {
 #[doc(hidden)]
 pub fn recency_candidate_hits(requests: &[Vec<Token>], cap: usize, lean: bool) -> Vec<usize> {
     let mut candidate = if lean {
-        Candidate::Recency(LeanRecency::new())
+        Candidate::Lean(LeanCandidate::new(Ranking::Recency).expect("lean"))
     } else {
-        Candidate::Replica(recency_replica())
+        Candidate::Replica(candidate_replica(Ranking::Recency))
     };
     let mut next_page = 0;
     requests
@@ -458,11 +452,11 @@ pub fn recency_candidate_hits(requests: &[Vec<Token>], cap: usize, lean: bool) -
         .collect()
 }
 
-/// A recency replica: what `Shadows` ran for this candidate before the
-/// lean one, and the model the lean one is tested against.
+/// `ranking`'s replica: what `Shadows` ran for a lean candidate before
+/// it, and the model the lean one is tested against.
 #[cfg(any(test, feature = "floor-measurements"))]
-pub(crate) fn recency_replica() -> PrefixTree {
-    replica(Ranking::Recency)
+pub(crate) fn candidate_replica(ranking: Ranking) -> PrefixTree {
+    replica(ranking)
 }
 
 impl RankingChooser for Shadows {
@@ -555,13 +549,13 @@ mod tests {
             prop_assert!(seen < requests.len() || requests.len() < 64, "something left out");
         }
 
-        /// The model of the lean candidate in place: shadows whose recency
-        /// candidate is a replica (what ghost ran before) fed the same
-        /// requests in several namespaces, sampled, keep the same scores,
-        /// leader and switches after every request, and the other
+        /// The model of the lean candidates in place: shadows whose recency
+        /// and segmented candidates are replicas (what ghost ran before) fed
+        /// the same requests in several namespaces, sampled, keep the same
+        /// scores, leader and switches after every request, and the replica
         /// candidates' digests stay equal.
         #[test]
-        fn the_lean_recency_candidate_scores_as_its_replica(
+        fn the_lean_candidates_score_as_their_replicas(
             requests in requests(), shift in 0u32..3, held in 40usize..200, spaces in 1u64..4,
         ) {
             let sampling = match shift {
@@ -570,7 +564,9 @@ mod tests {
             };
             let mut lean = Shadows::new(1, sampling);
             let mut model = Shadows::new(1, sampling);
-            model.candidates[1] = Candidate::Replica(recency_replica());
+            for k in [1, 2] {
+                model.candidates[k] = Candidate::Replica(candidate_replica(CANDIDATES[k]));
+            }
             for (i, r) in requests.iter().enumerate() {
                 let ns = match i as u64 % spaces {
                     0 => Namespace::Default,
@@ -579,10 +575,12 @@ mod tests {
                 prop_assert_eq!(lean.mirror(r, &ns, held), model.mirror(r, &ns, held), "switch at {}", i);
                 prop_assert_eq!(&lean.scores, &model.scores);
                 prop_assert_eq!(lean.leader, model.leader);
-                for k in [0, 2, 3, 4] {
+                for k in [0, 3, 4] {
                     prop_assert_eq!(lean.candidates[k].digest(), model.candidates[k].digest());
                 }
-                prop_assert_eq!(lean.candidates[1].pages(), model.candidates[1].pages());
+                for k in [1, 2] {
+                    prop_assert_eq!(lean.candidates[k].memory().1, model.candidates[k].memory().1);
+                }
             }
             lean.check().map_err(TestCaseError::fail)?;
         }
@@ -626,13 +624,18 @@ mod tests {
         let remembered: Vec<usize> = s
             .candidates
             .iter()
-            .map(|c| c.replica().map_or(0, PrefixTree::remembered_pages))
+            .map(|c| match c {
+                Candidate::Replica(t) => t.remembered_pages(),
+                Candidate::Lean(lean) => lean.remembered_pages(),
+            })
             .collect();
-        assert_eq!(CANDIDATES[1], Ranking::Recency);
+        assert_eq!(CANDIDATES[1..3], [Ranking::Recency, Ranking::Segmented]);
         assert!(remembered[0] > 0 && remembered[2] > 0, "{remembered:?}");
+        assert_eq!(remembered[1], 0, "recency keeps no history");
         assert!(
-            matches!(s.candidates[1], Candidate::Recency(_)),
-            "the recency candidate is the lean one: no history, no tree"
+            matches!(s.candidates[1], Candidate::Lean(_))
+                && matches!(s.candidates[2], Candidate::Lean(_)),
+            "the recency and segmented candidates are lean ones: no tree"
         );
         s.check().unwrap();
     }

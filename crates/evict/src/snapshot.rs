@@ -47,10 +47,12 @@ const MAGIC: &[u8; 8] = b"CPKVTREE";
 /// tree following one of them carries its queue state. 4: ghost's shadows
 /// are miniatures and carry their sampling (rate and floor). 5: ghost's
 /// shadows tag each candidate's kind, and the recency candidate is the
-/// lean one (`lean_recency.rs`). 6: the ghost history writes its queue
+/// lean one (`lean_candidate.rs`). 6: the ghost history writes its queue
 /// once, each item's key with its live entry's counts (`GhostHistory::
-/// encode`); an empty history is written as before.
-pub const TREE_SNAPSHOT_VERSION: u32 = 6;
+/// encode`); an empty history is written as before. 7: the segmented
+/// candidate is a lean one too, with its history, and lean candidates
+/// carry lifetime ids and idle roots.
+pub const TREE_SNAPSHOT_VERSION: u32 = 7;
 
 const HEADER_LEN: usize = 8 + 4 + 8 + 32;
 const NO_PARENT: u64 = u64::MAX;
@@ -62,7 +64,7 @@ const NO_PARENT: u64 = u64::MAX;
 fn readable(version: u32, policy: Policy) -> bool {
     match version {
         TREE_SNAPSHOT_VERSION => true,
-        2..=5 => policy != Policy::Ghost,
+        2..=6 => policy != Policy::Ghost,
         1 => matches!(
             policy,
             Policy::Lru | Policy::Lfu | Policy::Fifo | Policy::Slru

@@ -35,6 +35,7 @@ use crate::evictable::{EvictableIndex, PolicyKey};
 use crate::ghost_history::{content_key, GhostHistory, Weights};
 use crate::ids::{HostKey, NodeId, PageId, Tier, Token};
 use crate::namespace::Namespace;
+pub use crate::namespace::IDLE_ROOTS_KEPT;
 use crate::node::{Children, Node};
 use crate::page_set::{LivePages, PageSet};
 use crate::policy::Policy;
@@ -156,8 +157,6 @@ pub struct PrefixTree {
 /// binding, the tier's config and the snapshot decoder all check.
 pub const MAX_PAGE_SIZE: usize = 1 << 20;
 
-/// Idle namespace roots kept before the longest idle one is dropped.
-pub const IDLE_ROOTS_KEPT: usize = 1024;
 /// Residency events buffered until `take_events` unless a caller asks for
 /// more: none, as nothing in cpkv reads them and each costs a copy of its
 /// pages. A caller that drains them sets a limit (`set_event_limit`); beyond

@@ -150,8 +150,10 @@ const GOLDEN: &[(&str, u64, &str)] = &[
     // run of page ids by first id and length (the same information; the
     // snapshot, its canonical digest and every decision are unchanged). And
     // with the lean recency candidate in place of its replica (its own
-    // digest and snapshot body; every decision unchanged).
-    ("ghost", 0xf34a_6ad8_2b26_f488, "c2e132201b428699"),
+    // digest and snapshot body; every decision unchanged). And with the
+    // lean segmented candidate, whose lean digests carry lifetime ids and
+    // idle roots (every decision unchanged: the decision fingerprint).
+    ("ghost", 0xc0e2_8aec_fd1e_d9b1, "e6fa625a2b6c81cf"),
     ("arc", 0x3ada_cc15_b71c_b7b4, "8eaae0ceed16e30b"),
     ("s3fifo", 0x7df3_a62e_ab5a_30ae, "ce4bb1851fcd8efb"),
 ];
@@ -363,6 +365,7 @@ fn earlier_snapshots_restore_where_their_policy_state_did_not_change() {
         (1, &include_bytes!("fixtures/v1_ghost.snapshot")[..]),
         (2, &include_bytes!("fixtures/v2_ghost.snapshot")[..]),
         (5, &include_bytes!("fixtures/v5_ghost.snapshot")[..]),
+        (6, &include_bytes!("fixtures/v6_ghost.snapshot")[..]),
     ] {
         let err = PrefixTree::restore(bytes).unwrap_err().to_string();
         assert!(
