@@ -306,6 +306,12 @@ impl GhostHistory {
         self.pages
     }
 
+    /// Reused pages lately: (hit on device, back from the history).
+    #[cfg(test)]
+    pub(crate) fn reuse_pages(&self) -> (u64, u64) {
+        (self.hit_pages, self.returned_pages)
+    }
+
     /// Whether queued item `seq` is its key's live one.
     fn is_live(&self, seq: u64, item: &Item) -> bool {
         self.entries.get(item.key, &self.items, self.front_seq()) == Some(seq)

@@ -1,38 +1,44 @@
-//! ghost's recency and segmented candidates as lean miniature caches: the
-//! membership and order a candidate needs, and nothing of the replicated tree
-//! node a real cache needs (issue 47's "cheaper candidates"; `Shadows` runs
-//! them in place of replicas).
+//! ghost's priority, recency and segmented candidates as lean miniature
+//! caches: the membership and order a candidate needs, and nothing of the
+//! replicated tree node a real cache needs (issue 47's "cheaper candidates";
+//! `Shadows` runs them in place of replicas).
 //!
 //! A compressed trie of page words in a slab of small entries (parent, child
-//! count, rank, lifetime id, the run's words), one root per namespace;
-//! children found through one table keyed by (parent, first word) instead of
-//! a table per node; leaves ordered by a min-heap of (rank, entry) whose stale
-//! pairs are skipped when popped (checked against the entry's own rank) and
-//! dropped when they outnumber the live leaves. A request is replayed as the
-//! replica replays it (`PrefixTree::replay`: match and stamp the path, evict
-//! just enough with the path locked, a victim holding at least twice what is
-//! still needed losing only its tail, insert what fits) and hits the same
-//! pages: leaves never share a stamp (one request stamps one path with one
-//! time), so the replica's tie-break by node id never decides.
+//! count, hits, last access, the ranking's key, lifetime id, the run's words),
+//! one root per namespace; children found through one table keyed by
+//! (parent, first word) instead of a table per node; leaves ordered by a
+//! min-heap of (key, last access, entry) whose stale triples are skipped when
+//! popped (checked against the entry's own) and dropped when they outnumber
+//! the live leaves. A request is replayed as the replica replays it
+//! (`PrefixTree::replay`: match, lock, evict just enough with the path locked,
+//! a victim holding at least twice what is still needed losing only its tail,
+//! insert what fits, unlock), on a clock that ticks as the replica's does, and
+//! hits the same pages: leaves never share a last access (one request stamps
+//! one path with one time), so the replica's tie-break by node id never
+//! decides.
 //!
-//! The rank is the last access, and for the segmented candidate a bit above
-//! it once the entry is reused (the replica's `hits >= 2`: a matched node,
-//! the upper part of a split it copied its count to, or content the history
-//! gives back). The segmented candidate keeps the replica's history of
-//! dropped content (`GhostHistory`), keyed as the replica keys it by the
-//! parent's id and the first word. Its ids are lifetime ids, not slots: one
-//! per entry, never reused, the upper part of a split taking a new one and
-//! the lower keeping its own, as the replica's node ids do; and roots live as
-//! the replica's do (kept while idle, up to `IDLE_ROOTS_KEPT`, the longest
-//! idle dropped first when a new one is made), since a root's id is the
-//! parent of every first-level entry.
+//! The key before the last access is the ranking's: none for recency, whether
+//! the entry is reused (the replica's `hits >= 2`) for segmented, and
+//! `Policy::Ghost`'s priority (`ghost_priority`) for priority, which reads how
+//! far back the cache reaches (the floor its victims raise) and the weights
+//! its history measures. The segmented and priority candidates count hits as
+//! the replica does (each matched node gains one, the upper part of a split
+//! copies the count, content the history gives back resumes its count) and
+//! keep the replica's history of dropped content (`GhostHistory`), keyed as
+//! the replica keys it by the parent's id and the first word. Their ids are
+//! lifetime ids, not slots: one per entry, never reused, the upper part of a
+//! split taking a new one and the lower keeping its own, as the replica's
+//! node ids do; and roots live as the replica's do (kept while idle, up to
+//! `IDLE_ROOTS_KEPT`, the longest idle dropped first when a new one is made),
+//! since a root's id is the parent of every first-level entry.
 //!
 //! Replicated state like the tree's: the digest is a wrapping sum of one
-//! term per entry (its slot, parent, lifetime id, words and rank), one per
-//! free slot at its place in the free stack (which decides the slots entries
-//! get) and one per idle root, updated as they change, and the history's own;
-//! the snapshot carries the entries, the free stack and the history, and the
-//! children table, the heap and the idle order are rebuilt from them.
+//! term per entry (its slot, parent, lifetime id, words, hits, last access
+//! and key), one per free slot at its place in the free stack (which decides
+//! the slots entries get) and one per idle root, updated as they change, and
+//! the history's own; the snapshot carries the entries, the free stack and
+//! the history, and the children table, the heap and the idle order are
+//! rebuilt from them.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
@@ -40,16 +46,13 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
 use crate::ghost_history::{content_key, GhostHistory};
 use crate::ids::{NodeId, Token};
 use crate::namespace::{Namespace, IDLE_ROOTS_KEPT};
+use crate::policy::ghost_priority;
 use crate::ranking::Ranking;
 use cpkv_hash::{fold_words, mix64, Hasher64, WordHashing};
 use cpkv_wire::{Reader, Writer};
 
 /// `Entry::parent` of a namespace root.
 const NO_PARENT: u32 = u32::MAX;
-
-/// The rank's bit for a reused entry: above every stamp, so a segmented
-/// candidate evicts one-shot entries before reused ones, each by recency.
-const REUSED: u64 = 1 << 63;
 
 const TAG_ENTRY: u64 = 0x1ea0_0001;
 const TAG_ROOT: u64 = 0x1ea0_0002;
@@ -62,43 +65,45 @@ const SLOT_FREE: u8 = 0;
 const SLOT_ROOT: u8 = 1;
 const SLOT_ENTRY: u8 = 2;
 
+/// Where a leaf stands in the eviction order: (key, last access, slot).
+type Order = (u64, u64, u32);
+
 #[derive(Debug, Clone)]
 struct Entry {
     /// `NO_PARENT` for a namespace root.
     parent: u32,
     children: u32,
-    /// An entry's last access, `REUSED` set once reused; a root's idle
-    /// since (meaningful while it is idle).
-    rank: u64,
+    /// The replica's hit count (kept at 1 by recency, which reads none).
+    hits: u64,
+    /// An entry's last access; a root's idle since (0 while not idle).
+    stamp: u64,
+    /// The ranking's key before the last access (0 for a root).
+    key: u64,
     /// The entry's lifetime id (never reused): what the history names a
     /// parent by.
     life: u64,
     /// The run's page words (empty for a root and a free slot).
     words: Vec<Token>,
     /// The hash of the slot, parent, lifetime id and words (or the root's
-    /// namespace): what the digest term adds the rank to.
+    /// namespace): what the digest term adds the rest to.
     base: u64,
 }
 
 impl Entry {
     fn term(&self) -> u64 {
-        mix64(self.base ^ self.rank)
+        mix64(self.base ^ mix64(self.stamp ^ mix64(self.key ^ self.hits.rotate_left(32))))
     }
     fn is_root(&self) -> bool {
         self.parent == NO_PARENT
     }
-    fn stamp(&self) -> u64 {
-        self.rank & !REUSED
-    }
-    /// What the history remembers of the replica node's hit count: 2 for
-    /// a reused entry, 1 for a one-shot one (only `hits >= 2` ranks).
-    fn hits(&self) -> u64 {
-        1 + u64::from(self.rank & REUSED != 0)
+    fn order(&self, id: u32) -> Order {
+        (self.key, self.stamp, id)
     }
 }
 
 #[derive(Debug, Clone)]
 pub struct LeanCandidate {
+    ranking: Ranking,
     entries: Vec<Entry>,
     /// Free slots, the next one handed out last.
     free: Vec<u32>,
@@ -106,20 +111,23 @@ pub struct LeanCandidate {
     /// Each root's namespace, to drop a root that is reaped.
     root_names: BTreeMap<u32, Namespace>,
     /// Childless roots by (idle since, lifetime id, slot), the longest
-    /// idle first. Since is the request that left the root childless: its
-    /// eviction (the replica's evict tick) or the request's own, storing
-    /// nothing (its unlock tick); one request is never both, as an eviction
-    /// that frees a page leaves room to store one.
+    /// idle first: since is the replica's tick that left the root
+    /// childless (a request's eviction, or its unlock when it stored
+    /// nothing).
     idle: BTreeSet<(u64, u64, u32)>,
     children: HashMap<(u32, Token), u32, WordHashing>,
-    /// Leaves by (rank, entry), with stale pairs skipped lazily.
-    leaves: BinaryHeap<Reverse<(u64, u32)>>,
+    /// Leaves by their order, with stale triples skipped lazily.
+    leaves: BinaryHeap<Reverse<Order>>,
     live_leaves: usize,
+    /// The replica's logical clock: four ticks a request (match, lock,
+    /// insert, unlock), five when it evicts.
     clock: u64,
+    /// How far back the cache reaches: the latest of each victim's last
+    /// access and key (the priority candidate's horizon starts there).
+    floor: u64,
     pages: usize,
     next_life: u64,
-    /// The segmented candidate's history of dropped content; `None` for
-    /// recency.
+    /// The history of dropped content; `None` for recency.
     history: Option<GhostHistory>,
     /// Sum of the live entries' terms.
     entry_sum: u64,
@@ -127,17 +135,21 @@ pub struct LeanCandidate {
     free_sum: u64,
     /// Sum of the idle roots' terms.
     idle_sum: u64,
+    /// Scratch: a request's path, root side first (not state).
+    path: Vec<u32>,
 }
 
 impl LeanCandidate {
-    /// The lean cache of `ranking`, when it has one (recency, segmented).
+    /// The lean cache of `ranking`, when it has one (all but the queue
+    /// rankings, whose order a tree following them takes over).
     pub fn new(ranking: Ranking) -> Option<Self> {
         let history = match ranking {
             Ranking::Recency => None,
-            Ranking::Segmented => Some(GhostHistory::default()),
-            _ => return None,
+            Ranking::Segmented | Ranking::Priority => Some(GhostHistory::default()),
+            Ranking::Arc | Ranking::S3fifo => return None,
         };
         Some(Self {
+            ranking,
             entries: Vec::new(),
             free: Vec::new(),
             roots: BTreeMap::new(),
@@ -147,21 +159,20 @@ impl LeanCandidate {
             leaves: BinaryHeap::new(),
             live_leaves: 0,
             clock: 0,
+            floor: 0,
             pages: 0,
             next_life: 0,
             history,
             entry_sum: 0,
             free_sum: 0,
             idle_sum: 0,
+            path: Vec::new(),
         })
     }
 
     #[cfg(test)]
     fn ranking(&self) -> Ranking {
-        match self.history {
-            None => Ranking::Recency,
-            Some(_) => Ranking::Segmented,
-        }
+        self.ranking
     }
 
     /// Pages held.
@@ -182,6 +193,7 @@ impl LeanCandidate {
     pub fn digest(&self) -> u64 {
         Hasher64::new(TAG_DIGEST)
             .word(self.clock)
+            .word(self.floor)
             .word(self.pages as u64)
             .word(self.entries.len() as u64)
             .word(self.free.len() as u64)
@@ -193,29 +205,46 @@ impl LeanCandidate {
             .finish()
     }
 
+    fn tick(&mut self) -> u64 {
+        self.clock += 1;
+        self.clock
+    }
+
     /// Replays one request of page words in `namespace` at a capacity of
     /// `cap` pages; returns the pages it hit and the pages it stored.
     pub fn replay(&mut self, pages: &[Token], namespace: &Namespace, cap: usize) -> (usize, usize) {
-        self.clock += 1;
-        let now = self.clock;
+        self.tick(); // match
         let root = self.root(namespace);
         let (end, matched) = self.match_path(root, pages);
-        self.touch_path(end, now);
+        if self.ranking != Ranking::Recency {
+            self.hit_path(end);
+        }
+        self.tick(); // lock
         let new = pages.len() - matched;
         let room = cap.saturating_sub(self.pages);
         if new > room {
+            self.tick();
             self.evict(new - room, end, root);
         }
+        let now = self.tick(); // insert
+        self.touch_path(end, now);
         let keep = matched + new.min(cap.saturating_sub(self.pages));
         if keep > matched {
-            // Content back from the history is reused on its return.
+            // Content back from the history resumes its hit count.
             let parent_life = NodeId(self.entries[end as usize].life);
-            let returned = self.history.as_mut().is_some_and(|h| {
-                h.take_back(content_key(parent_life, &pages[matched..=matched]))
-                    .is_some()
-            });
-            let rank = if returned { now | REUSED } else { now };
-            let leaf = self.alloc(end, rank, pages[matched..keep].to_vec());
+            let returned = self
+                .history
+                .as_mut()
+                .and_then(|h| h.take_back(content_key(parent_life, &pages[matched..=matched])));
+            let hits = if self.ranking == Ranking::Recency {
+                1
+            } else {
+                1 + returned.unwrap_or(0)
+            };
+            let key = self.key_of(hits, now);
+            let leaf = self.alloc(end, pages[matched..keep].to_vec());
+            let entry = &mut self.entries[leaf as usize];
+            (entry.hits, entry.stamp, entry.key) = (hits, now, key);
             self.enter(leaf);
             self.children.insert((end, pages[matched]), leaf);
             let parent = &mut self.entries[end as usize];
@@ -225,12 +254,25 @@ impl LeanCandidate {
             }
             self.live_leaves += 1;
             self.pages += keep - matched;
-            self.push_leaf(rank, leaf);
+            let order = self.entries[leaf as usize].order(leaf);
+            self.push_leaf(order);
         }
+        let now = self.tick(); // unlock
         if self.entries[root as usize].children == 0 {
             self.set_idle(root, Some(now));
         }
         (matched, keep - matched)
+    }
+
+    /// The ranking's key of content with `hits` hits accessed at `now`.
+    fn key_of(&self, hits: u64, now: u64) -> u64 {
+        match (self.ranking, &self.history) {
+            (Ranking::Segmented, _) => u64::from(hits >= 2),
+            (Ranking::Priority, Some(history)) => {
+                ghost_priority(hits, now, self.floor, history.weights())
+            }
+            _ => 0,
+        }
     }
 
     /// `namespace`'s root, taken out of the idle ones for the request; a
@@ -246,7 +288,8 @@ impl LeanCandidate {
             let (_, _, oldest) = *self.idle.first().expect("idle roots");
             self.drop_root(oldest);
         }
-        let root = self.alloc(NO_PARENT, 0, Vec::new());
+        let root = self.alloc(NO_PARENT, Vec::new());
+        self.entries[root as usize].hits = 0;
         self.roots.insert(namespace.clone(), root);
         self.root_names.insert(root, namespace.clone());
         self.enter(root);
@@ -260,16 +303,15 @@ impl LeanCandidate {
         self.release(root);
     }
 
-    /// Makes `root` idle since `since`, or not idle (its rank 0 then, as
-    /// a snapshot restores it).
+    /// Makes `root` idle since `since`, or not idle.
     fn set_idle(&mut self, root: u32, since: Option<u64>) {
         let entry = &mut self.entries[root as usize];
-        let old = (entry.rank, entry.life, root);
+        let old = (entry.stamp, entry.life, root);
         if self.idle.remove(&old) {
             self.idle_sum = self.idle_sum.wrapping_sub(idle_term(old));
         }
         self.entry_sum = self.entry_sum.wrapping_sub(entry.term());
-        entry.rank = since.unwrap_or(0);
+        entry.stamp = since.unwrap_or(0);
         self.entry_sum = self.entry_sum.wrapping_add(entry.term());
         if let Some(since) = since {
             let new = (since, entry.life, root);
@@ -302,18 +344,19 @@ impl LeanCandidate {
     }
 
     /// Splits `id` after its first `k` words; the new upper entry takes
-    /// its place under the parent, with a new lifetime id and `id`'s rank,
-    /// and is returned (the lower keeps `id`, its lifetime id, its rank and
-    /// its place among the leaves).
+    /// its place under the parent, with a new lifetime id and `id`'s hits,
+    /// last access and key, and is returned (the lower keeps `id`, its
+    /// lifetime id, its order and its place among the leaves).
     fn split(&mut self, id: u32, k: usize) -> u32 {
         let entry = &mut self.entries[id as usize];
-        let (parent, rank) = (entry.parent, entry.rank);
+        let (parent, hits, stamp, key) = (entry.parent, entry.hits, entry.stamp, entry.key);
         let tail = entry.words.split_off(k);
         let head = std::mem::replace(&mut entry.words, tail);
         let lower_first = entry.words[0];
         let first = head[0];
-        let upper = self.alloc(parent, rank, head);
-        self.entries[upper as usize].children = 1;
+        let upper = self.alloc(parent, head);
+        let entry = &mut self.entries[upper as usize];
+        (entry.hits, entry.stamp, entry.key, entry.children) = (hits, stamp, key, 1);
         self.enter(upper);
         self.entries[id as usize].parent = upper;
         self.rebase(id);
@@ -322,57 +365,81 @@ impl LeanCandidate {
         upper
     }
 
-    /// Stamps `end` and its ancestors with `now` (and, for the segmented
-    /// candidate, marks them reused: each matched node gains a hit); a
-    /// stamped leaf is queued again at its new rank.
-    fn touch_path(&mut self, end: u32, now: u64) {
-        let rank = if self.history.is_some() {
-            now | REUSED
-        } else {
-            now
-        };
+    /// The match's hits: each entry of the path to `end` gains one, root
+    /// side first, and under the priority ranking the history counts its
+    /// pages as reuse the cache held (the replica's `note_hit`, whose
+    /// halving makes the order matter).
+    fn hit_path(&mut self, end: u32) {
+        self.path.clear();
         let mut at = end;
         while !self.entries[at as usize].is_root() {
+            self.path.push(at);
+            at = self.entries[at as usize].parent;
+        }
+        for &at in self.path.iter().rev() {
             let entry = &mut self.entries[at as usize];
             self.entry_sum = self.entry_sum.wrapping_sub(entry.term());
-            entry.rank = rank;
+            entry.hits = entry.hits.saturating_add(1);
+            self.entry_sum = self.entry_sum.wrapping_add(entry.term());
+            if self.ranking == Ranking::Priority {
+                if let Some(history) = self.history.as_mut() {
+                    history.note_hit(entry.words.len());
+                }
+            }
+        }
+    }
+
+    /// The insert's access: `end` and its ancestors are stamped `now` and
+    /// keyed again (the replica accesses the matched path once more when it
+    /// inserts); a stamped leaf is queued again at its new order.
+    fn touch_path(&mut self, end: u32, now: u64) {
+        let mut at = end;
+        while !self.entries[at as usize].is_root() {
+            let key = self.key_of(self.entries[at as usize].hits, now);
+            let entry = &mut self.entries[at as usize];
+            self.entry_sum = self.entry_sum.wrapping_sub(entry.term());
+            (entry.stamp, entry.key) = (now, key);
             self.entry_sum = self.entry_sum.wrapping_add(entry.term());
             at = entry.parent;
         }
         let entry = &self.entries[end as usize];
         if !entry.is_root() && entry.children == 0 {
-            self.push_leaf(rank, end);
+            self.push_leaf(entry.order(end));
         }
     }
 
-    /// Frees `need` pages from the lowest ranked leaves other than
+    /// Frees `need` pages from the lowest ordered leaves other than
     /// `locked` (the request's path ends there, so no other leaf is on it);
     /// `request_root` stays out of the idle roots until the request ends.
     fn evict(&mut self, mut need: usize, locked: u32, request_root: u32) {
         let mut held_back = None;
         while need > 0 {
-            let Some(Reverse((rank, id))) = self.leaves.pop() else {
+            let Some(Reverse(order)) = self.leaves.pop() else {
                 break;
             };
+            let id = order.2;
             let entry = &self.entries[id as usize];
-            if entry.rank != rank || entry.children != 0 || entry.words.is_empty() {
+            if entry.order(id) != order || entry.children != 0 || entry.words.is_empty() {
                 continue; // stale: re-stamped, grown a child or freed
             }
             if id == locked {
-                held_back = Some((rank, id));
+                held_back = Some(order);
                 continue;
+            }
+            if self.ranking == Ranking::Priority {
+                self.floor = self.floor.max(entry.stamp.min(entry.key));
             }
             let held = entry.words.len();
             if need <= held / 2 {
                 self.trim_tail(id, need);
-                self.leaves.push(Reverse((rank, id)));
+                self.leaves.push(Reverse(order));
                 break;
             }
             need = need.saturating_sub(held);
             self.remove_leaf(id, request_root);
         }
-        if let Some((rank, id)) = held_back {
-            self.leaves.push(Reverse((rank, id)));
+        if let Some(order) = held_back {
+            self.leaves.push(Reverse(order));
         }
     }
 
@@ -384,7 +451,7 @@ impl LeanCandidate {
         let keep = entry.words.len() - need;
         if let Some(history) = self.history.as_mut() {
             let key = content_key(NodeId(entry.life), &entry.words[keep..=keep]);
-            history.record(key, entry.hits(), need, self.pages);
+            history.record(key, entry.hits, need, self.pages);
         }
         self.entries[id as usize].words.truncate(keep);
         self.rebase(id);
@@ -399,7 +466,7 @@ impl LeanCandidate {
         let (parent, first, len) = (entry.parent, entry.words[0], entry.words.len());
         if let Some(history) = self.history.as_mut() {
             let key = content_key(NodeId(self.entries[parent as usize].life), &[first]);
-            history.record(key, entry.hits(), len, self.pages);
+            history.record(key, entry.hits, len, self.pages);
         }
         self.pages -= len;
         self.children.remove(&(parent, first));
@@ -409,23 +476,25 @@ impl LeanCandidate {
         p.children -= 1;
         if p.children == 0 {
             if !p.is_root() {
-                let rank = p.rank;
+                let order = p.order(parent);
                 self.live_leaves += 1;
-                self.push_leaf(rank, parent);
+                self.push_leaf(order);
             } else if parent != request_root {
                 self.set_idle(parent, Some(self.clock));
             }
         }
     }
 
-    /// A slot for a new entry with the next lifetime id, the free stack's
-    /// top first (its term joins the sum in `enter`, once a root's
-    /// namespace is known).
-    fn alloc(&mut self, parent: u32, rank: u64, words: Vec<Token>) -> u32 {
+    /// A slot for a new entry (one hit, never accessed) with the next
+    /// lifetime id, the free stack's top first (its term joins the sum in
+    /// `enter`, once the caller has set it up).
+    fn alloc(&mut self, parent: u32, words: Vec<Token>) -> u32 {
         let entry = Entry {
             parent,
             children: 0,
-            rank,
+            hits: 1,
+            stamp: 0,
+            key: 0,
             life: self.next_life,
             words,
             base: 0,
@@ -482,31 +551,32 @@ impl LeanCandidate {
         root_base(id, entry.life, &self.root_names[&id])
     }
 
-    /// Queues leaf `id` at `rank`; stale pairs are dropped once they
+    /// Queues a leaf at `order`; stale triples are dropped once they
     /// outnumber the live leaves, so the heap stays bounded by the trie.
-    fn push_leaf(&mut self, rank: u64, id: u32) {
-        self.leaves.push(Reverse((rank, id)));
+    fn push_leaf(&mut self, order: Order) {
+        self.leaves.push(Reverse(order));
         if self.leaves.len() > 2 * self.live_leaves + 64 {
             let entries = &self.entries;
-            self.leaves.retain(|Reverse((r, i))| {
-                let e = &entries[*i as usize];
-                !e.words.is_empty() && e.children == 0 && e.rank == *r
+            self.leaves.retain(|Reverse(o)| {
+                let e = &entries[o.2 as usize];
+                !e.words.is_empty() && e.children == 0 && e.order(o.2) == *o
             });
-            // A leaf re-queued while still queued keeps one pair.
-            let mut seen: Vec<(u64, u32)> = self.leaves.drain().map(|Reverse(p)| p).collect();
+            // A leaf re-queued while still queued keeps one triple.
+            let mut seen: Vec<Order> = self.leaves.drain().map(|Reverse(o)| o).collect();
             seen.sort_unstable();
             seen.dedup();
             self.leaves.extend(seen.into_iter().map(Reverse));
         }
     }
 
-    /// The clock and the next lifetime id, every slot (free, a root with
-    /// its namespace, lifetime id and whether it is idle since when, or an
-    /// entry), the free stack, then the segmented candidate's history: what
-    /// the children table, the leaf heap, the idle order and the digest are
+    /// The clock, the floor and the next lifetime id, every slot (free, a
+    /// root with its namespace, lifetime id and whether it is idle since
+    /// when, or an entry), the free stack, then the history: what the
+    /// children table, the leaf heap, the idle order and the digest are
     /// rebuilt from.
     pub(crate) fn encode(&self, w: &mut Writer) {
         w.u64(self.clock);
+        w.u64(self.floor);
         w.u64(self.next_life);
         w.u64(self.entries.len() as u64);
         let free: BTreeSet<u32> = self.free.iter().copied().collect();
@@ -518,14 +588,15 @@ impl LeanCandidate {
                 w.u8(SLOT_ROOT);
                 crate::namespace::encode_namespace(w, namespace);
                 w.u64(entry.life);
-                let idle = self.idle.contains(&(entry.rank, entry.life, id));
-                w.u8(u8::from(idle));
-                w.u64(if idle { entry.rank } else { 0 });
+                w.u8(u8::from(self.idle.contains(&(entry.stamp, entry.life, id))));
+                w.u64(entry.stamp);
             } else {
                 w.u8(SLOT_ENTRY);
                 w.u32(entry.parent);
                 w.u64(entry.life);
-                w.u64(entry.rank);
+                w.u64(entry.hits);
+                w.u64(entry.stamp);
+                w.u64(entry.key);
                 w.u64s(&entry.words);
             }
         }
@@ -540,25 +611,26 @@ impl LeanCandidate {
     /// replay could have built (an orphan, a cycle, two children on one
     /// word, a child newer than its parent or the clock, a lifetime id
     /// used twice or not yet handed out, an idle root with children or a
-    /// childless one not idle, a reused entry in the recency candidate, a
+    /// childless one not idle, hits or a key the ranking never gives, a
     /// free stack that is not exactly the free slots).
     pub(crate) fn decode(r: &mut Reader<'_>, ranking: Ranking) -> Result<Self, String> {
         let mut lean = Self::new(ranking).ok_or(format!("{ranking:?} has no lean candidate"))?;
         let clock = r.u64()?;
         lean.clock = clock;
+        lean.floor = r.u64()?;
         lean.next_life = r.u64()?;
         let slots = r.len(1)?;
         if slots >= NO_PARENT as usize {
             return Err(format!("{slots} slots"));
         }
         let mut free_slots = BTreeSet::new();
-        let mut lives = BTreeSet::new();
-        let mut idle_since = BTreeMap::new();
         for id in 0..slots as u32 {
             let mut entry = Entry {
                 parent: NO_PARENT,
                 children: 0,
-                rank: 0,
+                hits: 0,
+                stamp: 0,
+                key: 0,
                 life: 0,
                 words: Vec::new(),
                 base: 0,
@@ -577,8 +649,10 @@ impl LeanCandidate {
                     match idle {
                         0 if since == 0 => {}
                         1 if since <= clock => {
-                            entry.rank = since;
-                            idle_since.insert(id, since);
+                            entry.stamp = since;
+                            let idle = (since, entry.life, id);
+                            lean.idle.insert(idle);
+                            lean.idle_sum = lean.idle_sum.wrapping_add(idle_term(idle));
                         }
                         _ => return Err(format!("root {id}: bad idle state {idle}, {since}")),
                     }
@@ -588,28 +662,16 @@ impl LeanCandidate {
                 SLOT_ENTRY => {
                     entry.parent = r.u32()?;
                     entry.life = r.u64()?;
-                    entry.rank = r.u64()?;
+                    entry.hits = r.u64()?;
+                    entry.stamp = r.u64()?;
+                    entry.key = r.u64()?;
                     entry.words = r.u64s()?;
-                    let reused = entry.rank & REUSED != 0;
-                    if entry.words.is_empty()
-                        || entry.stamp() > clock
-                        || (reused && lean.history.is_none())
-                    {
-                        return Err(format!(
-                            "entry {id}: no words, newer than the clock, or reused under recency"
-                        ));
+                    if entry.words.is_empty() || entry.stamp > clock {
+                        return Err(format!("entry {id}: no words, or newer than the clock"));
                     }
                     entry.base = entry_base(id, &entry);
                 }
                 tag => return Err(format!("bad slot tag {tag}")),
-            }
-            if !free_slots.contains(&id)
-                && (entry.life >= lean.next_life || !lives.insert(entry.life))
-            {
-                return Err(format!(
-                    "slot {id}: lifetime id {} used twice or not handed out",
-                    entry.life
-                ));
             }
             lean.entries.push(entry);
         }
@@ -638,10 +700,6 @@ impl LeanCandidate {
             let live = |p: u32| (p as usize) < slots && !free_slots.contains(&p);
             if !live(parent) || parent == id {
                 return Err(format!("entry {id}: parent {parent} is not an entry"));
-            }
-            let up = &lean.entries[parent as usize];
-            if !up.is_root() && up.stamp() < entry.stamp() {
-                return Err(format!("entry {id} is newer than its parent"));
             }
             if lean.children.insert((parent, entry.words[0]), id).is_some() {
                 return Err(format!("entry {id} shares its first word with a sibling"));
@@ -673,18 +731,9 @@ impl LeanCandidate {
                 continue;
             }
             lean.entry_sum = lean.entry_sum.wrapping_add(entry.term());
-            if entry.is_root() {
-                if (entry.children == 0) != idle_since.contains_key(&id) {
-                    return Err(format!("root {id}: idle is not childless"));
-                }
-                if let Some(&since) = idle_since.get(&id) {
-                    let idle = (since, entry.life, id);
-                    lean.idle.insert(idle);
-                    lean.idle_sum = lean.idle_sum.wrapping_add(idle_term(idle));
-                }
-            } else if entry.children == 0 {
+            if !entry.is_root() && entry.children == 0 {
                 lean.live_leaves += 1;
-                lean.leaves.push(Reverse((entry.rank, id)));
+                lean.leaves.push(Reverse(entry.order(id)));
             }
         }
         lean.check()?;
@@ -692,12 +741,13 @@ impl LeanCandidate {
     }
 
     /// Checks the trie from scratch: child counts, the children table, the
-    /// roots and which are idle, the lifetime ids, the pages held, that
-    /// every leaf is queued at its rank, that a parent is never older than
-    /// its child, the history, and the digest's sums.
+    /// roots and which are idle, the lifetime ids, the pages held, hits and
+    /// keys the ranking gives, that every leaf is queued at its order, that
+    /// a parent is never older than its child, the history, and the
+    /// digest's sums.
     pub fn check(&self) -> Result<(), String> {
         let free: BTreeSet<u32> = self.free.iter().copied().collect();
-        let queued: BTreeSet<(u64, u32)> = self.leaves.iter().map(|r| r.0).collect();
+        let queued: BTreeSet<Order> = self.leaves.iter().map(|r| r.0).collect();
         if free.len() != self.free.len() {
             return Err("a slot is on the free stack twice".into());
         }
@@ -716,7 +766,11 @@ impl LeanCandidate {
             }
             if e.is_root() {
                 let named = self.root_names.get(&i);
-                if named.and_then(|n| self.roots.get(n)) != Some(&i) || !e.words.is_empty() {
+                if named.and_then(|n| self.roots.get(n)) != Some(&i)
+                    || !e.words.is_empty()
+                    || e.hits != 0
+                    || e.key != 0
+                {
                     return Err(format!("root {i} is not its namespace's"));
                 }
                 continue;
@@ -724,8 +778,13 @@ impl LeanCandidate {
             if e.words.is_empty() || !live(e.parent) {
                 return Err(format!("entry {i}: empty or orphaned"));
             }
-            if e.rank & REUSED != 0 && self.history.is_none() {
-                return Err(format!("entry {i}: reused under recency"));
+            let keyed = match self.ranking {
+                Ranking::Recency => e.hits == 1 && e.key == 0,
+                Ranking::Segmented => e.hits >= 1 && e.key == u64::from(e.hits >= 2),
+                _ => e.hits >= 1,
+            };
+            if !keyed {
+                return Err(format!("entry {i}: hits {} and key {}", e.hits, e.key));
             }
             counts[e.parent as usize] += 1;
             pages += e.words.len();
@@ -733,7 +792,7 @@ impl LeanCandidate {
                 return Err(format!("entry {i} missing from the children table"));
             }
             let parent = &self.entries[e.parent as usize];
-            if !parent.is_root() && parent.stamp() < e.stamp() {
+            if !parent.is_root() && parent.stamp < e.stamp {
                 return Err(format!("entry {i} is newer than its parent"));
             }
         }
@@ -746,7 +805,7 @@ impl LeanCandidate {
                 return Err(format!("entry {i} counts {} children", e.children));
             }
             if e.is_root() {
-                let idle = (e.rank, e.life, i as u32);
+                let idle = (e.stamp, e.life, i as u32);
                 if (e.children == 0) != self.idle.contains(&idle) {
                     return Err(format!("root {i}: idle is not childless"));
                 }
@@ -755,13 +814,13 @@ impl LeanCandidate {
                 }
             } else if e.children == 0 {
                 leaves += 1;
-                if !queued.contains(&(e.rank, i as u32)) {
-                    return Err(format!("leaf {i} is not queued at its rank"));
+                if !queued.contains(&e.order(i as u32)) {
+                    return Err(format!("leaf {i} is not queued at its order"));
                 }
             }
         }
-        if self.roots.len() != self.root_names.len() {
-            return Err("roots and their namespaces differ".into());
+        if self.roots.len() != self.root_names.len() || self.idle.len() > self.roots.len() {
+            return Err("roots, their namespaces and the idle ones differ".into());
         }
         if self.children.len() != self.entries() - self.roots.len() {
             return Err("children table size".into());
@@ -864,7 +923,15 @@ mod tests {
         prop::collection::vec(op, 1..300)
     }
 
-    const LEAN: [Ranking; 2] = [Ranking::Recency, Ranking::Segmented];
+    impl LeanCandidate {
+        fn reuse_pages(&self) -> (u64, u64) {
+            self.history
+                .as_ref()
+                .map_or((0, 0), GhostHistory::reuse_pages)
+        }
+    }
+
+    const LEAN: [Ranking; 3] = [Ranking::Priority, Ranking::Recency, Ranking::Segmented];
 
     fn lean(ranking: Ranking) -> LeanCandidate {
         LeanCandidate::new(ranking).expect("a lean ranking")
@@ -888,9 +955,9 @@ mod tests {
         /// has its digest and goes on exactly as it does.
         #[test]
         fn lean_candidates_hit_what_their_replicas_hit(
-            ops in ops(), start in 1usize..24, segmented in any::<bool>(),
+            ops in ops(), start in 1usize..24, ranking in 0usize..3,
         ) {
-            let ranking = LEAN[usize::from(segmented)];
+            let ranking = LEAN[ranking];
             let mut replica = candidate_replica(ranking);
             let mut lean = lean(ranking);
             let mut restored: Option<LeanCandidate> = None;
@@ -908,6 +975,9 @@ mod tests {
                         }
                         prop_assert_eq!(lean.pages(), replica.device_pages());
                         prop_assert_eq!(lean.remembered_pages(), replica.remembered_pages());
+                        if ranking == Ranking::Priority {
+                            prop_assert_eq!(lean.reuse_pages(), replica.reuse_pages());
+                        }
                         prop_assert!(lean.pages() <= cap);
                         lean.check().map_err(TestCaseError::fail)?;
                     }
@@ -924,9 +994,9 @@ mod tests {
         /// trie whose invariants hold: never a panic.
         #[test]
         fn a_damaged_snapshot_is_refused_or_sound(
-            ops in ops(), at in any::<prop::sample::Index>(), byte in any::<u8>(), segmented in any::<bool>(),
+            ops in ops(), at in any::<prop::sample::Index>(), byte in any::<u8>(), ranking in 0usize..3,
         ) {
-            let ranking = LEAN[usize::from(segmented)];
+            let ranking = LEAN[ranking];
             let mut lean = lean(ranking);
             for op in &ops {
                 if let Op::Request(pages, ns) = op {
@@ -978,6 +1048,7 @@ mod tests {
     fn a_cycle_is_refused() {
         let mut w = Writer::default();
         w.u64(5); // clock
+        w.u64(0); // floor
         w.u64(4); // next lifetime id
         w.u64(4); // slots
         w.u8(SLOT_ROOT);
@@ -989,7 +1060,9 @@ mod tests {
             w.u8(SLOT_ENTRY);
             w.u32(parent);
             w.u64(life as u64 + 1);
-            w.u64(1);
+            w.u64(1); // hits
+            w.u64(1); // last access
+            w.u64(0); // key
             w.u64s(&[word]);
         }
         w.u64(0); // free stack
@@ -1026,12 +1099,17 @@ mod tests {
     /// and idles; the longest idle roots are reaped as new ones are made,
     /// and each namespace returns after a round of the others in a new
     /// order: to its kept root, where the history gives its run back, or to
-    /// a new one, where it does not. The segmented candidate hits what its
+    /// a new one, where it does not. The candidate hits what its
     /// replica hits and remembers what it remembers after every request.
     #[test]
     fn roots_are_kept_and_reaped_as_the_replica_keeps_them() {
-        let mut replica = candidate_replica(Ranking::Segmented);
-        let mut lean = lean(Ranking::Segmented);
+        roots_are_kept_and_reaped_as_the_replica_keeps_them_in(Ranking::Segmented);
+        roots_are_kept_and_reaped_as_the_replica_keeps_them_in(Ranking::Priority);
+    }
+
+    fn roots_are_kept_and_reaped_as_the_replica_keeps_them_in(ranking: Ranking) {
+        let mut replica = candidate_replica(ranking);
+        let mut lean = lean(ranking);
         let mut next_page = 0;
         let (spaces, cap) = (IDLE_ROOTS_KEPT as u64 + 676, 600);
         let mut returned = 0;
@@ -1055,6 +1133,33 @@ mod tests {
         assert_eq!(lean.roots.len(), replica.namespaces());
     }
 
+    /// Requests of thousands of pages: the history's reuse mix passes its
+    /// window and is halved between one match's hits, so the priority
+    /// candidate must count them root side first, as the replica does.
+    #[test]
+    fn the_reuse_mix_is_counted_in_the_replicas_order() {
+        let mut replica = candidate_replica(Ranking::Priority);
+        let mut lean = lean(Ranking::Priority);
+        let mut next_page = 0;
+        for i in 0..300u64 {
+            let doc = i % 7;
+            // Documents share a head, split at the request's own depth.
+            let mut request: Vec<Token> = (0..1500).map(|k| 1_000_000 + k).collect();
+            request.extend((0..(500 + 300 * doc)).map(|k| doc * 100_000 + k));
+            request.extend((0..200).map(|k| 10_000_000 + i * 1000 + k));
+            let want = replica.replay(&request, &Namespace::Default, 9000, &mut next_page);
+            assert_eq!(
+                lean.replay(&request, &Namespace::Default, 9000).0,
+                want,
+                "request {i}"
+            );
+            assert_eq!(lean.reuse_pages(), replica.reuse_pages(), "request {i}");
+        }
+        let (hit, returned) = lean.reuse_pages();
+        assert!(hit > 0 && returned > 0 && hit + returned <= 1 << 14);
+        lean.check().unwrap();
+    }
+
     /// The history keys a new leaf by its parent's lifetime id: a root
     /// reaped and made again is a new parent, and what was dropped under
     /// the old one does not come back (as in the replica).
@@ -1068,7 +1173,7 @@ mod tests {
         let back = |lean: &mut LeanCandidate| {
             lean.replay(&[1, 2], &mine, 2);
             let leaf = lean.children[&(lean.roots[&mine], 1)];
-            lean.entries[leaf as usize].rank & REUSED != 0
+            lean.entries[leaf as usize].key == 1
         };
         assert!(back(&mut lean.clone()), "returned content is reused");
         for i in 0..IDLE_ROOTS_KEPT as u64 + 1 {

@@ -60,9 +60,9 @@ pub use namespace::Namespace;
 pub use node::Node;
 pub use policy::Policy;
 pub use sampling::Sampling;
+pub use shadow::candidate_hits;
 #[cfg(feature = "floor-measurements")]
 pub use shadow::recency_candidate_hits;
-pub use shadow::replica_hits;
 pub use snapshot::TREE_SNAPSHOT_VERSION;
 pub use tree::{
     DeviceVictim, HostVictim, InsertResult, MatchResult, PolicyMemory, PrefixTree,

@@ -97,15 +97,7 @@ impl Policy {
     /// policies rank by the node's queue slot instead (`queue_shared::Slot`).
     pub(crate) fn priority(self, node: &Node, now: Stamp, floor: Stamp, weights: Weights) -> u64 {
         debug_assert!(!self.is_queued(), "{} ranks by queue slots", self.name());
-        let horizon = now.saturating_sub(floor);
-        if node.hits >= 2 {
-            let bonus = horizon
-                .saturating_mul(node.hits - 1)
-                .saturating_mul(weights.reuse_bonus);
-            now.saturating_add(bonus / SIXTEENTHS)
-        } else {
-            now.saturating_sub(horizon.saturating_mul(weights.probation) / SIXTEENTHS)
-        }
+        ghost_priority(node.hits, now, floor, weights)
     }
 
     /// Whether the policy keeps queue state beside the nodes (`queues.rs`).
@@ -116,6 +108,21 @@ impl Policy {
     /// Whether the policy keeps a history of content dropped from the tree.
     pub fn remembers_dropped(self) -> bool {
         self == Self::Ghost
+    }
+}
+
+/// `Policy::Ghost`'s priority of content with `hits` hits accessed at `now`
+/// while the cache reaches back to `floor` (see `Policy::Ghost`): the tree's
+/// nodes and ghost's lean priority candidate rank by this one formula.
+pub(crate) fn ghost_priority(hits: u64, now: Stamp, floor: Stamp, weights: Weights) -> u64 {
+    let horizon = now.saturating_sub(floor);
+    if hits >= 2 {
+        let bonus = horizon
+            .saturating_mul(hits - 1)
+            .saturating_mul(weights.reuse_bonus);
+        now.saturating_add(bonus / SIXTEENTHS)
+    } else {
+        now.saturating_sub(horizon.saturating_mul(weights.probation) / SIXTEENTHS)
     }
 }
 

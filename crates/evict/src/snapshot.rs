@@ -49,9 +49,9 @@ const MAGIC: &[u8; 8] = b"CPKVTREE";
 /// shadows tag each candidate's kind, and the recency candidate is the
 /// lean one (`lean_candidate.rs`). 6: the ghost history writes its queue
 /// once, each item's key with its live entry's counts (`GhostHistory::
-/// encode`); an empty history is written as before. 7: the segmented
-/// candidate is a lean one too, with its history, and lean candidates
-/// carry lifetime ids and idle roots.
+/// encode`); an empty history is written as before. 7: the priority and
+/// segmented candidates are lean ones too, with their histories, and lean
+/// candidates carry hits, lifetime ids and idle roots.
 pub const TREE_SNAPSHOT_VERSION: u32 = 7;
 
 const HEADER_LEN: usize = 8 + 4 + 8 + 32;

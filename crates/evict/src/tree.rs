@@ -244,6 +244,11 @@ impl PrefixTree {
     pub fn host_pages(&self) -> usize {
         self.host_pages
     }
+    /// The ghost history's reuse mix (for the lean candidates' model tests).
+    #[cfg(test)]
+    pub(crate) fn reuse_pages(&self) -> (u64, u64) {
+        self.ghost.reuse_pages()
+    }
     /// Pages of dropped content the ghost history remembers (`Policy::Ghost`).
     pub fn remembered_pages(&self) -> usize {
         self.ghost.pages() + self.queues.remembered_pages() as usize

@@ -151,9 +151,10 @@ const GOLDEN: &[(&str, u64, &str)] = &[
     // snapshot, its canonical digest and every decision are unchanged). And
     // with the lean recency candidate in place of its replica (its own
     // digest and snapshot body; every decision unchanged). And with the
-    // lean segmented candidate, whose lean digests carry lifetime ids and
-    // idle roots (every decision unchanged: the decision fingerprint).
-    ("ghost", 0xc0e2_8aec_fd1e_d9b1, "e6fa625a2b6c81cf"),
+    // lean priority and segmented candidates, whose digests carry hits,
+    // lifetime ids and idle roots (every decision unchanged: the decision
+    // fingerprint).
+    ("ghost", 0x44ef_c662_ade4_41e2, "83345ce163db1f49"),
     ("arc", 0x3ada_cc15_b71c_b7b4, "8eaae0ceed16e30b"),
     ("s3fifo", 0x7df3_a62e_ab5a_30ae, "ce4bb1851fcd8efb"),
 ];

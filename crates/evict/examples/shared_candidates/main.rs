@@ -13,7 +13,7 @@ mod page_candidates;
 #[path = "../common/trace.rs"]
 mod trace;
 
-use cpkv_evict::{replica_hits, Namespace, Policy, PrefixTree};
+use cpkv_evict::{candidate_hits, Namespace, Policy, PrefixTree};
 use page_candidates::{PageCandidates, PairMap};
 use trace::requests;
 
@@ -108,7 +108,7 @@ fn main() {
             println!("{} nodes, {} pages", tree.len(), tree.device_pages());
         }
         "compare" => {
-            let replica = replica_hits(&requests, capacity);
+            let replica = candidate_hits(&requests, capacity);
             let mut shared = PageCandidates::new();
             let (mut totals, mut same) = ([[0usize; 2]; 5], [0usize; 5]);
             let (mut peak_pages, mut peak_bytes) = (0, 0);
