@@ -14,7 +14,7 @@
 //! cache size `c` is the most the tree has held; B1 keeps |T1| + |B1| <= c
 //! and all four lists together stay within 2c, as in the original.
 
-use crate::evictable::EvictableIndex;
+use crate::ids::NodeId;
 use crate::queue_shared::{Choice, Shared, Slot};
 
 const T1: u64 = 0;
@@ -76,11 +76,10 @@ impl ArcState {
         g.trim(1, (2 * c).saturating_sub(t1 + t2 + b1));
     }
 
-    pub fn choose(&mut self, index: &EvictableIndex) -> Option<Choice> {
+    /// The victim, given each queue's head evictable leaf.
+    pub fn choose(&mut self, mut head: impl FnMut(u64) -> Option<NodeId>) -> Option<Choice> {
         let t1_first = self.shared.queue_pages[0] > self.target;
         let (first, second) = if t1_first { (T1, T2) } else { (T2, T1) };
-        Shared::head(index, first)
-            .or_else(|| Shared::head(index, second))
-            .map(Choice::Evict)
+        head(first).or_else(|| head(second)).map(Choice::Evict)
     }
 }

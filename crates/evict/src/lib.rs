@@ -13,9 +13,9 @@
 //! | words | `ids`, `clock`, `namespace`, `error`, `events` |
 //! | a node and where nodes live | `node`, `child_key` (child lookup, page words), `arena` (slots), `page_set`, `evictable` (the ordered index), `digest` |
 //! | what policies remember | `ghost_history` (`Policy::Ghost`'s history of dropped content), `queue_ghost_lists` (ARC's and S3-FIFO's ghost lists) |
-//! | how policies rank | `queue_shared` (the node slot and books both queue policies share), `arc`, `s3fifo`, `queues` (the queue state a tree keeps), `policy`, `lean_candidate` (ghost's recency and segmented candidates as lean miniature caches), `ranking` (the rankings `Policy::Ghost` chooses between), `sampling` (which requests its candidates see) |
+//! | how policies rank | `queue_shared` (the node slot and books both queue policies share), `arc`, `s3fifo`, `queues` (the queue state a tree keeps), `policy`, `lean_candidate` (ghost's candidates as lean miniature caches), `ranking` (the rankings `Policy::Ghost` chooses between), `sampling` (which requests its candidates see) |
 //! | the tree | `tree` (with `tree/`): it knows the ghost policy's layer only as a `RankingChooser` |
-//! | above the tree | `transplant` (S3-FIFO's take-over order), `shadow` (ghost's shadow caches: the layer that chooses its ranking), `snapshot` |
+//! | above the tree | `transplant` (a queue policy's take-over order, read from its candidate), `shadow` (ghost's shadow caches: the layer that chooses its ranking), `snapshot` |
 //!
 //! Snapshots and the policy state inside them share the allocator's
 //! encoding (`cpkv_wire`).

@@ -108,13 +108,15 @@ impl PageSet {
     }
 }
 
-/// The device pages a tree holds: the set itself, or, for a shadow tree
-/// (`LivePages::count_only`), only how many. A shadow hands out its own
+/// The device pages a tree holds: the set itself, or, for a replica shadow
+/// held against ghost's lean candidates in tests (`LivePages::count_only`),
+/// only how many. A shadow hands out its own
 /// page ids, ascending and never twice, so no id of it can be in use: the
 /// set would answer no question the count does not.
 #[derive(Debug, Clone)]
 pub enum LivePages {
     Set(PageSet),
+    #[cfg(any(test, feature = "floor-measurements"))]
     Count(usize),
 }
 
@@ -128,11 +130,13 @@ impl LivePages {
     pub fn len(&self) -> usize {
         match self {
             Self::Set(s) => s.len(),
+            #[cfg(any(test, feature = "floor-measurements"))]
             Self::Count(n) => *n,
         }
     }
 
     /// Keeps only the count from now on.
+    #[cfg(any(test, feature = "floor-measurements"))]
     pub fn count_only(&mut self) {
         *self = Self::Count(self.len());
     }
@@ -140,6 +144,7 @@ impl LivePages {
     pub fn contains(&self, page: PageId) -> bool {
         match self {
             Self::Set(s) => s.contains(page),
+            #[cfg(any(test, feature = "floor-measurements"))]
             Self::Count(_) => false,
         }
     }
@@ -148,6 +153,7 @@ impl LivePages {
     pub fn insert(&mut self, page: PageId) -> bool {
         match self {
             Self::Set(s) => s.insert(page),
+            #[cfg(any(test, feature = "floor-measurements"))]
             Self::Count(n) => {
                 *n += 1;
                 true
@@ -159,6 +165,7 @@ impl LivePages {
     pub fn insert_all(&mut self, pages: &[PageId]) {
         match self {
             Self::Set(s) => s.insert_all(pages),
+            #[cfg(any(test, feature = "floor-measurements"))]
             Self::Count(n) => *n += pages.len(),
         }
     }
@@ -167,6 +174,7 @@ impl LivePages {
     pub fn remove_all(&mut self, pages: &[PageId]) {
         match self {
             Self::Set(s) => s.remove_all(pages),
+            #[cfg(any(test, feature = "floor-measurements"))]
             Self::Count(n) => *n -= pages.len(),
         }
     }
@@ -175,6 +183,7 @@ impl LivePages {
     pub fn first_held(&self, pages: &[PageId]) -> Option<PageId> {
         match self {
             Self::Set(s) => s.first_held(pages),
+            #[cfg(any(test, feature = "floor-measurements"))]
             Self::Count(_) => None,
         }
     }
@@ -183,6 +192,7 @@ impl LivePages {
     pub fn agrees_with(&self, seen: &PageSet) -> bool {
         match self {
             Self::Set(s) => s == seen,
+            #[cfg(any(test, feature = "floor-measurements"))]
             Self::Count(n) => seen.len() == *n,
         }
     }

@@ -38,11 +38,12 @@ pub enum Policy {
     /// outruns it keeps fewer newcomers, longer.
     ///
     /// That priority is one of five rankings the policy chooses between
-    /// online: a full-size shadow tree per candidate (the priority above;
+    /// online: a miniature cache per candidate (the priority above;
     /// plain recency; one-shot before reused, remembered hits counting,
-    /// then recency; arc; s3fifo) replays every insert at the tree's
-    /// capacity, and the tree ranks its leaves as the shadow with the most
-    /// hit pages lately does (`shadow.rs`). Following arc or s3fifo, it
+    /// then recency; arc; s3fifo) replays a hashed sample of the inserts at
+    /// the sampled share of the tree's capacity, and the tree ranks its
+    /// leaves as the candidate with the most hit pages lately does
+    /// (`shadow.rs`, `sampling.rs`, `lean_candidate.rs`). Following arc or s3fifo, it
     /// builds that policy's queue state from its own nodes
     /// (`PrefixTree::follow`, `transplant.rs`). A victim holding at least
     /// twice the pages an eviction still needs loses only its tail

@@ -189,18 +189,32 @@ impl QueueState {
         }
     }
 
-    /// The next device victim; `None` for the key-ordered policies (the
-    /// index's first leaf) and when nothing is evictable.
+    /// The next device victim: the index's first leaf for the key-ordered
+    /// policies; `None` when nothing is evictable.
     pub fn choose(
         &mut self,
         index: &EvictableIndex,
         slot_of: impl Fn(NodeId) -> u64,
     ) -> Option<Choice> {
+        if !self.is_on() {
+            return index.first(Tier::Device).map(Choice::Evict);
+        }
+        self.choose_by(|queue| Shared::head(index, queue), slot_of)
+    }
+
+    /// A queue policy's next device victim, given each queue's head
+    /// evictable leaf (`head`): what `choose` asks of the tree's index, and
+    /// ghost's lean queue candidates of their own queues.
+    pub fn choose_by(
+        &mut self,
+        head: impl FnMut(u64) -> Option<NodeId>,
+        slot_of: impl Fn(NodeId) -> u64,
+    ) -> Option<Choice> {
         self.observe();
         match self {
-            Self::Off => index.first(Tier::Device).map(Choice::Evict),
-            Self::Arc(s) => s.choose(index),
-            Self::S3fifo(s) => s.choose(index, slot_of),
+            Self::Off => None,
+            Self::Arc(s) => s.choose(head),
+            Self::S3fifo(s) => s.choose(head, slot_of),
         }
     }
 

@@ -13,7 +13,6 @@
 //! many pages as the cache (the most device pages the tree has held); a
 //! host-only node reloaded onto the device enters M.
 
-use crate::evictable::EvictableIndex;
 use crate::ids::NodeId;
 use crate::queue_shared::{Choice, Shared, Slot, MAX_COUNT};
 
@@ -59,9 +58,11 @@ impl S3fifoState {
         self.shared.ghosts.trim(0, self.shared.peak_pages);
     }
 
+    /// The victim, or a leaf to move first, given each queue's head
+    /// evictable leaf.
     pub fn choose(
         &mut self,
-        index: &EvictableIndex,
+        mut head: impl FnMut(u64) -> Option<NodeId>,
         slot_of: impl Fn(NodeId) -> u64,
     ) -> Option<Choice> {
         let small_over = self.shared.queue_pages[0] * SMALL_SHARE > self.shared.device_pages();
@@ -70,9 +71,9 @@ impl S3fifoState {
         } else {
             (MAIN, SMALL)
         };
-        let (queue, id) = Shared::head(index, first)
+        let (queue, id) = head(first)
             .map(|id| (first, id))
-            .or_else(|| Shared::head(index, second).map(|id| (second, id)))?;
+            .or_else(|| head(second).map(|id| (second, id)))?;
         let slot = Slot::unpack(slot_of(id));
         Some(match (queue, slot.count) {
             (_, 0) => Choice::Evict(id),

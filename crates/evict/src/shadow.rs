@@ -1,9 +1,7 @@
 //! Shadow caches for `Policy::Ghost` (miniature simulations, Waldspurger et
-//! al., ATC '17): one miniature cache per candidate ranking (a replica
-//! tree for arc and s3fifo, a lean cache of `lean_candidate.rs` for the
-//! others) replays the
-//! sampled inserts (`sampling.rs`: requests whose first pages hash under a
-//! threshold) at the sampled share of the tree's capacity and counts the
+//! al., ATC '17): one miniature cache per candidate ranking (a lean cache,
+//! `lean_candidate.rs`) replays the sampled inserts (`sampling.rs`:
+//! requests whose first pages hash under a threshold) at the sampled share of the tree's capacity and counts the
 //! pages it would have hit; the tree ranks its leaves the way the candidate
 //! with the most recent hits does. Scores, their decay and the switch
 //! spacing count sampled inserts: each miniature keeps its own time.
@@ -41,7 +39,7 @@ use crate::policy::Policy;
 use crate::queue_shared::Slot;
 use crate::ranking::{Ranking, CANDIDATES};
 use crate::sampling::Sampling;
-use crate::transplant::queue_order;
+use crate::transplant::{queue_order, QueueShadow};
 use crate::tree::{PrefixTree, RankingChooser};
 use cpkv_hash::Hasher64;
 use cpkv_wire::{Reader, Writer};
@@ -99,36 +97,28 @@ impl PrefixTree {
     }
 }
 
-/// One candidate's miniature cache: a replica (a shadow `PrefixTree`
-/// ranking as the candidate does), or a lean cache that hits what the
-/// replica hits at a fraction of its time and memory.
+/// One candidate's miniature cache: a lean cache (`lean_candidate.rs`),
+/// or in tests and measurements the replica it is held against (a shadow
+/// `PrefixTree` ranking as the candidate does), which it hits exactly as.
 #[derive(Debug, Clone)]
 // Replicas and lean caches are both large: boxing either would add a
 // pointer chase to every mirrored request and save nothing.
 #[allow(clippy::large_enum_variant)]
 enum Candidate {
-    Replica(PrefixTree),
     Lean(LeanCandidate),
+    #[cfg(any(test, feature = "floor-measurements"))]
+    Replica(PrefixTree),
 }
 
-/// Snapshot tags of a candidate.
-const REPLICA: u8 = 0;
+/// The snapshot tag of a candidate (earlier versions also had replicas).
 const LEAN: u8 = 1;
 
 impl Candidate {
-    /// The miniature `Shadows::new` runs for `ranking`.
-    fn new(ranking: Ranking) -> Self {
-        match LeanCandidate::new(ranking) {
-            Some(lean) => Self::Lean(lean),
-            None => Self::Replica(replica(ranking)),
-        }
-    }
-
     /// Replays one request of page words (see `PrefixTree::replay`);
     /// replicas number their fresh pages from `next_page`, and a lean
     /// candidate, which numbers none, moves it on by the pages it stores as
-    /// its replica did, so the other candidates' pages and digests are what
-    /// they were beside a replica.
+    /// its replica did, so a replica beside it has the pages and digest it
+    /// had beside a replica.
     fn replay(
         &mut self,
         pages: &[Token],
@@ -137,19 +127,30 @@ impl Candidate {
         next_page: &mut u64,
     ) -> usize {
         match self {
-            Self::Replica(t) => t.replay(pages, namespace, cap, next_page),
             Self::Lean(lean) => {
                 let (hit, stored) = lean.replay(pages, namespace, cap);
                 *next_page += stored as u64;
                 hit
             }
+            #[cfg(any(test, feature = "floor-measurements"))]
+            Self::Replica(t) => t.replay(pages, namespace, cap, next_page),
         }
     }
 
     fn digest(&self) -> u64 {
         match self {
-            Self::Replica(t) => t.digest(),
             Self::Lean(lean) => lean.digest(),
+            #[cfg(any(test, feature = "floor-measurements"))]
+            Self::Replica(t) => t.digest(),
+        }
+    }
+
+    /// Nodes (entries), and pages held or remembered.
+    fn memory(&self) -> (usize, usize) {
+        match self {
+            Self::Lean(lean) => (lean.entries(), lean.pages() + lean.remembered_pages()),
+            #[cfg(any(test, feature = "floor-measurements"))]
+            Self::Replica(t) => (t.len(), t.device_pages() + t.remembered_pages()),
         }
     }
 
@@ -157,50 +158,55 @@ impl Candidate {
     #[cfg(test)]
     fn pages(&self) -> usize {
         match self {
-            Self::Replica(t) => t.device_pages(),
             Self::Lean(lean) => lean.pages(),
+            Self::Replica(t) => t.device_pages(),
         }
     }
 
-    /// Nodes (entries), and pages held or remembered.
-    fn memory(&self) -> (usize, usize) {
+    /// ARC's adapted target, for the ARC candidate.
+    fn arc_target(&self) -> Option<u64> {
         match self {
-            Self::Replica(t) => (t.len(), t.device_pages() + t.remembered_pages()),
-            Self::Lean(lean) => (lean.entries(), lean.pages() + lean.remembered_pages()),
+            Self::Lean(lean) => lean.arc_target(),
+            #[cfg(any(test, feature = "floor-measurements"))]
+            Self::Replica(t) => t.queue_state().arc_target(),
         }
     }
 
-    fn replica(&self) -> Option<&PrefixTree> {
+    /// What a tree following this queue candidate reads its order from.
+    fn queue_shadow(&self) -> &dyn QueueShadow {
         match self {
-            Self::Replica(t) => Some(t),
-            Self::Lean(_) => None,
+            Self::Lean(lean) => lean,
+            #[cfg(any(test, feature = "floor-measurements"))]
+            Self::Replica(t) => t,
         }
     }
 
     fn check(&self) -> Result<(), String> {
         match self {
-            Self::Replica(t) => t.check_invariants().map_err(|e| e.to_string()),
             Self::Lean(lean) => lean.check(),
+            #[cfg(any(test, feature = "floor-measurements"))]
+            Self::Replica(t) => t.check_invariants().map_err(|e| e.to_string()),
         }
     }
 
     fn encode(&self, w: &mut Writer) {
         match self {
-            Self::Replica(t) => {
-                w.u8(REPLICA);
-                t.encode_state(w);
-            }
             Self::Lean(lean) => {
                 w.u8(LEAN);
                 lean.encode(w);
             }
+            #[cfg(any(test, feature = "floor-measurements"))]
+            Self::Replica(_) => unreachable!("replicas are models, never snapshotted"),
         }
     }
 }
 
-/// `ranking`'s replica shadow: a page-size-1 tree ranking as the candidate
-/// does, whose terms, events and page set cost what a shadow needs.
-fn replica(ranking: Ranking) -> PrefixTree {
+/// `ranking`'s replica: what `Shadows` ran for each candidate before the
+/// lean ones, and the model they are tested against (a page-size-1 tree
+/// ranking as the candidate does, whose terms, events and page set cost
+/// what a shadow needs).
+#[cfg(any(test, feature = "floor-measurements"))]
+pub(crate) fn candidate_replica(ranking: Ranking) -> PrefixTree {
     let policy = ranking.queue_policy().unwrap_or(Policy::Ghost);
     let mut t = PrefixTree::without_chooser(1, policy).expect("page size 1");
     t.set_event_limit(0); // no one reads a shadow's residency events
@@ -236,7 +242,10 @@ impl Shadows {
     pub fn new(page_size: usize, sampling: Sampling) -> Self {
         Self {
             page_size,
-            candidates: CANDIDATES.iter().map(|&r| Candidate::new(r)).collect(),
+            candidates: CANDIDATES
+                .iter()
+                .map(|&r| Candidate::Lean(LeanCandidate::new(r)))
+                .collect(),
             scores: vec![0; CANDIDATES.len()],
             leader: 0,
             next_page: 0,
@@ -251,20 +260,13 @@ impl Shadows {
     pub fn arc_target(&self) -> u64 {
         let arc = CANDIDATES.iter().position(|r| *r == Ranking::Arc);
         let target = arc
-            .and_then(|i| self.candidates[i].replica())
-            .and_then(|t| t.queue_state().arc_target())
+            .and_then(|i| self.candidates[i].arc_target())
             .unwrap_or(0);
         self.sampling.scale_up(self.capacity, target)
     }
 
     pub fn leader(&self) -> Ranking {
         CANDIDATES[self.leader]
-    }
-
-    /// The leader's shadow tree, when it is a replica (the queue
-    /// rankings' always are: the tree that follows one takes its order).
-    pub fn leader_tree(&self) -> Option<&PrefixTree> {
-        self.candidates[self.leader].replica()
     }
 
     /// Replays one insert of whole-page `tokens` into every shadow, as an
@@ -336,15 +338,10 @@ impl Shadows {
         }
     }
 
-    /// The inverse of `encode`: each candidate of the kind `Shadows::new`
-    /// makes for its ranking, a replica rebuilt and checked like a restored
-    /// tree by `decode_tree` (the snapshot's own decoder), then checked to
-    /// have page size 1 and its candidate's ranking.
-    pub(crate) fn decode(
-        r: &mut Reader<'_>,
-        page_size: usize,
-        decode_tree: impl Fn(&mut Reader<'_>) -> Result<PrefixTree, String>,
-    ) -> Result<Self, String> {
+    /// The inverse of `encode`: each candidate a lean cache of its
+    /// ranking, decoded and checked (`LeanCandidate::decode`), holding no
+    /// more than the miniature capacity.
+    pub(crate) fn decode(r: &mut Reader<'_>, page_size: usize) -> Result<Self, String> {
         let leader = r.u64()?;
         let leader = usize::try_from(leader)
             .ok()
@@ -360,34 +357,16 @@ impl Shadows {
         let mut scores = Vec::with_capacity(CANDIDATES.len());
         for ranking in CANDIDATES {
             scores.push(r.u64()?);
-            match (r.u8()?, LeanCandidate::new(ranking).is_some()) {
-                (LEAN, true) => {
-                    let lean = LeanCandidate::decode(r, ranking)
-                        .map_err(|e| format!("shadow {ranking:?}: {e}"))?;
-                    if lean.pages() > miniature {
-                        return Err(format!("shadow {ranking:?} holds more than its capacity"));
-                    }
-                    candidates.push(Candidate::Lean(lean));
-                    continue;
-                }
-                (REPLICA, false) => {}
-                (tag, _) => return Err(format!("shadow {ranking:?}: bad candidate tag {tag}")),
+            let tag = r.u8()?;
+            if tag != LEAN {
+                return Err(format!("shadow {ranking:?}: bad candidate tag {tag}"));
             }
-            let mut t = decode_tree(r).map_err(|e| format!("shadow {ranking:?}: {e}"))?;
-            let expected = match ranking.queue_policy() {
-                Some(policy) => t.policy() == policy && t.fixed().is_none(),
-                None => t.policy() == Policy::Ghost && t.fixed() == Some(ranking),
-            };
-            if t.page_size() != 1 || !expected {
-                return Err(format!("shadow {ranking:?}: wrong page size or ranking"));
-            }
-            t.set_event_limit(0);
-            t.defer_terms();
-            t.count_pages_only();
-            if t.device_pages() > miniature {
+            let lean = LeanCandidate::decode(r, ranking)
+                .map_err(|e| format!("shadow {ranking:?}: {e}"))?;
+            if lean.pages() > miniature {
                 return Err(format!("shadow {ranking:?} holds more than its capacity"));
             }
-            candidates.push(Candidate::Replica(t));
+            candidates.push(Candidate::Lean(lean));
         }
         Ok(Self {
             page_size,
@@ -442,7 +421,7 @@ pub fn candidate_hits(requests: &[Vec<Token>], held: usize) -> Vec<[usize; 5]> {
 #[doc(hidden)]
 pub fn recency_candidate_hits(requests: &[Vec<Token>], cap: usize, lean: bool) -> Vec<usize> {
     let mut candidate = if lean {
-        Candidate::Lean(LeanCandidate::new(Ranking::Recency).expect("lean"))
+        Candidate::Lean(LeanCandidate::new(Ranking::Recency))
     } else {
         Candidate::Replica(candidate_replica(Ranking::Recency))
     };
@@ -451,13 +430,6 @@ pub fn recency_candidate_hits(requests: &[Vec<Token>], cap: usize, lean: bool) -
         .iter()
         .map(|p| candidate.replay(p, &Namespace::Default, cap, &mut next_page))
         .collect()
-}
-
-/// `ranking`'s replica: what `Shadows` ran for a lean candidate before
-/// it, and the model the lean one is tested against.
-#[cfg(any(test, feature = "floor-measurements"))]
-pub(crate) fn candidate_replica(ranking: Ranking) -> PrefixTree {
-    replica(ranking)
 }
 
 impl RankingChooser for Shadows {
@@ -475,10 +447,7 @@ impl RankingChooser for Shadows {
     }
     fn queue_order(&self, tree: &PrefixTree) -> Vec<(NodeId, Slot)> {
         let miniature = self.sampling.miniature_capacity(self.capacity) < self.capacity;
-        let leader = self
-            .leader_tree()
-            .expect("a queue ranking's shadow is a replica");
-        queue_order(tree, leader, miniature)
+        queue_order(tree, self.candidates[self.leader].queue_shadow(), miniature)
     }
     fn digest(&self) -> u64 {
         self.digest()
@@ -550,11 +519,12 @@ mod tests {
             prop_assert!(seen < requests.len() || requests.len() < 64, "something left out");
         }
 
-        /// The model of the lean candidates in place: shadows whose priority,
-        /// recency and segmented candidates are replicas (what ghost ran before) fed
-        /// the same requests in several namespaces, sampled, keep the same
-        /// scores, leader and switches after every request, and the replica
-        /// candidates' digests stay equal.
+        /// The model of the lean candidates in place: shadows whose
+        /// candidates are replicas (what ghost ran before) fed the same
+        /// requests in several namespaces, sampled, keep the same scores,
+        /// leader, switches and ARC target after every request, each
+        /// candidate holding and remembering what its replica does, and a
+        /// tree following the leader takes the same queue order from either.
         #[test]
         fn the_lean_candidates_score_as_their_replicas(
             requests in requests(), shift in 0u32..3, held in 40usize..200, spaces in 1u64..4,
@@ -565,9 +535,10 @@ mod tests {
             };
             let mut lean = Shadows::new(1, sampling);
             let mut model = Shadows::new(1, sampling);
-            for k in [0, 1, 2] {
-                model.candidates[k] = Candidate::Replica(candidate_replica(CANDIDATES[k]));
+            for (k, ranking) in CANDIDATES.into_iter().enumerate() {
+                model.candidates[k] = Candidate::Replica(candidate_replica(ranking));
             }
+            let mut tree = PrefixTree::new(1, Policy::Lru).unwrap();
             for (i, r) in requests.iter().enumerate() {
                 let ns = match i as u64 % spaces {
                     0 => Namespace::Default,
@@ -576,11 +547,24 @@ mod tests {
                 prop_assert_eq!(lean.mirror(r, &ns, held), model.mirror(r, &ns, held), "switch at {}", i);
                 prop_assert_eq!(&lean.scores, &model.scores);
                 prop_assert_eq!(lean.leader, model.leader);
-                for k in [3, 4] {
-                    prop_assert_eq!(lean.candidates[k].digest(), model.candidates[k].digest());
-                }
-                for k in [0, 1, 2] {
+                for k in 0..CANDIDATES.len() {
                     prop_assert_eq!(lean.candidates[k].memory().1, model.candidates[k].memory().1);
+                }
+                prop_assert_eq!(lean.arc_target(), model.arc_target());
+                // The main tree holds this request too; its order, taken
+                // from each queue candidate, is the same.
+                let m = tree.match_prefix(r, &ns);
+                let mut ids = m.device_pages;
+                let fresh = (r.len() - ids.len()) as u64;
+                ids.extend(1_000_000 * (i as u64 + 1)..1_000_000 * (i as u64 + 1) + fresh);
+                tree.insert(r, &ids, &ns).unwrap();
+                for k in [3, 4] {
+                    for miniature in [false, true] {
+                        prop_assert_eq!(
+                            queue_order(&tree, lean.candidates[k].queue_shadow(), miniature),
+                            queue_order(&tree, model.candidates[k].queue_shadow(), miniature)
+                        );
+                    }
                 }
             }
             lean.check().map_err(TestCaseError::fail)?;
@@ -633,11 +617,9 @@ mod tests {
         assert_eq!(CANDIDATES[1], Ranking::Recency);
         assert!(remembered[0] > 0 && remembered[2] > 0, "{remembered:?}");
         assert_eq!(remembered[1], 0, "recency keeps no history");
-        let lean = |c: &Candidate| matches!(c, Candidate::Lean(_));
-        assert_eq!(
-            s.candidates.iter().map(lean).collect::<Vec<_>>(),
-            [true, true, true, false, false],
-            "arc and s3fifo stay replicas: a tree following one takes its order"
+        assert!(
+            s.candidates.iter().all(|c| matches!(c, Candidate::Lean(_))),
+            "every candidate is a lean cache"
         );
         s.check().unwrap();
     }
@@ -694,20 +676,11 @@ mod tests {
             assert_eq!(a, b, "switch at insert {i}");
             assert_eq!(one.scores, eight.scores, "scores at insert {i}");
         }
-        let words = |s: &Shadows| -> (usize, usize) {
-            let replicas = s.candidates.iter().filter_map(Candidate::replica);
-            let nodes = replicas.flat_map(|t| t.nodes());
-            nodes.fold((0, 0), |(w, p), n| {
-                (
-                    w + n.tokens().len(),
-                    p + n.device_pages().map_or(0, <[_]>::len),
-                )
-            })
-        };
-        let (tokens, pages) = words(&eight);
-        assert!(pages > 0);
-        assert_eq!(tokens, pages, "one word per page");
-        assert_eq!(words(&one), (tokens, pages));
+        let pages =
+            |s: &Shadows| -> Vec<usize> { s.candidates.iter().map(Candidate::pages).collect() };
+        assert!(pages(&eight).iter().all(|&p| p > 0));
+        assert_eq!(pages(&one), pages(&eight), "one word per page");
+        assert_eq!(one.memory(), eight.memory());
         eight.check().unwrap();
     }
 }

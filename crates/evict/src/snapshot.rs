@@ -36,7 +36,6 @@ use crate::namespace::{decode_namespace, encode_namespace};
 use crate::node::{Children, Node};
 use crate::policy::Policy;
 use crate::queues::QueueState;
-use crate::ranking::{Ranking, CANDIDATES};
 use crate::shadow::Shadows;
 use crate::tree::{Decoded, PrefixTree, RankingChooser, MAX_PAGE_SIZE};
 use cpkv_wire::{Reader, Writer};
@@ -49,9 +48,9 @@ const MAGIC: &[u8; 8] = b"CPKVTREE";
 /// shadows tag each candidate's kind, and the recency candidate is the
 /// lean one (`lean_candidate.rs`). 6: the ghost history writes its queue
 /// once, each item's key with its live entry's counts (`GhostHistory::
-/// encode`); an empty history is written as before. 7: the priority and
-/// segmented candidates are lean ones too, with their histories, and lean
-/// candidates carry hits, lifetime ids and idle roots.
+/// encode`); an empty history is written as before. 7: every candidate is
+/// a lean cache, with its history or queue books, carrying hits or queue
+/// slots, lifetime ids and idle roots; no shadow tree is nested any more.
 pub const TREE_SNAPSHOT_VERSION: u32 = 7;
 
 const HEADER_LEN: usize = 8 + 4 + 8 + 32;
@@ -135,11 +134,7 @@ impl PrefixTree {
                 policy.name()
             )));
         }
-        let decoded = decode(body).map_err(corrupt)?;
-        if decoded.fixed_ranking.is_some() {
-            return Err(corrupt("a shadow tree is not a tree to restore"));
-        }
-        Self::rebuild(decoded).map_err(corrupt)
+        Self::rebuild(decode(body).map_err(corrupt)?).map_err(corrupt)
     }
 
     pub(crate) fn encode_state(&self, w: &mut Writer) {
@@ -174,27 +169,14 @@ impl PrefixTree {
         if self.policy() != Policy::Ghost {
             self.queue_state().encode(w);
         } else {
-            match (self.fixed(), self.chooser()) {
-                (Some(ranking), _) => {
-                    w.u8(0);
-                    w.u8(ranking_index(ranking));
-                }
-                (None, Some(chooser)) => {
-                    w.u8(1);
-                    chooser.encode(w);
-                    self.queue_state().encode(w);
-                }
-                (None, None) => unreachable!("a ghost tree has shadows or is one"),
-            }
+            // A ghost tree without shadows is a replica held against a lean
+            // candidate in tests, never snapshotted.
+            let chooser = self.chooser().expect("a ghost tree has its shadows");
+            w.u8(1);
+            chooser.encode(w);
+            self.queue_state().encode(w);
         }
     }
-}
-
-fn ranking_index(ranking: Ranking) -> u8 {
-    CANDIDATES
-        .iter()
-        .position(|r| *r == ranking)
-        .expect("a candidate") as u8
 }
 
 fn corrupt(why: impl Into<String>) -> EvictError {
@@ -240,16 +222,15 @@ fn policy_name(body: &[u8]) -> Result<Policy, String> {
 
 fn decode(body: &[u8]) -> Result<Decoded, String> {
     let mut r = Reader::new(body);
-    let decoded = decode_from(&mut r, false)?;
+    let decoded = decode_from(&mut r)?;
     if !r.is_empty() {
         return Err(format!("{} trailing bytes", r.remaining()));
     }
     Ok(decoded)
 }
 
-/// One tree's body from `r`; `in_shadows` for the shadow trees nested in a
-/// ghost tree's body (which must be shadows themselves: no deeper nesting).
-fn decode_from(r: &mut Reader<'_>, in_shadows: bool) -> Result<Decoded, String> {
+/// One tree's body from `r`.
+fn decode_from(r: &mut Reader<'_>) -> Result<Decoded, String> {
     let r = &mut *r;
     let page_size = usize::try_from(r.u64()?)
         .ok()
@@ -286,29 +267,21 @@ fn decode_from(r: &mut Reader<'_>, in_shadows: bool) -> Result<Decoded, String> 
         }
     }
     let ghost = crate::ghost_history::GhostHistory::decode(r)?;
-    let (mut queues, mut fixed_ranking) = (QueueState::Off, None);
+    let queues;
     let mut chooser: Option<Box<dyn RankingChooser>> = None;
     if policy == Policy::Ghost {
-        match (r.u8()?, in_shadows) {
-            (0, true) => {
-                let i = r.u8()? as usize;
-                let ranking = CANDIDATES
-                    .get(i)
-                    .filter(|r| r.queue_policy().is_none())
-                    .ok_or(format!("bad ranking {i}"))?;
-                fixed_ranking = Some(*ranking);
-            }
-            (1, false) => {
-                let decoded = Shadows::decode(r, page_size, decode_shadow)?;
+        // 1: the shadows follow (0 was a shadow tree's fixed ranking, when
+        // candidates were replica trees).
+        match r.u8()? {
+            1 => {
+                let decoded = Shadows::decode(r, page_size)?;
                 // The leader's queue state, when it is a queue policy.
                 let leader = decoded.leader().queue_policy().unwrap_or(Policy::Ghost);
                 queues = QueueState::decode(leader, r)?;
                 chooser = Some(Box::new(decoded));
             }
-            (flag, _) => return Err(format!("bad ghost shadow flag {flag} here")),
+            flag => return Err(format!("bad ghost shadow flag {flag}")),
         }
-    } else if in_shadows && !policy.is_queued() {
-        return Err(format!("a shadow tree with policy {}", policy.name()));
     } else {
         queues = QueueState::decode(policy, r)?;
     }
@@ -324,13 +297,7 @@ fn decode_from(r: &mut Reader<'_>, in_shadows: bool) -> Result<Decoded, String> 
         ghost,
         queues,
         chooser,
-        fixed_ranking,
     })
-}
-
-/// One shadow tree nested in a ghost tree's body, rebuilt and checked.
-fn decode_shadow(r: &mut Reader<'_>) -> Result<PrefixTree, String> {
-    PrefixTree::rebuild(decode_from(r, true)?)
 }
 
 fn decode_node(r: &mut Reader<'_>) -> Result<Node, String> {

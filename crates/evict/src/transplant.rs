@@ -16,8 +16,57 @@
 
 use crate::child_key::page_words;
 use crate::ids::{NodeId, Token};
+use crate::lean_candidate::LeanCandidate;
+use crate::namespace::Namespace;
 use crate::queue_shared::{Slot, MAX_COUNT};
 use crate::tree::PrefixTree;
+
+/// What `queue_order` reads of the shadow that earned the lead, whose
+/// pages are one word each: ghost's lean queue candidate, or a tree run as
+/// that policy's replica.
+pub trait QueueShadow {
+    /// `namespace`'s root.
+    fn root_of(&self, namespace: &Namespace) -> Option<NodeId>;
+    /// The words of `node`'s pages.
+    fn words(&self, node: NodeId) -> &[Token];
+    /// The child of `node` whose first page is `word`.
+    fn child_of(&self, node: NodeId, word: Token) -> Option<NodeId>;
+    /// `node`'s packed queue slot.
+    fn queue_slot_of(&self, node: NodeId) -> u64;
+}
+
+impl QueueShadow for PrefixTree {
+    fn root_of(&self, namespace: &Namespace) -> Option<NodeId> {
+        self.root(namespace)
+    }
+    fn words(&self, node: NodeId) -> &[Token] {
+        debug_assert_eq!(self.page_size(), 1);
+        self.node(node).expect("a live shadow node").tokens()
+    }
+    fn child_of(&self, node: NodeId, word: Token) -> Option<NodeId> {
+        self.child(node, &[word])
+    }
+    fn queue_slot_of(&self, node: NodeId) -> u64 {
+        self.node(node).expect("a live shadow node").queue_slot()
+    }
+}
+
+impl QueueShadow for LeanCandidate {
+    fn root_of(&self, namespace: &Namespace) -> Option<NodeId> {
+        self.root_slot(namespace)
+            .map(|slot| NodeId(u64::from(slot)))
+    }
+    fn words(&self, node: NodeId) -> &[Token] {
+        self.entry_words(node.0 as u32)
+    }
+    fn child_of(&self, node: NodeId, word: Token) -> Option<NodeId> {
+        self.child_slot(node.0 as u32, word)
+            .map(|slot| NodeId(u64::from(slot)))
+    }
+    fn queue_slot_of(&self, node: NodeId) -> u64 {
+        self.entry_key(node.0 as u32)
+    }
+}
 
 /// The state of content the shadow does not hold: queued first, to leave first.
 const FIRST_OUT: Slot = Slot {
@@ -34,13 +83,16 @@ struct Cursor {
 }
 
 /// The shadow's page-1 words `words` from `at` on, if the shadow holds them all.
-fn advance(shadow: &PrefixTree, mut at: Cursor, words: &[Token]) -> Option<Cursor> {
+fn advance(
+    shadow: &(impl QueueShadow + ?Sized),
+    mut at: Cursor,
+    words: &[Token],
+) -> Option<Cursor> {
     let mut done = 0;
     while done < words.len() {
-        let node = shadow.node(at.node).expect("a live shadow node");
-        let held = &node.tokens()[at.used..];
+        let held = &shadow.words(at.node)[at.used..];
         if held.is_empty() {
-            let child = shadow.child(at.node, &words[done..=done])?;
+            let child = shadow.child_of(at.node, words[done])?;
             at = Cursor {
                 node: child,
                 used: 0,
@@ -63,22 +115,27 @@ fn advance(shadow: &PrefixTree, mut at: Cursor, words: &[Token]) -> Option<Curso
 /// recently used first), then the rest in the shadow's order with the
 /// state of the shadow node that holds its last page. When the shadow is a
 /// `miniature`, every node goes by last access (see the module).
-pub fn queue_order(tree: &PrefixTree, shadow: &PrefixTree, miniature: bool) -> Vec<(NodeId, Slot)> {
+pub fn queue_order(
+    tree: &PrefixTree,
+    shadow: &(impl QueueShadow + ?Sized),
+    miniature: bool,
+) -> Vec<(NodeId, Slot)> {
     let page_size = tree.page_size();
     // (shadow position or none, last access, id, state): sorted below, so
     // the walk's order (hash tables of children) cannot show.
     let mut placed = Vec::new();
     let mut stack: Vec<(NodeId, Option<Cursor>)> = Vec::new();
     for (namespace, root) in tree.roots() {
-        let at = shadow.root(namespace).map(|node| Cursor { node, used: 0 });
+        let at = shadow
+            .root_of(namespace)
+            .map(|node| Cursor { node, used: 0 });
         stack.push((root, at));
     }
     while let Some((id, at)) = stack.pop() {
         let node = tree.node(id).expect("a live node");
-        let held = at.filter(|_| !node.is_root()).map(|c| {
-            let s = shadow.node(c.node).expect("a live shadow node");
-            Slot::unpack(s.queue_slot())
-        });
+        let held = at
+            .filter(|_| !node.is_root())
+            .map(|c| Slot::unpack(shadow.queue_slot_of(c.node)));
         let access = node.last_access();
         placed.push(match (held, miniature) {
             (Some(slot), false) => ((1, slot.seq, access), id, slot),

@@ -563,6 +563,7 @@ impl PrefixTree {
     /// terms settled. The insert follows the match's path instead of
     /// walking it again: locked, the path outlives the eviction, and the
     /// match stopped where no child goes on. Returns the pages matched.
+    #[cfg(any(test, feature = "floor-measurements"))]
     pub(crate) fn replay(
         &mut self,
         pages: &[Token],

@@ -150,11 +150,11 @@ const GOLDEN: &[(&str, u64, &str)] = &[
     // run of page ids by first id and length (the same information; the
     // snapshot, its canonical digest and every decision are unchanged). And
     // with the lean recency candidate in place of its replica (its own
-    // digest and snapshot body; every decision unchanged). And with the
-    // lean priority and segmented candidates, whose digests carry hits,
+    // digest and snapshot body; every decision unchanged). And with every
+    // candidate a lean cache, whose digests carry hits, queue slots,
     // lifetime ids and idle roots (every decision unchanged: the decision
     // fingerprint).
-    ("ghost", 0x44ef_c662_ade4_41e2, "83345ce163db1f49"),
+    ("ghost", 0x35d8_fe34_edf1_9db9, "c62d21ea843d057c"),
     ("arc", 0x3ada_cc15_b71c_b7b4, "8eaae0ceed16e30b"),
     ("s3fifo", 0x7df3_a62e_ab5a_30ae, "ce4bb1851fcd8efb"),
 ];

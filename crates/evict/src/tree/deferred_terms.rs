@@ -16,6 +16,7 @@ use super::PrefixTree;
 
 impl PrefixTree {
     /// From now on, node terms wait for `settle_terms`.
+    #[cfg(any(test, feature = "floor-measurements"))]
     pub(crate) fn defer_terms(&mut self) {
         self.stale_terms.get_or_insert_with(Vec::new);
     }
@@ -25,6 +26,7 @@ impl PrefixTree {
     /// hashes each node's pages as the run they are (`digest::node_hash`);
     /// the terms of nodes already in the tree (a restored shadow) are
     /// hashed again that way.
+    #[cfg(any(test, feature = "floor-measurements"))]
     pub(crate) fn count_pages_only(&mut self) {
         self.live_pages.count_only();
         if self.run_terms {
@@ -50,6 +52,7 @@ impl PrefixTree {
 
     /// Hashes the nodes changed since the last call into the digest (nothing
     /// for a tree that does not defer its terms).
+    #[cfg(any(test, feature = "floor-measurements"))]
     pub(crate) fn settle_terms(&mut self) {
         let Some(mut stale) = self.stale_terms.take() else {
             return;

@@ -145,6 +145,7 @@ impl PrefixTree {
     }
 
     /// Turns a fresh tree into a shadow ranking by `ranking` (no shadows of its own).
+    #[cfg(any(test, feature = "floor-measurements"))]
     pub(crate) fn make_shadow(&mut self, ranking: Ranking) {
         self.fixed_ranking = Some(ranking);
     }

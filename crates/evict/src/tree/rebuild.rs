@@ -33,10 +33,8 @@ pub(crate) struct Decoded {
     pub ghost: GhostHistory,
     /// The queue policies' books (page counts left to the rebuild).
     pub queues: QueueState,
-    /// `Policy::Ghost`: the layer it follows (its shadows), or in a shadow
-    /// the ranking it keeps.
+    /// `Policy::Ghost`: the layer it follows (its shadows).
     pub chooser: Option<Box<dyn RankingChooser>>,
-    pub fixed_ranking: Option<Ranking>,
 }
 
 impl PrefixTree {
@@ -60,9 +58,6 @@ impl PrefixTree {
     }
     pub(crate) fn chooser(&self) -> Option<&dyn RankingChooser> {
         self.chooser.as_deref()
-    }
-    pub(crate) fn fixed(&self) -> Option<Ranking> {
-        self.fixed_ranking
     }
 
     /// A tree from decoded snapshot state: every derived structure rebuilt,
@@ -91,7 +86,7 @@ impl PrefixTree {
         if !d
             .queues
             .belongs_to(queue_owner(d.policy, d.chooser.as_deref()))
-            || (d.policy == Policy::Ghost) != (d.chooser.is_some() || d.fixed_ranking.is_some())
+            || (d.policy == Policy::Ghost) != d.chooser.is_some()
         {
             return Err(format!(
                 "policy state does not match policy {}",
@@ -101,7 +96,6 @@ impl PrefixTree {
         tree.queues = d.queues;
         tree.leader = d.chooser.as_ref().map_or(Ranking::Priority, |s| s.leader());
         tree.chooser = d.chooser;
-        tree.fixed_ranking = d.fixed_ranking;
         tree.nodes = NodeArena::from_parts(d.slots, d.free)?;
         let ids: Vec<NodeId> = tree.nodes().map(|n| n.id).collect();
         for &id in &ids {
