@@ -349,7 +349,10 @@ impl LeanCandidate {
     /// the replica counts it).
     fn root(&mut self, namespace: &Namespace) -> u32 {
         if let Some(&root) = self.roots.get(namespace) {
-            self.set_idle(root, None);
+            // An idle root's since is a tick, never 0.
+            if self.entries[root as usize].stamp != 0 {
+                self.set_idle(root, None);
+            }
             return root;
         }
         while self.idle.len() >= IDLE_ROOTS_KEPT {
@@ -597,13 +600,15 @@ impl LeanCandidate {
     fn remove_leaf(&mut self, id: u32, request_root: u32) {
         let entry = &self.entries[id as usize];
         let (parent, first, len) = (entry.parent, entry.words[0], entry.words.len());
-        let content = content_key(NodeId(self.entries[parent as usize].life), &[first]);
-        if let Some(history) = self.history.as_mut() {
-            history.record(content, entry.hits, len, self.pages);
-        }
-        if self.queues.is_on() {
-            self.queues.leave(entry.key, len);
-            self.queues.dropped(content, entry.key, len);
+        if self.history.is_some() || self.queues.is_on() {
+            let content = content_key(NodeId(self.entries[parent as usize].life), &[first]);
+            if let Some(history) = self.history.as_mut() {
+                history.record(content, entry.hits, len, self.pages);
+            }
+            if self.queues.is_on() {
+                self.queues.leave(entry.key, len);
+                self.queues.dropped(content, entry.key, len);
+            }
         }
         self.pages -= len;
         self.children.remove(&(parent, first));
