@@ -21,12 +21,8 @@ pub fn namespace_hash(namespace: &Namespace) -> u64 {
 }
 
 /// The contribution of one node. `tokens_hash` is cached by the tree because
-/// tokens only change on split. With `runs`, a node whose device pages are
-/// one ascending run of ids is hashed by the run's first id and length (a
-/// shadow's pages always are: it numbers them itself): the same information
-/// as every id, without hashing each page of a long node again on every
-/// change (a seventh of ghost's instructions on the synthetic trace).
-pub fn node_hash(node: &Node, tokens_hash: u64, runs: bool) -> u64 {
+/// tokens only change on split.
+pub fn node_hash(node: &Node, tokens_hash: u64) -> u64 {
     let h = Hasher64::default()
         .word(node.id.0)
         .word(node.parent.map_or(u64::MAX, |p| p.0))
@@ -40,7 +36,6 @@ pub fn node_hash(node: &Node, tokens_hash: u64, runs: bool) -> u64 {
         .word(node.host.map_or(0, |k| k.wrapping_add(1)))
         .word(u64::from(node.host.is_some()));
     match &node.device {
-        Some(pages) if runs && is_run(pages) => h.word(2).word(pages[0]).word(pages.len() as u64),
         Some(pages) => h.word(1).words(pages),
         None => h.word(0),
     }
@@ -49,14 +44,4 @@ pub fn node_hash(node: &Node, tokens_hash: u64, runs: bool) -> u64 {
 
 pub fn tokens_hash(tokens: &[u64]) -> u64 {
     Hasher64::default().words(tokens).finish()
-}
-
-/// Whether `pages` is one non-empty ascending run of consecutive ids.
-fn is_run(pages: &[u64]) -> bool {
-    pages.first().is_some_and(|&first| {
-        pages
-            .iter()
-            .zip(first..)
-            .all(|(&page, expected)| page == expected)
-    })
 }

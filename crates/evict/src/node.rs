@@ -47,9 +47,6 @@ pub struct Node {
     // `tokens`, this node's current digest term and its index entry.
     pub(crate) tokens_hash: u64,
     pub(crate) digest_term: u64,
-    /// In a tree that defers its digest terms: `digest_term` is out of date
-    /// and out of the sum until the terms are settled.
-    pub(crate) term_stale: bool,
     pub(crate) indexed: Option<(Tier, PolicyKey)>,
 }
 

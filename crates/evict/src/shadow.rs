@@ -203,15 +203,12 @@ impl Candidate {
 
 /// `ranking`'s replica: what `Shadows` ran for each candidate before the
 /// lean ones, and the model they are tested against (a page-size-1 tree
-/// ranking as the candidate does, whose terms, events and page set cost
-/// what a shadow needs).
+/// ranking as the candidate does).
 #[cfg(any(test, feature = "floor-measurements"))]
 pub(crate) fn candidate_replica(ranking: Ranking) -> PrefixTree {
     let policy = ranking.queue_policy().unwrap_or(Policy::Ghost);
     let mut t = PrefixTree::without_chooser(1, policy).expect("page size 1");
-    t.set_event_limit(0); // no one reads a shadow's residency events
-    t.defer_terms(); // settled once per mirrored insert
-    t.count_pages_only(); // its page ids are its own, fresh
+    t.set_event_limit(0); // no one reads a replica's residency events
     if policy == Policy::Ghost {
         t.make_shadow(ranking);
     }

@@ -338,7 +338,6 @@ fn decode_node(r: &mut Reader<'_>) -> Result<Node, String> {
         queue_slot: 0, // the tree moves a queue policy's word here on rebuild
         tokens_hash: 0,
         digest_term: 0,
-        term_stale: false,
         indexed: None,
     })
 }

@@ -14,7 +14,6 @@
 //! Every public mutating call validates first and changes nothing when it
 //! fails; when it succeeds it advances the clock by exactly one.
 
-mod deferred_terms;
 mod following;
 mod invariants;
 mod rebuild;
@@ -37,7 +36,7 @@ use crate::ids::{HostKey, NodeId, PageId, Tier, Token};
 use crate::namespace::Namespace;
 pub use crate::namespace::IDLE_ROOTS_KEPT;
 use crate::node::{Children, Node};
-use crate::page_set::{LivePages, PageSet};
+use crate::page_set::PageSet;
 use crate::policy::Policy;
 use crate::queue_shared::{Choice, Slot};
 use crate::queues::QueueState;
@@ -115,14 +114,8 @@ pub struct PrefixTree {
     index: EvictableIndex,
     /// Wrapping sum of the live nodes' digest terms.
     digest_sum: u64,
-    /// In a tree that defers its digest terms (a shadow), the nodes whose
-    /// terms are out of the sum until `settle_terms` (`deferred_terms.rs`).
-    stale_terms: Option<Vec<NodeId>>,
-    /// In a shadow: node terms hash a run of device pages by its first id
-    /// and length (`digest::node_hash`).
-    run_terms: bool,
     /// Device pages held by the tree.
-    live_pages: LivePages,
+    live_pages: PageSet,
     /// Nodes referring to each host object.
     host_refs: BTreeMap<HostKey, usize>,
     host_pages: usize,
@@ -192,9 +185,7 @@ impl PrefixTree {
             idle_digest: 0,
             index: EvictableIndex::default(),
             digest_sum: 0,
-            stale_terms: None,
-            run_terms: false,
-            live_pages: LivePages::default(),
+            live_pages: PageSet::default(),
             host_refs: BTreeMap::new(),
             host_pages: 0,
             locked_device_pages: 0,
@@ -337,7 +328,7 @@ impl PrefixTree {
     pub fn digest_from_scratch(&self) -> u64 {
         let sum = self
             .nodes()
-            .map(|n| self.term_of(n))
+            .map(|n| node_hash(n, n.tokens_hash))
             .fold(0u64, u64::wrapping_add);
         self.seal(sum)
     }
@@ -559,8 +550,9 @@ impl PrefixTree {
 
     /// A shadow's replay of one request of one-token pages, as an engine
     /// would make it (match, lock, evict just enough for `cap` device pages,
-    /// insert with fresh ids from `next_page`, unlock), then its deferred
-    /// terms settled. The insert follows the match's path instead of
+    /// insert with fresh ids from `next_page`, unlock): a replica of one of
+    /// ghost's candidates, the model its lean cache is tested against. The
+    /// insert follows the match's path instead of
     /// walking it again: locked, the path outlives the eviction, and the
     /// match stopped where no child goes on. Returns the pages matched.
     #[cfg(any(test, feature = "floor-measurements"))]
@@ -596,7 +588,6 @@ impl PrefixTree {
                 .expect("fresh page ids");
         }
         self.unlock(m.node).expect("locked above");
-        self.settle_terms();
         matched
     }
 
@@ -930,7 +921,6 @@ impl PrefixTree {
             queue_slot: 0,
             tokens_hash: namespace_hash(namespace),
             digest_term: 0,
-            term_stale: false,
             indexed: None,
         });
         self.roots.insert(namespace.clone(), id);
@@ -1014,7 +1004,6 @@ impl PrefixTree {
             queue_slot: 0,
             tokens_hash: tokens_hash(tokens),
             digest_term: 0,
-            term_stale: false,
             indexed: None,
         };
         // The access is stamped before the node is stored, so it is indexed
@@ -1071,7 +1060,6 @@ impl PrefixTree {
             priority: node.priority,
             queue_slot: node.queue_slot,
             digest_term: 0,
-            term_stale: false,
             indexed: None,
         };
         let word = node.child_word;
@@ -1276,9 +1264,7 @@ impl PrefixTree {
 
     fn detach(&mut self, id: NodeId) {
         let node = self.nodes.live_mut(id);
-        if !node.term_stale {
-            self.digest_sum = self.digest_sum.wrapping_sub(node.digest_term);
-        }
+        self.digest_sum = self.digest_sum.wrapping_sub(node.digest_term);
         let device = node.device.as_ref().map_or(0, Vec::len);
         self.queues.leave(node.queue_slot, device);
         if node.locks > 0 {
@@ -1296,10 +1282,7 @@ impl PrefixTree {
     fn restructure(&mut self, id: NodeId, change: impl FnOnce(&mut Node)) {
         let node = self.nodes.live_mut(id);
         change(node);
-        debug_assert!(
-            node.term_stale
-                || node.digest_term == node_hash(node, node.tokens_hash, self.run_terms)
-        );
+        debug_assert!(node.digest_term == node_hash(node, node.tokens_hash));
         let tier = evictable_tier(node);
         if tier != node.indexed.map(|(tier, _)| tier) {
             if let Some((tier, key)) = node.indexed.take() {
@@ -1339,8 +1322,9 @@ impl PrefixTree {
     /// true when the node is a root.
     fn index_node(&mut self, id: NodeId) -> bool {
         let key = self.key_of(self.nodes.get(id).expect("internal ids are live"));
-        self.renew_term(id);
         let node = self.nodes.live_mut(id);
+        node.digest_term = node_hash(node, node.tokens_hash);
+        self.digest_sum = self.digest_sum.wrapping_add(node.digest_term);
         let device = node.device.as_ref().map_or(0, Vec::len);
         self.queues.enter(node.queue_slot, device);
         if node.locks > 0 {

@@ -121,7 +121,7 @@ impl PrefixTree {
                 self.locked_device_pages
             ));
         }
-        if !self.live_pages.agrees_with(&pages_seen) {
+        if self.live_pages != pages_seen {
             return Err("live page set out of sync".into());
         }
         if host_refs != self.host_refs || host_pages != self.host_pages {
