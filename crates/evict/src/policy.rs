@@ -43,8 +43,8 @@ pub enum Policy {
     /// then recency; arc; s3fifo) replays a hashed sample of the inserts at
     /// the sampled share of the tree's capacity, and the tree ranks its
     /// leaves as the candidate with the most hit pages lately does
-    /// (`shadow.rs`, `sampling.rs`, `lean_candidate.rs`). Following arc or s3fifo, it
-    /// builds that policy's queue state from its own nodes
+    /// (`shadow.rs`, `sampling.rs`, `lean_candidate.rs`). Following arc or
+    /// s3fifo, it builds that policy's queue state from its own nodes
     /// (`PrefixTree::follow`, `transplant.rs`). A victim holding at least
     /// twice the pages an eviction still needs loses only its tail
     /// (`PrefixTree::evict`). The key changes only on

@@ -1,9 +1,9 @@
 //! Shadow caches for `Policy::Ghost` (miniature simulations, Waldspurger et
 //! al., ATC '17): one miniature cache per candidate ranking (a lean cache,
 //! `lean_candidate.rs`) replays the sampled inserts (`sampling.rs`:
-//! requests whose first pages hash under a threshold) at the sampled share of the tree's capacity and counts the
-//! pages it would have hit; the tree ranks its leaves the way the candidate
-//! with the most recent hits does. Scores, their decay and the switch
+//! requests whose first pages hash under a threshold) at the sampled share
+//! of the tree's capacity and counts the pages it would have hit; the tree
+//! ranks its leaves the way the candidate with the most recent hits does. Scores, their decay and the switch
 //! spacing count sampled inserts: each miniature keeps its own time.
 //!
 //! No single ranking wins everywhere: plain recency is best where the cache
@@ -99,7 +99,8 @@ impl PrefixTree {
 
 /// One candidate's miniature cache: a lean cache (`lean_candidate.rs`),
 /// or in tests and measurements the replica it is held against (a shadow
-/// `PrefixTree` ranking as the candidate does), which it hits exactly as.
+/// `PrefixTree` ranking as the candidate does; the lean cache hits exactly
+/// what it hits).
 #[derive(Debug, Clone)]
 // Replicas and lean caches are both large: boxing either would add a
 // pointer chase to every mirrored request and save nothing.
