@@ -85,7 +85,8 @@ struct Entry {
     /// `NO_PARENT` for a namespace root.
     parent: u32,
     children: u32,
-    /// The replica's hit count (kept at 1 by recency, which reads none).
+    /// The replica's hit count (kept at 1 by recency and the queue
+    /// rankings, which read none).
     hits: u64,
     /// An entry's last access; a root's idle since (0 while not idle).
     stamp: u64,
