@@ -16,12 +16,17 @@ equal cpkv's ``lru`` victims, or the command fails. Calls of 1, 16 and 256 pages
 sequence on each tree size (41k leaves by default; ``--leaves 41000,1000000`` adds the
 1M-leaf tree, whose Python build takes about a minute); each row reports per call, per
 evicted page, and per page against the linked list (the target: cpkv at or below 1).
+
+A last row, the floor, evicts nothing: it makes a new ``int64`` array of each call's page count
+(``np.zeros``, timed as the calls are), which is what returning the pages as an array costs by
+itself before any eviction.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import gc
 import heapq
 import time
@@ -221,10 +226,12 @@ def _timed_calls(evict, sizes: list[int]) -> tuple[list[float], list]:
 
 
 IMPLEMENTATIONS = ("sglang", "lru_list", "cpkv", "cpkv_pages")
+ROWS = (*IMPLEMENTATIONS, "array_floor")
 LABELS = {"sglang": "SGLang-shaped evict (collect + heapify per call, Python)",
           "lru_list": "O(1) doubly linked LRU list (vLLM-shaped, Python)",
           "cpkv": "cpkv PrefixTree.evict (a victim object per node)",
-          "cpkv_pages": "cpkv PrefixTree.evict_pages (one page array)"}
+          "cpkv_pages": "cpkv PrefixTree.evict_pages (one page array)",
+          "array_floor": "floor: np.zeros of each call's page count, nothing evicted"}
 
 
 def _evict_function(name: str, leaves: int, page_size: int, shape: _Shape):
@@ -254,6 +261,11 @@ def _measure(leaves: int, page_size: int, calls: int) -> dict:
         # Freed before the next build, not after it: memory freed just before timing starts is
         # tidied up by the allocator during whichever timed call first triggers it (~180 us).
         del evict
+    # The floor: a new array as large as each evict_pages result, and nothing else.
+    import numpy as np
+
+    counts = [len(raw) for raw in returned["cpkv_pages"]]
+    seconds["array_floor"], _ = _timed_calls(functools.partial(np.zeros, dtype=np.int64), counts)
     victims = [[v.pages.tolist() for v in raw] for raw in returned["cpkv"]]
     flat = {"cpkv_pages": [raw.tolist() for raw in returned["cpkv_pages"]]}
     for name in ("sglang", "lru_list"):
@@ -270,7 +282,7 @@ def _measure(leaves: int, page_size: int, calls: int) -> dict:
         picked = [i for i, s in enumerate(sizes) if s == size]
         pages = sum(len(p) for i in picked for p in victims[i])
         rows[size] = {name: {"s": sum(seconds[name][i] for i in picked), "pages": pages, "calls": len(picked)}
-                      for name in IMPLEMENTATIONS}
+                      for name in ROWS}
     return {"rows": rows, "build_s": build_s["cpkv"]}
 
 
@@ -284,7 +296,8 @@ def run(args: argparse.Namespace) -> int:
     table = Table(
         "evict(num_pages) on an lru tree of two-page leaves under 64 shared prefixes: cpkv against "
         "SGLang's heapify-once evict and an O(1) linked LRU list (victims checked equal, call by call); "
-        "target: cpkv at or below the linked list per evicted page (ratio <= 1)",
+        "target: cpkv at or below the linked list per evicted page (ratio <= 1); the floor row is a new "
+        "array of each call's pages alone",
         ["leaves", "call pages", "calls", "implementation", "us per call", "us per evicted page",
          "per page / linked list's"],
     )
@@ -294,7 +307,7 @@ def run(args: argparse.Namespace) -> int:
         builds[leaves] = measured["build_s"]
         for size, row in measured["rows"].items():
             list_s = row["lru_list"]["s"]
-            for name in IMPLEMENTATIONS:
+            for name in ROWS:
                 r = row[name]
                 table.add(leaves, size, r["calls"], LABELS[name], r["s"] / r["calls"] * 1e6,
                           r["s"] / max(r["pages"], 1) * 1e6, r["s"] / list_s)
