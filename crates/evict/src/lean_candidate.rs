@@ -383,11 +383,10 @@ impl LeanCandidate {
         if self.idle.remove(&old) {
             self.idle_sum = self.idle_sum.wrapping_sub(idle_term(old));
         }
-        self.entry_sum = self.entry_sum.wrapping_sub(entry.term());
-        entry.stamp = since.unwrap_or(0);
-        self.entry_sum = self.entry_sum.wrapping_add(entry.term());
+        let life = entry.life;
+        self.retermed(root, |e| e.stamp = since.unwrap_or(0));
         if let Some(since) = since {
-            let new = (since, entry.life, root);
+            let new = (since, life, root);
             self.idle.insert(new);
             self.idle_sum = self.idle_sum.wrapping_add(idle_term(new));
         }
@@ -450,22 +449,21 @@ impl LeanCandidate {
             self.path.push(at);
             at = self.entries[at as usize].parent;
         }
-        for &at in self.path.iter().rev() {
-            let entry = &mut self.entries[at as usize];
-            self.entry_sum = self.entry_sum.wrapping_sub(entry.term());
+        for i in (0..self.path.len()).rev() {
+            let at = self.path[i];
             if self.queues.is_on() {
                 // A queue ranking counts the hit in its queues instead.
-                let slot = self.queues.hit(entry.key).expect("queued");
-                self.queues.leave(entry.key, entry.words.len());
-                self.queues.enter(slot, entry.words.len());
-                entry.key = slot;
+                let slot = self
+                    .queues
+                    .hit(self.entries[at as usize].key)
+                    .expect("queued");
+                self.requeue(at, slot);
             } else {
-                entry.hits = entry.hits.saturating_add(1);
+                self.retermed(at, |e| e.hits = e.hits.saturating_add(1));
             }
-            self.entry_sum = self.entry_sum.wrapping_add(entry.term());
             if self.ranking == Ranking::Priority {
                 if let Some(history) = self.history.as_mut() {
-                    history.note_hit(entry.words.len());
+                    history.note_hit(self.entries[at as usize].words.len());
                 }
             }
         }
@@ -484,11 +482,8 @@ impl LeanCandidate {
             } else {
                 self.key_of(entry.hits, now)
             };
-            let entry = &mut self.entries[at as usize];
-            self.entry_sum = self.entry_sum.wrapping_sub(entry.term());
-            (entry.stamp, entry.key) = (now, key);
-            self.entry_sum = self.entry_sum.wrapping_add(entry.term());
-            at = entry.parent;
+            self.retermed(at, |e| (e.stamp, e.key) = (now, key));
+            at = self.entries[at as usize].parent;
         }
         let entry = &self.entries[end as usize];
         if !entry.is_root() && entry.children == 0 {
@@ -566,12 +561,7 @@ impl LeanCandidate {
                 }
                 Some(Choice::Requeue(id, slot)) => {
                     let id = id.0 as u32;
-                    let entry = &mut self.entries[id as usize];
-                    self.queues.leave(entry.key, entry.words.len());
-                    self.queues.enter(slot, entry.words.len());
-                    self.entry_sum = self.entry_sum.wrapping_sub(entry.term());
-                    entry.key = slot;
-                    self.entry_sum = self.entry_sum.wrapping_add(entry.term());
+                    self.requeue(id, slot);
                     self.push_leaf(self.order(id));
                 }
             }
@@ -680,10 +670,23 @@ impl LeanCandidate {
     /// Recomputes `id`'s term after its parent or words changed.
     fn rebase(&mut self, id: u32) {
         let base = self.base_of(id);
+        self.retermed(id, |e| e.base = base);
+    }
+
+    /// Changes entry `id` by `change`, its term kept in the digest's sum.
+    fn retermed(&mut self, id: u32, change: impl FnOnce(&mut Entry)) {
         let entry = &mut self.entries[id as usize];
         self.entry_sum = self.entry_sum.wrapping_sub(entry.term());
-        entry.base = base;
+        change(entry);
         self.entry_sum = self.entry_sum.wrapping_add(entry.term());
+    }
+
+    /// Moves entry `id` to queue slot `slot`, its pages with it.
+    fn requeue(&mut self, id: u32, slot: u64) {
+        let entry = &self.entries[id as usize];
+        self.queues.leave(entry.key, entry.words.len());
+        self.queues.enter(slot, entry.words.len());
+        self.retermed(id, |e| e.key = slot);
     }
 
     fn base_of(&self, id: u32) -> u64 {

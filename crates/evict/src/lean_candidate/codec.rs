@@ -2,7 +2,6 @@
 //! candidate is rebuilt from, and everything a replay could never build,
 //! refused.
 
-use std::cmp::Reverse;
 use std::collections::BTreeSet;
 
 use super::{
@@ -191,13 +190,7 @@ impl LeanCandidate {
             }
             if !entry.is_root() && entry.children == 0 {
                 lean.live_leaves += 1;
-                let order = lean.order(id);
-                let heap = if lean.queues.is_on() {
-                    order.0 as usize
-                } else {
-                    0
-                };
-                lean.leaves[heap].push(Reverse(order));
+                lean.push_leaf(lean.order(id));
             }
         }
         lean.check()?;
